@@ -1,0 +1,132 @@
+//! `GgufFile`: a GGUF file opened over a memory map. The weights are never copied: tensor
+//! data is handed out as slices of the map, which the OS pages in on demand and may drop
+//! under memory pressure (it is file-backed, so it does not count as anonymous heap).
+
+use crate::error::{GgufError, Result};
+use crate::parse::{parse, Parsed};
+use crate::tensor::TensorInfo;
+use crate::value::Metadata;
+use memmap2::Mmap;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+enum Backing {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Mapped(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
+/// An open, fully validated GGUF file.
+pub struct GgufFile {
+    path: Option<PathBuf>,
+    backing: Backing,
+    parsed: Parsed,
+    by_name: HashMap<String, usize>,
+}
+
+impl GgufFile {
+    /// Open and validate `path`. The header, metadata and tensor table are parsed and every
+    /// tensor's extent is checked against the file size before this returns.
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
+        let path = path.as_ref();
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only and private to this process. Like every mmap-based
+        // reader we rely on the file not being truncated or rewritten while it is open;
+        // all offsets were validated against the length seen at map time.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let mut f = Self::from_backing(Backing::Mapped(map))?;
+        f.path = Some(path.to_path_buf());
+        Ok(f)
+    }
+
+    /// Parse a GGUF image held in memory (tests, tools and small generated files).
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile> {
+        Self::from_backing(Backing::Owned(bytes))
+    }
+
+    fn from_backing(backing: Backing) -> Result<GgufFile> {
+        let parsed = parse(backing.bytes())?;
+        let by_name = parsed
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Ok(GgufFile {
+            path: None,
+            backing,
+            parsed,
+            by_name,
+        })
+    }
+
+    /// The path the file was opened from, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// GGUF format version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.parsed.version
+    }
+
+    /// Alignment of tensor data (`general.alignment`, default 32).
+    pub fn alignment(&self) -> u64 {
+        self.parsed.alignment
+    }
+
+    /// Byte offset where the tensor data section starts.
+    pub fn data_offset(&self) -> u64 {
+        self.parsed.data_offset
+    }
+
+    /// Size of the file in bytes.
+    pub fn file_len(&self) -> u64 {
+        self.backing.bytes().len() as u64
+    }
+
+    /// Key/value metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.parsed.metadata
+    }
+
+    /// The tensor table, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.parsed.tensors
+    }
+
+    /// A tensor by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.parsed.tensors[i])
+    }
+
+    /// A tensor by name, or an error naming the missing tensor.
+    pub fn require_tensor(&self, name: &str) -> Result<&TensorInfo> {
+        self.tensor(name)
+            .ok_or_else(|| GgufError::MissingTensor(name.to_string()))
+    }
+
+    /// The bytes of a tensor from this file's table (bounds were checked at open).
+    pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+        let start = info.offset as usize;
+        &self.backing.bytes()[start..start + info.size as usize]
+    }
+
+    /// The whole file image (for fingerprinting).
+    pub fn bytes(&self) -> &[u8] {
+        self.backing.bytes()
+    }
+}
