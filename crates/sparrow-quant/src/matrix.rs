@@ -1,0 +1,238 @@
+//! A validated view of a 2-D weight tensor and its (multi-threaded) products with
+//! activations.
+
+use rayon::prelude::*;
+
+use crate::{kernels_for, GgmlType, QuantError};
+
+/// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).
+///
+/// Large enough that rayon's per-task cost (a few microseconds) is small against the work,
+/// small enough that a 896-wide layer still splits into a dozen tasks for load balancing.
+/// A matrix no bigger than one task runs on the calling thread, so tiny projections don't
+/// pay for waking the pool at all.
+const TASK_BYTES: usize = 32 * 1024;
+
+/// A row-major matrix of `rows` rows, each `cols` elements of block format `ty`, viewed in
+/// place (typically in a memory-mapped GGUF file).
+///
+/// Construction checks that `data` is exactly `rows * row_bytes` long (with overflow-checked
+/// arithmetic) and that a row is a whole number of blocks, so the products need no further
+/// per-row checks. In GGUF terms, `cols` is `ne[0]` and `rows` the product of the others.
+#[derive(Clone, Copy, Debug)]
+pub struct QMatrix<'a> {
+    ty: GgmlType,
+    data: &'a [u8],
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+impl<'a> QMatrix<'a> {
+    /// A `rows x cols` view of `data` as type `ty`.
+    ///
+    /// Errors: [`QuantError::ColsNotBlockMultiple`] if a row is not whole blocks,
+    /// [`QuantError::SizeOverflow`] if the size does not fit in `usize`,
+    /// [`QuantError::LenMismatch`] if `data` is not exactly the implied size. Types without
+    /// kernels are accepted (their rows can still be read); the products reject them.
+    pub fn new(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
+        let be = ty.block_elems();
+        if cols % be != 0 {
+            return Err(QuantError::ColsNotBlockMultiple {
+                ty,
+                cols,
+                block_elems: be,
+            });
+        }
+        let overflow = QuantError::SizeOverflow { rows, cols };
+        let row_bytes = (cols / be)
+            .checked_mul(ty.block_bytes())
+            .ok_or(overflow.clone())?;
+        let total = rows.checked_mul(row_bytes).ok_or(overflow)?;
+        if data.len() != total {
+            return Err(QuantError::LenMismatch {
+                what: "matrix data",
+                expected: total,
+                actual: data.len(),
+            });
+        }
+        Ok(QMatrix {
+            ty,
+            data,
+            rows,
+            cols,
+            row_bytes,
+        })
+    }
+
+    /// The block format of the elements.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// The whole underlying byte slice.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// Number of rows (output features).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns (input features), elements per row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// The bytes of row `i`.
+    ///
+    /// # Panics
+    /// If `i >= self.rows()`, like slice indexing; see [`QMatrix::try_row`] for the checked
+    /// form.
+    pub fn row(&self, i: usize) -> &'a [u8] {
+        match self.try_row(i) {
+            Ok(r) => r,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The bytes of row `i`, or [`QuantError::RowOutOfRange`].
+    pub fn try_row(&self, i: usize) -> Result<&'a [u8], QuantError> {
+        if i >= self.rows {
+            return Err(QuantError::RowOutOfRange {
+                row: i,
+                rows: self.rows,
+            });
+        }
+        Ok(&self.data[i * self.row_bytes..(i + 1) * self.row_bytes])
+    }
+
+    /// Dequantize row `i` into `out` (`cols` elements), e.g. an embedding lookup.
+    pub fn dequantize_row(&self, i: usize, out: &mut [f32]) -> Result<(), QuantError> {
+        let row = self.try_row(i)?;
+        let k = kernels_for(self.ty)?;
+        check_len("out", self.cols, out.len())?;
+        (k.dequantize)(row, out);
+        Ok(())
+    }
+
+    /// Rows per parallel task when each row is walked `passes` times.
+    fn rows_per_task(&self, passes: usize) -> usize {
+        let per_row = self.row_bytes.saturating_mul(passes).max(1);
+        TASK_BYTES.div_ceil(per_row).max(1)
+    }
+}
+
+fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), QuantError> {
+    if expected != actual {
+        return Err(QuantError::LenMismatch {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// `out = m * x`: `out[r] = dot(row r, x)` for every row, `x.len() == m.cols()`,
+/// `out.len() == m.rows()`.
+///
+/// Rows are split into chunks of about 32 KiB of weights and run on the current rayon pool
+/// (see the crate docs for choosing the thread count); a matrix of a single chunk runs on
+/// the calling thread. Each output is exactly [`crate::dot`] of its row: threading never
+/// changes the result.
+pub fn matvec(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    let k = kernels_for(m.ty)?;
+    check_len("x", m.cols, x.len())?;
+    check_len("out", m.rows, out.len())?;
+    let chunk = m.rows_per_task(1);
+    let run = |first_row: usize, o: &mut [f32]| {
+        for (j, v) in o.iter_mut().enumerate() {
+            let r = first_row + j;
+            *v = (k.dot)(&m.data[r * m.row_bytes..(r + 1) * m.row_bytes], x);
+        }
+    };
+    if m.rows <= chunk {
+        run(0, out);
+    } else {
+        out.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(c, o)| run(c * chunk, o));
+    }
+    Ok(())
+}
+
+/// Batched product: for each of `n_tokens` activation rows `xs[t*cols..(t+1)*cols]`,
+/// `out[t*rows + r] = dot(row r, x_t)`. `n_tokens` is `xs.len() / m.cols()`; `out` must
+/// hold `n_tokens * m.rows()`.
+///
+/// Unlike calling [`matvec`] per token, each weight row is fetched from memory once per
+/// batch and then dotted against every token while it sits in L1: for prompt processing
+/// this divides weight traffic by the batch size. Results equal [`crate::dot`] exactly.
+pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    let k = kernels_for(m.ty)?;
+    let n_tokens = if m.cols > 0 {
+        if xs.len() % m.cols != 0 {
+            return Err(QuantError::LenMismatch {
+                what: "xs (not a whole number of cols-long rows)",
+                expected: xs.len() / m.cols * m.cols,
+                actual: xs.len(),
+            });
+        }
+        xs.len() / m.cols
+    } else {
+        // zero-width matrix: the token count can only come from `out`
+        match out.len().checked_div(m.rows) {
+            Some(n) => n,
+            None => return check_len("out", 0, out.len()),
+        }
+    };
+    let expected_out = n_tokens
+        .checked_mul(m.rows)
+        .ok_or(QuantError::SizeOverflow {
+            rows: n_tokens,
+            cols: m.rows,
+        })?;
+    check_len("out", expected_out, out.len())?;
+    if n_tokens == 0 || m.rows == 0 {
+        return Ok(());
+    }
+
+    // Computes rows [first, first + n) for all tokens, row-major by weight row.
+    let run = |first: usize, n: usize| -> Vec<f32> {
+        let mut local = Vec::with_capacity(n * n_tokens);
+        for r in first..first + n {
+            let row = &m.data[r * m.row_bytes..(r + 1) * m.row_bytes];
+            for x in xs.chunks_exact(m.cols.max(1)).take(n_tokens) {
+                local.push(if m.cols == 0 { 0.0 } else { (k.dot)(row, x) });
+            }
+        }
+        local
+    };
+    let chunk = m.rows_per_task(n_tokens);
+    let n_chunks = m.rows.div_ceil(chunk);
+    let parts: Vec<Vec<f32>> = if n_chunks == 1 {
+        vec![run(0, m.rows)]
+    } else {
+        (0..n_chunks)
+            .into_par_iter()
+            .map(|c| run(c * chunk, chunk.min(m.rows - c * chunk)))
+            .collect()
+    };
+    // Transpose into token-major `out`; O(rows * n_tokens), negligible next to the dots.
+    for (c, part) in parts.iter().enumerate() {
+        for (j, per_token) in part.chunks_exact(n_tokens).enumerate() {
+            let r = c * chunk + j;
+            for (t, &v) in per_token.iter().enumerate() {
+                out[t * m.rows + r] = v;
+            }
+        }
+    }
+    Ok(())
+}

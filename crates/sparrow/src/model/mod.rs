@@ -1,0 +1,268 @@
+//! The llama-family decoder (llama, qwen2, mistral): one forward pass that reads top to
+//! bottom like the model's equations. The [`Model`] is immutable and shareable; everything a
+//! sequence owns (KV cache, position, scratch) lives in a [`State`].
+
+pub mod config;
+pub mod rope;
+pub mod weights;
+
+use crate::attention::{AttentionBackend, AttnShape, DenseAttention};
+use crate::error::{Error, Result};
+use crate::kv_cache::{KvCache, KvType};
+pub use config::{Architecture, ModelConfig, RopeLayout};
+use rope::RopeTable;
+use sparrow_gguf::GgufFile;
+use sparrow_quant::{matmul, matvec};
+use std::path::Path;
+use std::sync::Arc;
+use weights::{Linear, Weights};
+
+/// A loaded model: configuration, weight views into the mapped file, and the attention
+/// backend used for every layer.
+pub struct Model {
+    file: Arc<GgufFile>,
+    pub config: ModelConfig,
+    weights: Weights,
+    attention: Box<dyn AttentionBackend>,
+}
+
+/// Which logits a forward pass should produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only for the last token of the batch (generation).
+    Last,
+    /// For every token of the batch (perplexity, speculative checks).
+    All,
+    /// None (prefill of a prefix whose continuation is known).
+    None,
+}
+
+/// Per-sequence state: the KV cache, how many positions are filled, and scratch buffers.
+pub struct State {
+    pub kv: KvCache,
+    rope: Arc<RopeTable>,
+    n_past: usize,
+    scratch: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    xb: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl State {
+    /// Number of positions already in the cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Context size (cache capacity in positions).
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx()
+    }
+
+    /// Forget everything; the next forward starts at position 0.
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    /// Drop positions beyond `n` (keep a shared prefix, discard the rest).
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+}
+
+fn resize(v: &mut Vec<f32>, n: usize) {
+    v.resize(n, 0.0);
+}
+
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+impl Model {
+    /// Open a GGUF file and load a model from it (weights stay in the memory map).
+    pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+        let file = GgufFile::open(path)?;
+        Self::from_gguf(Arc::new(file))
+    }
+
+    /// Build a model from an already-open GGUF file.
+    pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model> {
+        let config = ModelConfig::from_gguf(&file)?;
+        let weights = Weights::load(&file, &config)?;
+        Ok(Model {
+            file,
+            config,
+            weights,
+            attention: Box::new(DenseAttention),
+        })
+    }
+
+    /// The GGUF file the model was loaded from.
+    pub fn file(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
+    /// Replace the attention backend (e.g. with a sparse policy).
+    pub fn set_attention(&mut self, backend: Box<dyn AttentionBackend>) {
+        self.attention = backend;
+    }
+
+    /// The attention backend in use.
+    pub fn attention(&self) -> &dyn AttentionBackend {
+        self.attention.as_ref()
+    }
+
+    /// A fresh sequence state for up to `n_ctx` positions.
+    pub fn new_state(&self, n_ctx: usize, kv_type: KvType) -> Result<State> {
+        if n_ctx == 0 {
+            return Err(Error::BadHyperParameter("context size 0".into()));
+        }
+        let c = &self.config;
+        let rope = RopeTable::new(n_ctx, c.n_rot, c.rope_base, c.rope_freq_scale, c.rope_layout);
+        Ok(State {
+            kv: KvCache::new(kv_type, c.n_layer, n_ctx, c.kv_dim()),
+            rope: Arc::new(rope),
+            n_past: 0,
+            scratch: Scratch::default(),
+        })
+    }
+
+    fn linear(&self, w: &Linear, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+        let m = w.matrix(self.file.bytes());
+        if n == 1 {
+            matvec(&m, x, out)?;
+        } else {
+            matmul(&m, x, out)?;
+        }
+        if let Some(b) = &w.bias {
+            for row in out.chunks_exact_mut(w.rows) {
+                row.iter_mut().zip(b).for_each(|(o, &bv)| *o += bv);
+            }
+        }
+        Ok(())
+    }
+
+    /// Run `tokens` through the model at the state's next positions, append their keys and
+    /// values to the cache, and return the logits asked for (`vocab` floats per row).
+    pub fn forward<'s>(
+        &self,
+        state: &'s mut State,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<&'s [f32]> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(&[]);
+        }
+        let pos0 = state.n_past;
+        if pos0 + n > state.n_ctx() {
+            return Err(Error::ContextFull {
+                n_ctx: state.n_ctx(),
+            });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::BadToken {
+                id,
+                vocab: c.vocab_size,
+            });
+        }
+        let (d, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
+        let shape = AttnShape {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+        };
+        let bytes = self.file.bytes();
+        let s = &mut state.scratch;
+        resize(&mut s.x, n * d);
+        resize(&mut s.xb, n * d);
+        resize(&mut s.q, n * qd);
+        resize(&mut s.k, n * kvd);
+        resize(&mut s.v, n * kvd);
+        resize(&mut s.att, n * qd);
+        resize(&mut s.proj, n * d);
+        resize(&mut s.gate, n * ff);
+        resize(&mut s.up, n * ff);
+
+        let embd = self.weights.token_embd.matrix(bytes);
+        for (row, &t) in s.x.chunks_exact_mut(d).zip(tokens) {
+            embd.dequantize_row(t as usize, row)?;
+        }
+
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            for (x, xb) in s.x.chunks_exact(d).zip(s.xb.chunks_exact_mut(d)) {
+                rms_norm(x, &w.attn_norm, c.rms_eps, xb);
+            }
+            self.linear(&w.wq, &s.xb, n, &mut s.q)?;
+            self.linear(&w.wk, &s.xb, n, &mut s.k)?;
+            self.linear(&w.wv, &s.xb, n, &mut s.v)?;
+            for i in 0..n {
+                let pos = pos0 + i;
+                state.rope.apply(&mut s.q[i * qd..(i + 1) * qd], c.head_dim, pos);
+                state.rope.apply(&mut s.k[i * kvd..(i + 1) * kvd], c.head_dim, pos);
+                state.kv.write(
+                    l,
+                    pos,
+                    &s.k[i * kvd..(i + 1) * kvd],
+                    &s.v[i * kvd..(i + 1) * kvd],
+                );
+            }
+            self.attention
+                .attend(shape, &state.kv, l, &s.q, pos0, &mut s.att);
+            self.linear(&w.wo, &s.att, n, &mut s.proj)?;
+            s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
+
+            for (x, xb) in s.x.chunks_exact(d).zip(s.xb.chunks_exact_mut(d)) {
+                rms_norm(x, &w.ffn_norm, c.rms_eps, xb);
+            }
+            self.linear(&w.w_gate, &s.xb, n, &mut s.gate)?;
+            self.linear(&w.w_up, &s.xb, n, &mut s.up)?;
+            s.gate
+                .iter_mut()
+                .zip(&s.up)
+                .for_each(|(g, &u)| *g = silu(*g) * u);
+            self.linear(&w.w_down, &s.gate, n, &mut s.proj)?;
+            s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
+        }
+        state.n_past = pos0 + n;
+
+        let rows: std::ops::Range<usize> = match want {
+            Logits::None => return Ok(&[]),
+            Logits::Last => n - 1..n,
+            Logits::All => 0..n,
+        };
+        let m = rows.len();
+        for (j, i) in rows.enumerate() {
+            let (x, xb) = (&s.x[i * d..(i + 1) * d], &mut s.xb[j * d..(j + 1) * d]);
+            rms_norm(x, &self.weights.output_norm, c.rms_eps, xb);
+        }
+        resize(&mut s.logits, m * c.vocab_size);
+        let out = self.weights.output.matrix(bytes);
+        if m == 1 {
+            matvec(&out, &s.xb[..d], &mut s.logits)?;
+        } else {
+            matmul(&out, &s.xb[..m * d], &mut s.logits)?;
+        }
+        Ok(&s.logits)
+    }
+}
