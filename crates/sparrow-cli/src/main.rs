@@ -1,1 +1,76 @@
-fn main() {}
+//! `sparrow`: run GGUF language models on the CPU. Flags follow llama.cpp's where the meaning
+//! is the same, so users' habits carry over.
+
+mod models;
+mod run;
+mod tokenize;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "sparrow",
+    version,
+    about = "Run GGUF language models on the CPU, with long context"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt.
+    Run(run::RunArgs),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(tokenize::TokenizeArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Tokenize(a) => tokenize::tokenize(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Flags shared by commands that load a model.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model file (GGUF). Without it, the default Qwen2.5-Coder-0.5B model is used (and
+    /// fetched on first use).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<std::path::PathBuf>,
+}
+
+impl ModelArgs {
+    /// The model path, fetching the default model if needed.
+    pub fn resolve(&self) -> Result<std::path::PathBuf, String> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => models::default_model(),
+        }
+    }
+}
+
+/// Text from `-p` or `-f` (exactly one).
+pub fn prompt_text(
+    prompt: &Option<String>,
+    file: &Option<std::path::PathBuf>,
+) -> Result<String, String> {
+    match (prompt, file) {
+        (Some(_), Some(_)) => Err("give either -p/--prompt or -f/--file, not both".into()),
+        (Some(p), None) => Ok(p.clone()),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .map_err(|e| format!("cannot read prompt file {}: {e}", f.display())),
+        (None, None) => Err("no prompt: pass -p TEXT or -f FILE".into()),
+    }
+}

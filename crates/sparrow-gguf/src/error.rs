@@ -40,7 +40,11 @@ pub enum GgufError {
     #[error("general.alignment = {0} is not a non-zero power of two")]
     BadAlignment(u64),
     #[error("tensor '{tensor}' at byte offset {offset} has unknown type id {id}")]
-    UnknownTensorType { tensor: String, offset: u64, id: u32 },
+    UnknownTensorType {
+        tensor: String,
+        offset: u64,
+        id: u32,
+    },
     #[error("tensor '{tensor}' has {n_dims} dimensions (at most {max} are allowed)")]
     TooManyDims {
         tensor: String,
@@ -57,14 +61,18 @@ pub enum GgufError {
         row: u64,
         block: usize,
     },
-    #[error("tensor '{tensor}' data [{start}, {start}+{size}) lies outside the file ({file_len} bytes)")]
+    #[error(
+        "tensor '{tensor}' data [{start}, {start}+{size}) lies outside the file ({file_len} bytes)"
+    )]
     TensorOutOfBounds {
         tensor: String,
         start: u64,
         size: u64,
         file_len: u64,
     },
-    #[error("tensor '{tensor}' data offset {offset} is not a multiple of the alignment {alignment}")]
+    #[error(
+        "tensor '{tensor}' data offset {offset} is not a multiple of the alignment {alignment}"
+    )]
     MisalignedTensor {
         tensor: String,
         offset: u64,

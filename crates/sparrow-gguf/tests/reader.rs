@@ -178,7 +178,10 @@ fn hostile_tensor_entries_are_refused() {
     bytes[p + 4..p + 12].copy_from_slice(&u64::MAX.to_le_bytes());
     let e = GgufFile::from_bytes(bytes).err().unwrap();
     assert!(
-        matches!(e, GgufError::ShapeOverflow { .. } | GgufError::TensorOutOfBounds { .. }),
+        matches!(
+            e,
+            GgufError::ShapeOverflow { .. } | GgufError::TensorOutOfBounds { .. }
+        ),
         "{e}"
     );
 
@@ -193,7 +196,10 @@ fn shape_product_overflow_is_refused() {
     let mut w = GgufWriter::new();
     w.tensor("big", &[1 << 32, 1 << 32, 1 << 4], GgmlType::F32, vec![]);
     let e = GgufFile::from_bytes(w.to_bytes(3)).err().unwrap();
-    assert!(matches!(e, GgufError::ShapeOverflow { ref tensor, .. } if tensor == "big"), "{e}");
+    assert!(
+        matches!(e, GgufError::ShapeOverflow { ref tensor, .. } if tensor == "big"),
+        "{e}"
+    );
     // A product that fits u64 but whose byte size does not.
     let mut w = GgufWriter::new();
     w.tensor("big", &[1 << 62, 2], GgmlType::F32, vec![]);
@@ -219,7 +225,10 @@ fn hostile_headers_are_refused() {
         let mut bytes = base.clone();
         bytes[4..8].copy_from_slice(&v.to_le_bytes());
         let e = GgufFile::from_bytes(bytes).err().unwrap();
-        assert!(matches!(e, GgufError::UnsupportedVersion(x) if x == v), "{e}");
+        assert!(
+            matches!(e, GgufError::UnsupportedVersion(x) if x == v),
+            "{e}"
+        );
     }
     // Absurd tensor and metadata counts must not allocate or loop for ages.
     let mut bytes = base.clone();
@@ -246,7 +255,10 @@ fn hostile_metadata_is_refused() {
     let p = after_name(&bytes, "arr");
     bytes[p..p + 4].copy_from_slice(&99u32.to_le_bytes());
     let e = GgufFile::from_bytes(bytes).err().unwrap();
-    assert!(matches!(e, GgufError::UnknownValueType { ty: 99, .. }), "{e}");
+    assert!(
+        matches!(e, GgufError::UnknownValueType { ty: 99, .. }),
+        "{e}"
+    );
 
     // A string that is not UTF-8.
     let mut w = GgufWriter::new();
@@ -265,7 +277,8 @@ fn hostile_metadata_is_refused() {
         Err(GgufError::DuplicateKey { .. })
     ));
     let mut w = GgufWriter::new();
-    w.tensor_f32("t", &[1], &[1.0]).tensor_f32("t", &[1], &[1.0]);
+    w.tensor_f32("t", &[1], &[1.0])
+        .tensor_f32("t", &[1], &[1.0]);
     assert!(matches!(
         GgufFile::from_bytes(w.to_bytes(3)),
         Err(GgufError::DuplicateTensor(_))
@@ -345,8 +358,18 @@ fn real_qwen_file_matches_the_gguf_python_package() {
             .collect();
         assert_eq!(ours.dims, dims, "{}", ours.name);
         assert_eq!(ours.ty.id() as u64, theirs["type"].as_u64().unwrap());
-        assert_eq!(ours.offset, theirs["offset"].as_u64().unwrap(), "{}", ours.name);
-        assert_eq!(ours.size, theirs["n_bytes"].as_u64().unwrap(), "{}", ours.name);
+        assert_eq!(
+            ours.offset,
+            theirs["offset"].as_u64().unwrap(),
+            "{}",
+            ours.name
+        );
+        assert_eq!(
+            ours.size,
+            theirs["n_bytes"].as_u64().unwrap(),
+            "{}",
+            ours.name
+        );
     }
     for (key, value) in reference["metadata"].as_object().unwrap() {
         let ours = f.metadata().get(key).unwrap_or_else(|| panic!("{key}"));
@@ -357,7 +380,11 @@ fn real_qwen_file_matches_the_gguf_python_package() {
                 assert_eq!(ours.as_float().unwrap(), n.as_f64().unwrap(), "{key}")
             }
             serde_json::Value::Number(n) => {
-                assert_eq!(ours.as_integer().unwrap(), n.as_i64().unwrap() as i128, "{key}")
+                assert_eq!(
+                    ours.as_integer().unwrap(),
+                    n.as_i64().unwrap() as i128,
+                    "{key}"
+                )
             }
             serde_json::Value::Object(o) => assert_eq!(
                 ours.as_array().unwrap().len() as u64,

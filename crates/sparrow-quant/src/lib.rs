@@ -50,7 +50,7 @@ fn kernels_for(ty: GgmlType) -> Result<&'static Kernels, QuantError> {
 /// Number of elements in `len` bytes of `ty`, or [`QuantError::PartialBlock`].
 pub(crate) fn elems_in(ty: GgmlType, len: usize) -> Result<usize, QuantError> {
     let bb = ty.block_bytes();
-    if len % bb != 0 {
+    if !len.is_multiple_of(bb) {
         return Err(QuantError::PartialBlock {
             ty,
             len,

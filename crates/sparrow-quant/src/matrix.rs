@@ -37,7 +37,7 @@ impl<'a> QMatrix<'a> {
     /// kernels are accepted (their rows can still be read); the products reject them.
     pub fn new(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
         let be = ty.block_elems();
-        if cols % be != 0 {
+        if !cols.is_multiple_of(be) {
             return Err(QuantError::ColsNotBlockMultiple {
                 ty,
                 cols,
@@ -178,7 +178,7 @@ pub fn matvec(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantEr
 pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
     let k = kernels_for(m.ty)?;
     let n_tokens = if m.cols > 0 {
-        if xs.len() % m.cols != 0 {
+        if !xs.len().is_multiple_of(m.cols) {
             return Err(QuantError::LenMismatch {
                 what: "xs (not a whole number of cols-long rows)",
                 expected: xs.len() / m.cols * m.cols,

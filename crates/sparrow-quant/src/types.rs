@@ -179,7 +179,7 @@ impl GgmlType {
     /// blocks or the size overflows `usize`.
     pub fn bytes_for(self, n_elems: u64) -> Option<usize> {
         let be = self.block_elems() as u64;
-        if n_elems % be != 0 {
+        if !n_elems.is_multiple_of(be) {
             return None;
         }
         let bytes = (n_elems / be).checked_mul(self.block_bytes() as u64)?;

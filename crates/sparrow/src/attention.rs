@@ -162,7 +162,13 @@ mod tests {
     use crate::kv_cache::KvType;
 
     /// Naive f64 causal attention as the reference.
-    fn reference(shape: AttnShape, keys: &[Vec<f32>], vals: &[Vec<f32>], q: &[f32], pos: usize) -> Vec<f32> {
+    fn reference(
+        shape: AttnShape,
+        keys: &[Vec<f32>],
+        vals: &[Vec<f32>],
+        q: &[f32],
+        pos: usize,
+    ) -> Vec<f32> {
         let hd = shape.head_dim;
         let group = shape.n_head / shape.n_head_kv;
         let mut out = vec![0.0f32; shape.n_head * hd];
@@ -172,7 +178,10 @@ mod tests {
             let s: Vec<f64> = (0..=pos)
                 .map(|t| {
                     let k = &keys[t][g * hd..(g + 1) * hd];
-                    qh.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>()
+                    qh.iter()
+                        .zip(k)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
                         / (hd as f64).sqrt()
                 })
                 .collect();
@@ -189,16 +198,26 @@ mod tests {
 
     #[test]
     fn dense_matches_f64_reference_across_tiles() {
-        let shape = AttnShape { n_head: 6, n_head_kv: 2, head_dim: 16 };
+        let shape = AttnShape {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim: 16,
+        };
         let kv_dim = 32;
         let n = 300; // spans several tiles
         let mut seed = 12345u64;
         let mut rnd = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
         };
-        let keys: Vec<Vec<f32>> = (0..n).map(|_| (0..kv_dim).map(|_| rnd() * 3.0).collect()).collect();
-        let vals: Vec<Vec<f32>> = (0..n).map(|_| (0..kv_dim).map(|_| rnd()).collect()).collect();
+        let keys: Vec<Vec<f32>> = (0..n)
+            .map(|_| (0..kv_dim).map(|_| rnd() * 3.0).collect())
+            .collect();
+        let vals: Vec<Vec<f32>> = (0..n)
+            .map(|_| (0..kv_dim).map(|_| rnd()).collect())
+            .collect();
         let mut cache = KvCache::new(KvType::F32, 1, n, kv_dim);
         for t in 0..n {
             cache.write(0, t, &keys[t], &vals[t]);

@@ -25,7 +25,9 @@ pub enum Error {
     BadHyperParameter(String),
     #[error("unsupported model feature: {0}")]
     Unsupported(String),
-    #[error("the prompt has {n_prompt} tokens but the context size is {n_ctx} (raise -c/--ctx-size)")]
+    #[error(
+        "the prompt has {n_prompt} tokens but the context size is {n_ctx} (raise -c/--ctx-size)"
+    )]
     PromptTooLong { n_prompt: usize, n_ctx: usize },
     #[error("context is full: {n_ctx} tokens")]
     ContextFull { n_ctx: usize },

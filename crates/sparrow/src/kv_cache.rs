@@ -102,7 +102,10 @@ impl KvCache {
     }
 
     fn offset(&self, layer: usize, pos: usize) -> usize {
-        assert!(layer < self.n_layer && pos < self.n_ctx, "KV index out of range");
+        assert!(
+            layer < self.n_layer && pos < self.n_ctx,
+            "KV index out of range"
+        );
         (layer * self.n_ctx + pos) * self.kv_dim
     }
 

@@ -123,9 +123,7 @@ impl ModelConfig {
                     }
                     rope_freq_scale = 1.0 / factor;
                 }
-                other => {
-                    return Err(Error::Unsupported(format!("RoPE scaling type '{other}'")))
-                }
+                other => return Err(Error::Unsupported(format!("RoPE scaling type '{other}'"))),
             }
         }
         let rms_eps = md
@@ -177,24 +175,29 @@ impl ModelConfig {
             ("head size", self.head_dim),
             ("vocab size", self.vocab_size),
         ] {
-            let max = if name == "block_count" { MAX_LAYERS } else { MAX_DIM * 4 };
+            let max = if name == "block_count" {
+                MAX_LAYERS
+            } else {
+                MAX_DIM * 4
+            };
             if v == 0 || v > max {
                 return bad(format!("{name} = {v}"));
             }
         }
-        if self.n_head % self.n_head_kv != 0 {
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(format!(
                 "head_count {} is not a multiple of head_count_kv {}",
                 self.n_head, self.n_head_kv
             ));
         }
-        if self.n_head.checked_mul(self.head_dim).is_none_or(|d| d > MAX_DIM) {
-            return bad(format!(
-                "{} heads of size {}",
-                self.n_head, self.head_dim
-            ));
+        if self
+            .n_head
+            .checked_mul(self.head_dim)
+            .is_none_or(|d| d > MAX_DIM)
+        {
+            return bad(format!("{} heads of size {}", self.n_head, self.head_dim));
         }
-        if self.n_rot > self.head_dim || self.n_rot % 2 != 0 {
+        if self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
             return bad(format!(
                 "rope.dimension_count {} for head size {}",
                 self.n_rot, self.head_dim

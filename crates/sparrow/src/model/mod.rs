@@ -42,6 +42,7 @@ pub struct State {
     pub kv: KvCache,
     rope: Arc<RopeTable>,
     n_past: usize,
+    vocab: usize,
     scratch: Scratch,
 }
 
@@ -68,6 +69,12 @@ impl State {
     /// Context size (cache capacity in positions).
     pub fn n_ctx(&self) -> usize {
         self.kv.n_ctx()
+    }
+
+    /// Logits of the last token of the most recent forward pass that produced logits.
+    pub fn last_logits(&self) -> &[f32] {
+        let l = &self.scratch.logits;
+        &l[l.len().saturating_sub(self.vocab)..]
     }
 
     /// Forget everything; the next forward starts at position 0.
@@ -137,11 +144,18 @@ impl Model {
             return Err(Error::BadHyperParameter("context size 0".into()));
         }
         let c = &self.config;
-        let rope = RopeTable::new(n_ctx, c.n_rot, c.rope_base, c.rope_freq_scale, c.rope_layout);
+        let rope = RopeTable::new(
+            n_ctx,
+            c.n_rot,
+            c.rope_base,
+            c.rope_freq_scale,
+            c.rope_layout,
+        );
         Ok(State {
             kv: KvCache::new(kv_type, c.n_layer, n_ctx, c.kv_dim()),
             rope: Arc::new(rope),
             n_past: 0,
+            vocab: c.vocab_size,
             scratch: Scratch::default(),
         })
     }
@@ -218,8 +232,12 @@ impl Model {
             self.linear(&w.wv, &s.xb, n, &mut s.v)?;
             for i in 0..n {
                 let pos = pos0 + i;
-                state.rope.apply(&mut s.q[i * qd..(i + 1) * qd], c.head_dim, pos);
-                state.rope.apply(&mut s.k[i * kvd..(i + 1) * kvd], c.head_dim, pos);
+                state
+                    .rope
+                    .apply(&mut s.q[i * qd..(i + 1) * qd], c.head_dim, pos);
+                state
+                    .rope
+                    .apply(&mut s.k[i * kvd..(i + 1) * kvd], c.head_dim, pos);
                 state.kv.write(
                     l,
                     pos,

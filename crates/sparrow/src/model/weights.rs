@@ -22,8 +22,13 @@ pub struct Linear {
 impl Linear {
     /// The matrix as a view over the file image `file_bytes`.
     pub fn matrix<'a>(&self, file_bytes: &'a [u8]) -> QMatrix<'a> {
-        QMatrix::new(self.ty, &file_bytes[self.bytes.clone()], self.rows, self.cols)
-            .expect("shape was validated when the model was loaded")
+        QMatrix::new(
+            self.ty,
+            &file_bytes[self.bytes.clone()],
+            self.rows,
+            self.cols,
+        )
+        .expect("shape was validated when the model was loaded")
     }
 }
 

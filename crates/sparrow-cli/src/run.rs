@@ -1,0 +1,241 @@
+//! `sparrow run`: generate from a prompt, streaming to stdout, statistics to stderr.
+
+use crate::{prompt_text, ModelArgs};
+use indicatif::{ProgressBar, ProgressStyle};
+use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
+use std::io::Write;
+use std::ops::ControlFlow;
+
+/// Arguments of `sparrow run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt text (special-token text such as <|im_start|> is parsed as the token).
+    #[arg(short = 'p', long = "prompt")]
+    prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long = "file")]
+    file: Option<std::path::PathBuf>,
+    /// Number of tokens to generate (-1: until end of generation or a full context).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    n_predict: i64,
+    /// Context size in tokens (0: the model's training context).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    ctx_size: usize,
+    /// Threads (default: all available cores).
+    #[arg(short = 't', long = "threads")]
+    threads: Option<usize>,
+    /// Prompt tokens per forward pass.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k sampling (0: off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    top_k: usize,
+    /// Top-p (nucleus) sampling (1.0: off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    top_p: f32,
+    /// Min-p sampling (0.0: off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    min_p: f32,
+    /// Repetition penalty (1.0: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    repeat_last_n: usize,
+    /// RNG seed (-1: random).
+    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
+    seed: i64,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long = "chat", alias = "conversation")]
+    chat: bool,
+    /// System message when --chat is used.
+    #[arg(long = "system-prompt", short = 'S')]
+    system_prompt: Option<String>,
+    /// Do not echo the prompt before the generated text.
+    #[arg(long = "no-display-prompt")]
+    no_display_prompt: bool,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long = "ignore-eos")]
+    ignore_eos: bool,
+    /// KV cache type for keys (f16 or f32).
+    #[arg(
+        long = "cache-type-k",
+        short = 'k',
+        alias = "ctk",
+        default_value = "f16"
+    )]
+    cache_type_k: KvType,
+    /// KV cache type for values (f16 or f32); must equal the key type for now.
+    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
+    cache_type_v: KvType,
+}
+
+/// Build the global thread pool that all kernels run on.
+pub fn init_threads(threads: Option<usize>) -> Result<usize, String> {
+    let n = match threads {
+        Some(0) => return Err("-t/--threads must be at least 1".into()),
+        Some(n) => n,
+        None => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| format!("cannot start {n} threads: {e}"))?;
+    Ok(n)
+}
+
+pub fn run(a: RunArgs) -> Result<(), String> {
+    if a.cache_type_k != a.cache_type_v {
+        return Err("different key and value cache types are not supported yet".into());
+    }
+    let sampler_cfg = SamplerConfig {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        repeat_last_n: a.repeat_last_n,
+        seed: if a.seed < 0 {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        } else {
+            a.seed as u64
+        },
+    };
+    sampler_cfg.validate()?;
+    let text = prompt_text(&a.prompt, &a.file)?;
+    let threads = init_threads(a.threads)?;
+    let path = a.model.resolve()?;
+
+    let engine = Engine::load(&path).map_err(|e| e.to_string())?;
+    for w in engine.tokenizer.warnings() {
+        eprintln!("warning: {w}");
+    }
+    let cfg = &engine.model.config;
+    let n_ctx = if a.ctx_size == 0 {
+        cfg.n_ctx_train
+    } else {
+        a.ctx_size
+    };
+    if n_ctx > cfg.n_ctx_train {
+        eprintln!(
+            "warning: context size {n_ctx} exceeds the model's training context {}",
+            cfg.n_ctx_train
+        );
+    }
+
+    let prompt = if a.chat {
+        let tmpl = engine
+            .chat_template
+            .as_ref()
+            .ok_or("--chat: this model has no chat template")?;
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system_prompt {
+            msgs.push(ChatMessage::new("system", s));
+        }
+        msgs.push(ChatMessage::new("user", &text));
+        tmpl.render(&msgs, true).map_err(|e| e.to_string())?
+    } else {
+        text
+    };
+    let ids = engine.tokenizer.encode(&prompt, true, true);
+    if ids.is_empty() {
+        return Err("the prompt is empty after tokenization".into());
+    }
+    if ids.len() >= n_ctx {
+        return Err(sparrow::Error::PromptTooLong {
+            n_prompt: ids.len(),
+            n_ctx,
+        }
+        .to_string());
+    }
+    eprintln!(
+        "sparrow: {} ({}, {} layers, {} threads), context {n_ctx}, KV cache {:?}",
+        path.display(),
+        cfg.arch.name(),
+        cfg.n_layer,
+        threads,
+        a.cache_type_k
+    );
+    let mut state = engine
+        .model
+        .new_state(n_ctx, a.cache_type_k)
+        .map_err(|e| e.to_string())?;
+    let mut sampler = Sampler::new(sampler_cfg);
+    let opts = GenerateOptions {
+        n_predict: if a.n_predict < 0 {
+            None
+        } else {
+            Some(a.n_predict as usize)
+        },
+        ignore_eos: a.ignore_eos,
+        batch_size: a.batch_size,
+    };
+
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if !a.no_display_prompt {
+        let _ = write!(out, "{prompt}");
+        let _ = out.flush();
+    }
+    let bar = (ids.len() > a.batch_size).then(|| {
+        let b = ProgressBar::new(ids.len() as u64);
+        b.set_style(
+            ProgressStyle::with_template(
+                "prompt {bar:40} {pos}/{len} tokens ({per_sec}, eta {eta})",
+            )
+            .expect("valid template"),
+        );
+        b
+    });
+    let stats = generate(
+        &engine.model,
+        &engine.tokenizer,
+        &mut state,
+        &ids,
+        &mut sampler,
+        &opts,
+        |done, total| {
+            if let Some(b) = &bar {
+                b.set_position(done as u64);
+                if done == total {
+                    b.finish_and_clear();
+                }
+            }
+        },
+        |_, piece| {
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+            ControlFlow::Continue(())
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let _ = writeln!(out);
+    eprintln!();
+    eprintln!(
+        "load time:   {:8.1} ms",
+        engine.load_time.as_secs_f64() * 1e3
+    );
+    eprintln!(
+        "prompt:      {:8} tokens in {:8.1} ms ({:.2} tok/s)",
+        stats.n_prompt,
+        stats.prompt_time.as_secs_f64() * 1e3,
+        stats.prompt_tps()
+    );
+    eprintln!(
+        "generation:  {:8} tokens in {:8.1} ms ({:.2} tok/s)",
+        stats.n_generated,
+        stats.gen_time.as_secs_f64() * 1e3,
+        stats.gen_tps()
+    );
+    Ok(())
+}

@@ -1,0 +1,46 @@
+//! `Engine`: a model together with its tokenizer and chat template, all built from one GGUF
+//! file. This is what the CLI and the server hold.
+
+use crate::chat::ChatTemplate;
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::tokenizer::{Tokenizer, TokenizerSpec};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A loaded model with everything needed to turn text into text.
+pub struct Engine {
+    pub model: Arc<Model>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Option<ChatTemplate>,
+    /// How long loading took (open, validate, build the tokenizer).
+    pub load_time: Duration,
+}
+
+impl Engine {
+    /// Load model, tokenizer and chat template from `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Engine> {
+        let start = Instant::now();
+        let model = Model::load(path)?;
+        let spec =
+            TokenizerSpec::from_gguf(model.file()).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let tokenizer = Tokenizer::from_spec(spec).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        if tokenizer.vocab_size() != model.config.vocab_size {
+            return Err(Error::BadHyperParameter(format!(
+                "tokenizer has {} tokens but the model's vocabulary is {}",
+                tokenizer.vocab_size(),
+                model.config.vocab_size
+            )));
+        }
+        let chat_template = ChatTemplate::from_metadata(model.file().metadata(), |id| {
+            tokenizer.token_text(id).map(str::to_string)
+        })?;
+        Ok(Engine {
+            model: Arc::new(model),
+            tokenizer: Arc::new(tokenizer),
+            chat_template,
+            load_time: start.elapsed(),
+        })
+    }
+}

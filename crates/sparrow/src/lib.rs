@@ -1,0 +1,20 @@
+//! sparrow: the engine. Loads llama-family GGUF models, tokenizes, runs the forward pass over
+//! a KV cache behind an attention seam, samples, and renders chat templates.
+
+pub mod attention;
+pub mod chat;
+pub mod engine;
+pub mod error;
+pub mod generate;
+pub mod kv_cache;
+pub mod model;
+pub mod sampler;
+pub mod tokenizer;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use engine::Engine;
+pub use error::{Error, Result};
+pub use generate::{generate, prefill, GenerateOptions, GenerationStats, StopReason};
+pub use kv_cache::{KvCache, KvType};
+pub use model::{Logits, Model, ModelConfig, State};
+pub use sampler::{Sampler, SamplerConfig};

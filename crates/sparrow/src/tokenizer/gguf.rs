@@ -1,0 +1,37 @@
+//! Reading a [`TokenizerSpec`] from GGUF metadata.
+
+use super::{TokenizerError, TokenizerSpec};
+use sparrow_gguf::{GgufFile, Metadata};
+
+impl TokenizerSpec {
+    /// Reads the `tokenizer.ggml.*` keys of an open GGUF file.
+    pub fn from_gguf(file: &GgufFile) -> Result<TokenizerSpec, TokenizerError> {
+        Self::from_metadata(file.metadata())
+    }
+
+    /// Reads the `tokenizer.ggml.*` keys from GGUF metadata. `tokens`,
+    /// `merges` and `model` are required; a missing `token_type` means all
+    /// tokens are normal; the special ids and flags are optional.
+    pub fn from_metadata(md: &Metadata) -> Result<TokenizerSpec, TokenizerError> {
+        let owned = |v: Vec<&str>| v.into_iter().map(str::to_owned).collect::<Vec<_>>();
+        let token_types = if md.contains("tokenizer.ggml.token_type") {
+            md.get_i32_array("tokenizer.ggml.token_type")?
+        } else {
+            Vec::new()
+        };
+        Ok(TokenizerSpec {
+            model: md.get_str("tokenizer.ggml.model")?.to_owned(),
+            pre: md.opt_str("tokenizer.ggml.pre")?.map(str::to_owned),
+            tokens: owned(md.get_str_array("tokenizer.ggml.tokens")?),
+            token_types,
+            merges: owned(md.get_str_array("tokenizer.ggml.merges")?),
+            bos: md.opt_u32("tokenizer.ggml.bos_token_id")?,
+            eos: md.opt_u32("tokenizer.ggml.eos_token_id")?,
+            eot: md.opt_u32("tokenizer.ggml.eot_token_id")?,
+            eom: md.opt_u32("tokenizer.ggml.eom_token_id")?,
+            pad: md.opt_u32("tokenizer.ggml.padding_token_id")?,
+            add_bos: md.opt_bool("tokenizer.ggml.add_bos_token")?,
+            add_eos: md.opt_bool("tokenizer.ggml.add_eos_token")?,
+        })
+    }
+}
