@@ -9,6 +9,7 @@ pub mod generate;
 pub mod kv_cache;
 pub mod model;
 pub mod sampler;
+pub mod synthetic;
 pub mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
