@@ -1,6 +1,7 @@
 //! `sparrow`: run GGUF language models on the CPU. Flags follow llama.cpp's where the meaning
 //! is the same, so users' habits carry over.
 
+mod memory;
 mod models;
 mod run;
 mod tokenize;

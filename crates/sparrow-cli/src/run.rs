@@ -3,7 +3,7 @@
 use crate::{prompt_text, ModelArgs};
 use indicatif::{ProgressBar, ProgressStyle};
 use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::ops::ControlFlow;
 
 /// Arguments of `sparrow run`.
@@ -187,16 +187,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         let _ = write!(out, "{prompt}");
         let _ = out.flush();
     }
-    let bar = (ids.len() > a.batch_size).then(|| {
-        let b = ProgressBar::new(ids.len() as u64);
-        b.set_style(
-            ProgressStyle::with_template(
-                "prompt {bar:40} {pos}/{len} tokens ({per_sec}, eta {eta})",
-            )
-            .expect("valid template"),
-        );
-        b
-    });
+    let mut progress = PromptProgress::new(ids.len(), a.batch_size);
     let stats = generate(
         &engine.model,
         &engine.tokenizer,
@@ -204,14 +195,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         &ids,
         &mut sampler,
         &opts,
-        |done, total| {
-            if let Some(b) = &bar {
-                b.set_position(done as u64);
-                if done == total {
-                    b.finish_and_clear();
-                }
-            }
-        },
+        |done, total| progress.update(done, total),
         |_, piece| {
             let _ = out.write_all(piece.as_bytes());
             let _ = out.flush();
@@ -237,5 +221,52 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         stats.gen_time.as_secs_f64() * 1e3,
         stats.gen_tps()
     );
+    if let Some(m) = crate::memory::memory_report() {
+        eprintln!(
+            "memory:      peak RSS {:.1} MiB (now: {:.1} MiB heap, {:.1} MiB mapped model pages)",
+            m.peak_rss_kib as f64 / 1024.0,
+            m.anon_kib as f64 / 1024.0,
+            m.file_kib as f64 / 1024.0
+        );
+    }
     Ok(())
+}
+
+/// Progress of a long prompt's prefill on stderr: a bar on a terminal, a line per batch
+/// otherwise (logs, CI). Short prompts (one batch) show nothing.
+struct PromptProgress {
+    bar: Option<ProgressBar>,
+    plain: bool,
+}
+
+impl PromptProgress {
+    fn new(n_prompt: usize, batch_size: usize) -> Self {
+        let long = n_prompt > batch_size;
+        let tty = std::io::stderr().is_terminal();
+        let bar = (long && tty).then(|| {
+            let b = ProgressBar::new(n_prompt as u64);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "prompt {bar:40} {pos}/{len} tokens ({per_sec}, eta {eta})",
+                )
+                .expect("valid template"),
+            );
+            b
+        });
+        PromptProgress {
+            bar,
+            plain: long && !tty,
+        }
+    }
+
+    fn update(&mut self, done: usize, total: usize) {
+        if let Some(b) = &self.bar {
+            b.set_position(done as u64);
+            if done == total {
+                b.finish_and_clear();
+            }
+        } else if self.plain {
+            eprintln!("prompt: {done}/{total} tokens");
+        }
+    }
 }
