@@ -1,0 +1,720 @@
+//! KV caches for decoding: [`KvCache`] (f32) and [`KvCacheF16`] (feature `fp16`), both
+//! [`KvStore`]. Keys/values are stored head-major (`[kv_head][slot][dim]`) so the window
+//! of one head is one contiguous run. Block landmark means are kept up to date by a
+//! Welford update on every append (`O(kv_heads × dim)`), so a decode step costs
+//! `O(window + log T + T / block_size)` row reads, never `O(T)`.
+//!
+//! H2O eviction: every tracked decode step adds the attention probability each visited
+//! token received (summed over query heads) to that token's score; landmark weight goes
+//! to the block and is shared by its tokens. When full, `evict_and_append` removes the
+//! lowest-scoring token that is neither a sink nor in the recent window.
+
+use crate::element::KvElement;
+use crate::error::{AttnError, Result};
+use crate::pattern::{PieceList, Plan, SparseConfig};
+use crate::simd::{self, Rows};
+use crate::softmax::{KvView, RowStates};
+use crate::sparse::SparseAttention;
+use crate::tensor::{checked_len, Tensor3};
+
+/// A KV cache for one layer: `capacity` tokens × `kv_heads` × `head_dim`, keys and values
+/// stored as `E`, with per-block landmark means (f32) and H2O attention scores.
+#[derive(Clone, Debug)]
+pub struct KvStore<E: KvElement = f32> {
+    capacity: usize,
+    kv_heads: usize,
+    dim: usize,
+    block_size: usize,
+    nblocks: usize,
+    len: usize,
+    keys: Vec<E>,
+    values: Vec<E>,
+    lm_keys: Vec<f32>,
+    lm_values: Vec<f32>,
+    lm_count: Vec<u32>,
+    lm_downdates: Vec<u32>,
+    /// H2O attention mass per *slot*.
+    mass: Vec<f32>,
+    /// Landmark attention mass per logical block.
+    block_mass: Vec<f32>,
+    /// Logical position → storage slot. The identity until the first eviction; an
+    /// eviction removes one entry and the new token reuses the freed slot.
+    order: Vec<usize>,
+    /// True while `order[t] == t` for every `t`.
+    identity: bool,
+    /// Next block whose landmark mean is recomputed exactly after an eviction.
+    refresh_next: usize,
+    /// Slot freed by the last eviction, taken by the next append.
+    free_slot: Option<usize>,
+}
+
+/// f32 KV cache.
+pub type KvCache = KvStore<f32>;
+
+/// f16 KV cache (half the bytes; landmark means and arithmetic stay f32).
+#[cfg(feature = "fp16")]
+pub type KvCacheF16 = KvStore<half::f16>;
+
+impl<E: KvElement> KvStore<E> {
+    /// An empty cache. `block_size` is the landmark granularity; it should match the
+    /// `block_size` of the [`SparseConfig`] used to decode. All four must be positive.
+    pub fn new(
+        capacity: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+    ) -> Result<Self> {
+        for (what, x) in [
+            ("capacity", capacity),
+            ("kv_heads", kv_heads),
+            ("head_dim", head_dim),
+            ("block_size", block_size),
+        ] {
+            if x == 0 {
+                return Err(AttnError::ZeroDim { what });
+            }
+        }
+        let n = checked_len(capacity, kv_heads, head_dim)?;
+        let nblocks = capacity.div_ceil(block_size);
+        let nl = checked_len(nblocks, kv_heads, head_dim)?;
+        Ok(Self {
+            capacity,
+            kv_heads,
+            dim: head_dim,
+            block_size,
+            nblocks,
+            len: 0,
+            keys: vec![E::default(); n],
+            values: vec![E::default(); n],
+            lm_keys: vec![0.0; nl],
+            lm_values: vec![0.0; nl],
+            lm_count: vec![0; nblocks],
+            lm_downdates: vec![0; nblocks],
+            mass: vec![0.0; capacity],
+            block_mass: vec![0.0; nblocks],
+            order: Vec::new(),
+            identity: true,
+            refresh_next: 0,
+            free_slot: None,
+        })
+    }
+
+    /// Maximum number of tokens.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    /// Key/value heads.
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads
+    }
+    /// Values per head.
+    pub fn head_dim(&self) -> usize {
+        self.dim
+    }
+    /// Tokens per landmark block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+    /// Tokens stored.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when no token is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// True when `len() == capacity()`.
+    pub fn is_full(&self) -> bool {
+        self.len >= self.capacity
+    }
+    /// Bytes held by the key and value storage.
+    pub fn storage_bytes(&self) -> usize {
+        2 * self.keys.len() * core::mem::size_of::<E>()
+    }
+
+    /// Forget every token (keeps the allocation).
+    pub fn reset(&mut self) {
+        self.len = 0;
+        self.lm_keys.fill(0.0);
+        self.lm_values.fill(0.0);
+        self.lm_count.fill(0);
+        self.lm_downdates.fill(0);
+        self.mass.fill(0.0);
+        self.block_mass.fill(0.0);
+        self.order.clear();
+        self.identity = true;
+        self.refresh_next = 0;
+        self.free_slot = None;
+    }
+
+    /// Append one token from `(1, kv_heads, head_dim)` tensors.
+    pub fn try_append(&mut self, k: &Tensor3, v: &Tensor3) -> Result<()> {
+        self.check_tokens(k, v, 1)?;
+        self.append_rows(k.data(), v.data())
+    }
+
+    /// Append one token given as two slices of `kv_heads * head_dim` values
+    /// (head-major within the token, as in a `Tensor3` row).
+    pub fn append_rows(&mut self, k: &[f32], v: &[f32]) -> Result<()> {
+        let w = self.kv_heads * self.dim;
+        if k.len() != w {
+            return Err(AttnError::DataLength {
+                what: "key token",
+                expected: w,
+                got: k.len(),
+            });
+        }
+        if v.len() != w {
+            return Err(AttnError::DataLength {
+                what: "value token",
+                expected: w,
+                got: v.len(),
+            });
+        }
+        if self.is_full() {
+            return Err(AttnError::CacheFull {
+                capacity: self.capacity,
+                len: self.len,
+                adding: 1,
+            });
+        }
+        // Before any eviction the next slot is `len`; afterwards appends only follow an
+        // eviction, which hands over the freed slot through `free_slot`.
+        let slot = if self.identity {
+            self.len
+        } else {
+            self.free_slot.take().unwrap_or(self.len)
+        };
+        self.write_slot(slot, k, v);
+        self.order.push(slot);
+        self.len += 1;
+        let t = self.len - 1;
+        self.landmark_add(t / self.block_size, slot);
+        Ok(())
+    }
+
+    fn write_slot(&mut self, slot: usize, k: &[f32], v: &[f32]) {
+        let dim = self.dim;
+        for h in 0..self.kv_heads {
+            let o = self.row(h, slot);
+            simd::store(&mut self.keys[o..o + dim], &k[h * dim..(h + 1) * dim]);
+            simd::store(&mut self.values[o..o + dim], &v[h * dim..(h + 1) * dim]);
+        }
+        self.mass[slot] = 0.0;
+    }
+
+    /// Append every token of `(n, kv_heads, head_dim)` tensors (a prefill). All or
+    /// nothing: on error the cache is unchanged.
+    pub fn append_all(&mut self, k: &Tensor3, v: &Tensor3) -> Result<()> {
+        self.check_tokens(k, v, k.seq())?;
+        if self.len + k.seq() > self.capacity {
+            return Err(AttnError::CacheFull {
+                capacity: self.capacity,
+                len: self.len,
+                adding: k.seq(),
+            });
+        }
+        for t in 0..k.seq() {
+            self.append_rows(k.token(t)?, v.token(t)?)?;
+        }
+        Ok(())
+    }
+
+    fn check_tokens(&self, k: &Tensor3, v: &Tensor3, seq: usize) -> Result<()> {
+        for t in [k, v] {
+            if t.seq() != seq {
+                return Err(AttnError::ShapeMismatch {
+                    what: "seq",
+                    expected: seq,
+                    got: t.seq(),
+                });
+            }
+            if t.heads() != self.kv_heads {
+                return Err(AttnError::ShapeMismatch {
+                    what: "kv heads",
+                    expected: self.kv_heads,
+                    got: t.heads(),
+                });
+            }
+            if t.dim() != self.dim {
+                return Err(AttnError::ShapeMismatch {
+                    what: "head dim",
+                    expected: self.dim,
+                    got: t.dim(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Offset of storage slot `slot` of head `h` in `keys`/`values`.
+    #[inline]
+    fn row(&self, h: usize, slot: usize) -> usize {
+        (h * self.capacity + slot) * self.dim
+    }
+
+    /// `mean(b) = keep * mean(b) + w * row(slot)` for keys and values of every head.
+    fn landmark_axpy(&mut self, b: usize, keep: f32, w: f32, slot: usize) {
+        let dim = self.dim;
+        for h in 0..self.kv_heads {
+            let l = (h * self.nblocks + b) * dim;
+            let base = self.row(h, 0);
+            let rows = Rows::Range {
+                start: slot,
+                end: slot + 1,
+            };
+            let end = base + self.capacity * dim;
+            for (lm, src) in [
+                (&mut self.lm_keys, &self.keys),
+                (&mut self.lm_values, &self.values),
+            ] {
+                let m = &mut lm[l..l + dim];
+                if keep != 1.0 {
+                    m.iter_mut().for_each(|x| *x *= keep);
+                }
+                simd::accumulate(m, &[w], &src[base..end], dim, rows);
+            }
+        }
+    }
+
+    /// Welford: add the token in `slot` to the mean of block `b`.
+    fn landmark_add(&mut self, b: usize, slot: usize) {
+        self.lm_count[b] += 1;
+        let c = self.lm_count[b] as f32;
+        self.landmark_axpy(b, 1.0 - 1.0 / c, 1.0 / c, slot);
+    }
+
+    /// Inverse Welford: remove the token in `slot` from the mean of block `b`.
+    fn landmark_remove(&mut self, b: usize, slot: usize) {
+        let c = self.lm_count[b];
+        self.lm_count[b] = c - 1;
+        self.lm_downdates[b] += 1;
+        if c == 1 {
+            for h in 0..self.kv_heads {
+                let l = (h * self.nblocks + b) * self.dim;
+                self.lm_keys[l..l + self.dim].fill(0.0);
+                self.lm_values[l..l + self.dim].fill(0.0);
+            }
+            return;
+        }
+        let c = c as f32;
+        self.landmark_axpy(b, c / (c - 1.0), -1.0 / (c - 1.0), slot);
+    }
+
+    /// Recompute the mean of block `b` exactly from its stored rows.
+    fn landmark_refresh(&mut self, b: usize) {
+        let (t0, t1) = (
+            b * self.block_size,
+            ((b + 1) * self.block_size).min(self.len),
+        );
+        let n = t1.saturating_sub(t0);
+        self.lm_count[b] = n as u32;
+        self.lm_downdates[b] = 0;
+        let w = vec![1.0 / n.max(1) as f32; n];
+        let dim = self.dim;
+        for h in 0..self.kv_heads {
+            let l = (h * self.nblocks + b) * dim;
+            let base = self.row(h, 0);
+            let end = base + self.capacity * dim;
+            let rows = if self.identity {
+                Rows::Range {
+                    start: t0,
+                    end: t0 + n,
+                }
+            } else {
+                Rows::List(&self.order[t0..t0 + n])
+            };
+            for (lm, src) in [
+                (&mut self.lm_keys, &self.keys),
+                (&mut self.lm_values, &self.values),
+            ] {
+                let m = &mut lm[l..l + dim];
+                m.fill(0.0);
+                simd::accumulate(m, &w, &src[base..end], dim, rows);
+            }
+        }
+    }
+
+    /// Keys and values of head `head`, for [`partial_attention`](crate::partial_attention)
+    /// over any key subset. Row `r` is storage slot `r`; logical position `t` is row
+    /// `order()[t]` (the same number until the first eviction).
+    pub fn view(&self, head: usize) -> Result<KvView<'_, E>> {
+        if head >= self.kv_heads {
+            return Err(AttnError::IndexOutOfRange {
+                what: "kv head",
+                index: head,
+                len: self.kv_heads,
+            });
+        }
+        let o = self.row(head, 0);
+        let e = o + self.capacity * self.dim;
+        KvView::new(
+            &self.keys[o..e],
+            &self.values[o..e],
+            self.len,
+            self.dim,
+            self.dim,
+        )
+    }
+
+    /// Landmark means (row `b` = mean key/value of block `b`) of head `head`, over the
+    /// blocks that hold at least one token.
+    pub fn landmark_view(&self, head: usize) -> Result<KvView<'_, f32>> {
+        if head >= self.kv_heads {
+            return Err(AttnError::IndexOutOfRange {
+                what: "kv head",
+                index: head,
+                len: self.kv_heads,
+            });
+        }
+        let o = head * self.nblocks * self.dim;
+        let e = o + self.nblocks * self.dim;
+        KvView::new(
+            &self.lm_keys[o..e],
+            &self.lm_values[o..e],
+            self.len.div_ceil(self.block_size),
+            self.dim,
+            self.dim,
+        )
+    }
+
+    /// Translate pieces over logical positions into pieces over storage slots: ranges stay
+    /// ranges while no eviction happened, else become sub-slices of `order`; lists are
+    /// mapped into `buf`.
+    fn to_slots<'a>(&'a self, pieces: &PieceList<'a>, buf: &'a mut Vec<usize>) -> PieceList<'a> {
+        buf.clear();
+        if !self.identity {
+            for r in pieces.as_slice() {
+                if let Rows::List(l) = r {
+                    buf.extend(l.iter().map(|&t| self.order[t]));
+                }
+            }
+        }
+        let buf: &'a Vec<usize> = buf;
+        let mut out = PieceList::new();
+        let mut off = 0;
+        for r in pieces.as_slice() {
+            match *r {
+                Rows::Range { start, end } if self.identity => out.push(Rows::Range { start, end }),
+                Rows::Range { start, end } => out.push(Rows::List(&self.order[start..end])),
+                Rows::List(l) if self.identity => out.push(Rows::List(l)),
+                Rows::List(l) => {
+                    out.push(Rows::List(&buf[off..off + l.len()]));
+                    off += l.len();
+                }
+            }
+        }
+        out
+    }
+
+    /// Storage slot of every logical position (`order()[t]` is where token `t` lives).
+    /// The identity until the first eviction. Rows of [`view`](Self::view) are slots.
+    pub fn order(&self) -> &[usize] {
+        &self.order
+    }
+
+    /// H2O score of every stored token: attention probability received so far (summed
+    /// over tracked decode steps and query heads), landmark weight shared within blocks.
+    pub fn h2o_scores(&self) -> Vec<f32> {
+        (0..self.len).map(|t| self.h2o_score(t)).collect()
+    }
+
+    /// H2O score of logical position `t`.
+    #[inline]
+    fn h2o_score(&self, t: usize) -> f32 {
+        let b = t / self.block_size;
+        self.mass[self.order[t]] + self.block_mass[b] / self.lm_count[b].max(1) as f32
+    }
+
+    /// Which token [`evict_and_append`](Self::evict_and_append) would evict now under the
+    /// protection of `config` (`config.sinks` first tokens and the `config.window` most
+    /// recent): the lowest H2O score, ties to the oldest. If every non-sink token is in the
+    /// window, the deterministic fallback is the oldest non-sink token. `None` when the
+    /// cache is empty or holds only sinks.
+    pub fn eviction_victim(&self, config: &SparseConfig) -> Option<usize> {
+        let start = config.sinks.min(self.len);
+        if start >= self.len {
+            return None;
+        }
+        let end = self.len.saturating_sub(config.window).max(start);
+        if end == start {
+            return Some(start);
+        }
+        let mut best = start;
+        let mut best_s = self.h2o_score(start);
+        for t in start + 1..end {
+            let s = self.h2o_score(t);
+            if s < best_s {
+                best = t;
+                best_s = s;
+            }
+        }
+        Some(best)
+    }
+
+    /// Append one token; if the cache is full, first evict the token chosen by
+    /// [`eviction_victim`](Self::eviction_victim). Returns the evicted position (later
+    /// tokens shift down by one) or `None` when there was room. The cache stays at
+    /// capacity. Cost: one `memmove` of the tokens after the victim plus `O(T / block)`
+    /// landmark updates (no rebuild).
+    pub fn evict_and_append(
+        &mut self,
+        k: &Tensor3,
+        v: &Tensor3,
+        config: &SparseConfig,
+    ) -> Result<Option<usize>> {
+        config.validate()?;
+        self.check_tokens(k, v, 1)?;
+        if !self.is_full() {
+            self.append_rows(k.data(), v.data())?;
+            return Ok(None);
+        }
+        let victim = self
+            .eviction_victim(config)
+            .ok_or(AttnError::NothingToEvict)?;
+        self.remove(victim);
+        self.append_rows(k.data(), v.data())?;
+        Ok(Some(victim))
+    }
+
+    /// Remove logical position `t`: later tokens move down one logical position (only the
+    /// order index moves; their rows stay in place) and the landmark means of the blocks
+    /// whose membership changes are fixed up (each loses its first token to the block
+    /// before and gains the first token of the block after). One block per call is
+    /// recomputed exactly, in rotation, so rounding cannot drift.
+    fn remove(&mut self, t: usize) {
+        let bs = self.block_size;
+        let last = (self.len - 1) / bs;
+        let bt = t / bs;
+        for b in bt..=last {
+            let out_tok = if b == bt { t } else { b * bs };
+            self.landmark_remove(b, self.order[out_tok]);
+            let in_tok = (b + 1) * bs;
+            if in_tok < self.len {
+                self.landmark_add(b, self.order[in_tok]);
+            }
+        }
+        let slot = self.order.remove(t);
+        self.identity = false;
+        self.free_slot = Some(slot);
+        self.len -= 1;
+        let nb = self.len.div_ceil(bs).max(1);
+        let b = self.refresh_next % nb;
+        self.refresh_next = b + 1;
+        if self.lm_downdates[b] > 0 {
+            self.landmark_refresh(b);
+        }
+    }
+}
+
+impl SparseAttention {
+    /// Attention of one new token against the cache. The caller appends the token's
+    /// key/value first; the query sits at position `len - 1`. `q` is `(1, q_heads, dim)`
+    /// with `q_heads` a multiple of the cache's `kv_heads`. Same result as the last row of
+    /// [`forward_gqa`](Self::forward_gqa) over the cached sequence.
+    pub fn decode_step<E: KvElement>(&self, q: &Tensor3, cache: &KvStore<E>) -> Result<Tensor3> {
+        self.check_decode(q, cache, 1)?;
+        let mut out = Tensor3::zeros(1, q.heads(), q.dim())?;
+        self.decode_into(q.data(), cache, out.data_mut(), None);
+        Ok(out)
+    }
+
+    /// [`decode_step`](Self::decode_step) that also adds the attention each visited token
+    /// received to the cache's H2O scores (used by `evict_and_append`).
+    pub fn decode_step_tracked<E: KvElement>(
+        &self,
+        q: &Tensor3,
+        cache: &mut KvStore<E>,
+    ) -> Result<Tensor3> {
+        self.check_decode(q, cache, 1)?;
+        let mut out = Tensor3::zeros(1, q.heads(), q.dim())?;
+        self.decode_tracked_into(q.data(), cache, out.data_mut());
+        Ok(out)
+    }
+
+    /// Several new tokens (e.g. speculative drafts): for each row `t`, append
+    /// `new_k`/`new_v` row `t` and decode `q` row `t` (tracked). Shapes and capacity are
+    /// checked up front, so on error the cache is unchanged. Returns `(m, q_heads, dim)`.
+    pub fn decode_batch<E: KvElement>(
+        &self,
+        q: &Tensor3,
+        new_k: &Tensor3,
+        new_v: &Tensor3,
+        cache: &mut KvStore<E>,
+    ) -> Result<Tensor3> {
+        let m = q.seq();
+        cache.check_tokens(new_k, new_v, m)?;
+        if cache.len + m > cache.capacity {
+            return Err(AttnError::CacheFull {
+                capacity: cache.capacity,
+                len: cache.len,
+                adding: m,
+            });
+        }
+        self.check_shape_decode(q, cache)?;
+        let mut out = Tensor3::zeros(m, q.heads(), q.dim())?;
+        let w = q.heads() * q.dim();
+        for t in 0..m {
+            cache.append_rows(new_k.token(t)?, new_v.token(t)?)?;
+            let qt = &q.data()[t * w..(t + 1) * w];
+            self.decode_tracked_into(qt, cache, &mut out.data_mut()[t * w..(t + 1) * w]);
+        }
+        Ok(out)
+    }
+
+    fn check_shape_decode<E: KvElement>(&self, q: &Tensor3, cache: &KvStore<E>) -> Result<()> {
+        if q.dim() != cache.dim {
+            return Err(AttnError::ShapeMismatch {
+                what: "head dim",
+                expected: cache.dim,
+                got: q.dim(),
+            });
+        }
+        if q.heads().checked_rem(cache.kv_heads) != Some(0) {
+            return Err(AttnError::HeadsNotDivisible {
+                q_heads: q.heads(),
+                kv_heads: cache.kv_heads,
+            });
+        }
+        if cache.block_size != self.config().block_size {
+            return Err(AttnError::InvalidConfig {
+                field: "block_size",
+                reason: "cache block_size differs from the attention config",
+            });
+        }
+        Ok(())
+    }
+
+    fn check_decode<E: KvElement>(
+        &self,
+        q: &Tensor3,
+        cache: &KvStore<E>,
+        seq: usize,
+    ) -> Result<()> {
+        if q.seq() != seq {
+            return Err(AttnError::ShapeMismatch {
+                what: "query seq",
+                expected: seq,
+                got: q.seq(),
+            });
+        }
+        self.check_shape_decode(q, cache)?;
+        if cache.is_empty() {
+            return Err(AttnError::EmptyCache);
+        }
+        Ok(())
+    }
+
+    fn decode_tracked_into<E: KvElement>(
+        &self,
+        q: &[f32],
+        cache: &mut KvStore<E>,
+        out: &mut [f32],
+    ) {
+        let mut probs = Vec::new();
+        let plan = self.decode_into(q, cache, out, Some(&mut probs));
+        let mut col = 0;
+        for r in plan.token_pieces(self.config().sort_candidates).as_slice() {
+            for k in 0..r.len() {
+                let slot = cache.order[r.get(k)];
+                cache.mass[slot] += probs[col + k];
+            }
+            col += r.len();
+        }
+        for r in plan.block_pieces().as_slice() {
+            for k in 0..r.len() {
+                cache.block_mass[r.get(k)] += probs[col + k];
+            }
+            col += r.len();
+        }
+    }
+
+    /// Decode one query row set against the cache into `out`. With `probs`, also returns
+    /// per candidate the attention probability summed over query heads.
+    fn decode_into<E: KvElement>(
+        &self,
+        q: &[f32],
+        cache: &KvStore<E>,
+        out: &mut [f32],
+        probs: Option<&mut Vec<f32>>,
+    ) -> Plan {
+        let dim = cache.dim;
+        let kvh = cache.kv_heads;
+        let g = q.len() / dim / kvh;
+        let len = cache.len;
+        let mut plan = Plan::default();
+        plan.build(self.config(), len, len - 1);
+        let mut mapped: Vec<usize> = Vec::new();
+        let tp_logical = plan.token_pieces(self.config().sort_candidates);
+        let tp = cache.to_slots(&tp_logical, &mut mapped);
+        let bp = plan.block_pieces();
+        let n = tp.total() + bp.total();
+        let want = probs.is_some();
+        let scale = 1.0 / (dim as f32).sqrt();
+        let head = |h: usize| -> (Vec<f32>, Vec<f32>) {
+            let qrows = &q[h * g * dim..(h + 1) * g * dim];
+            let (o, e) = (cache.row(h, 0), cache.row(h, 0) + cache.capacity * dim);
+            let (kb, vb) = (&cache.keys[o..e], &cache.values[o..e]);
+            let lo = h * cache.nblocks * dim;
+            let le = lo + cache.nblocks * dim;
+            let (lk, lv) = (&cache.lm_keys[lo..le], &cache.lm_values[lo..le]);
+            let mut sc = vec![0.0f32; g * n];
+            let mut col = 0;
+            for r in tp.as_slice() {
+                simd::scores_multi(qrows, g, kb, dim, *r, scale, &mut sc, n, col);
+                col += r.len();
+            }
+            for r in bp.as_slice() {
+                simd::scores_multi(qrows, g, lk, dim, *r, scale, &mut sc, n, col);
+                col += r.len();
+            }
+            let mut st = RowStates::new(g, dim);
+            st.absorb(0, g, &mut sc, n, n);
+            let mut col = 0;
+            for r in tp.as_slice() {
+                simd::accumulate_multi(&mut st.acc, g, &sc, n, col, vb, dim, *r);
+                col += r.len();
+            }
+            for r in bp.as_slice() {
+                simd::accumulate_multi(&mut st.acc, g, &sc, n, col, lv, dim, *r);
+                col += r.len();
+            }
+            let mut o = vec![0.0f32; g * dim];
+            for r in 0..g {
+                st.finish_row(r, &mut o[r * dim..(r + 1) * dim]);
+            }
+            let mut p = Vec::new();
+            if want {
+                p = vec![0.0f32; n];
+                for r in 0..g {
+                    let inv = if st.sum[r] > 0.0 {
+                        1.0 / st.sum[r]
+                    } else {
+                        0.0
+                    };
+                    p.iter_mut()
+                        .zip(&sc[r * n..(r + 1) * n])
+                        .for_each(|(a, w)| *a += w * inv);
+                }
+            }
+            (o, p)
+        };
+        let heads: Vec<usize> = (0..kvh).collect();
+        // Rayon only pays off when a step has enough rows to read.
+        let big = n * g * dim * kvh >= 1 << 16;
+        let res: Vec<(Vec<f32>, Vec<f32>)> = if big {
+            self.map_items(&heads, |&h| head(h))
+        } else {
+            heads.iter().map(|&h| head(h)).collect()
+        };
+        let mut acc_p = vec![0.0f32; if want { n } else { 0 }];
+        for (h, (o, p)) in res.into_iter().enumerate() {
+            out[h * g * dim..(h + 1) * g * dim].copy_from_slice(&o);
+            acc_p.iter_mut().zip(&p).for_each(|(a, x)| *a += x);
+        }
+        if let Some(pv) = probs {
+            *pv = acc_p;
+        }
+        plan
+    }
+}

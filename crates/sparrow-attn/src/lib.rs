@@ -1,0 +1,79 @@
+//! # sparrow-attn
+//!
+//! Sparse attention for long contexts on small CPUs, with no runtime dependencies.
+//!
+//! Two pieces carry everything:
+//!
+//! * an **online softmax** accumulator ([`OnlineSoftmax`]) that absorbs keys in any
+//!   order and any grouping, and
+//! * **partial attention with log-sum-exp** ([`partial_attention`] → [`Partial`]) plus an
+//!   exact [`merge`]: attention over disjoint key sets (a window, some blocks, a bucket)
+//!   combines into attention over their union.
+//!
+//! On top of them: dense references ([`forward_dense`], [`forward_dense_flash`]); a sparse
+//! pattern ([`SparseConfig`]: local window, sink tokens, log-stride ladder, block
+//! landmarks) run by [`SparseAttention`] (`forward`, `forward_flash`, `forward_gqa`,
+//! `forward_gqa_flash`, `forward_auto`); KV caches ([`KvCache`], `KvCacheF16` with feature
+//! `fp16`) with incremental landmark means, `decode_step` in `O(window + log T + T/block)`,
+//! `decode_batch`, and H2O eviction; and [`candidates`], which counts the pairs a pattern
+//! visits.
+//!
+//! Errors are values ([`AttnError`]); no function panics on caller input.
+//!
+//! Features: `parallel` (rayon across heads / query chunks / kv heads), `fp16`
+//! (`half::f16` key/value storage). SIMD kernels (AVX2/FMA/F16C) are chosen at run time;
+//! the scalar kernels are complete and are the reference they are tested against.
+//!
+//! ```
+//! use sparrow_attn::{SparseAttention, SparseConfig, Tensor3, forward_dense};
+//!
+//! let (seq, heads, dim) = (256, 4, 32);
+//! let f = |s: usize, h: usize, d: usize| ((s * 7 + h * 3 + d) % 11) as f32 / 11.0 - 0.5;
+//! let q = Tensor3::from_fn(seq, heads, dim, f)?;
+//! let k = Tensor3::from_fn(seq, heads, dim, |s, h, d| f(s + 1, h, d))?;
+//! let v = Tensor3::from_fn(seq, heads, dim, |s, h, d| f(s + 2, h, d))?;
+//!
+//! // A window covering the whole sequence is exactly dense attention.
+//! let full = SparseAttention::new(SparseConfig { window: seq, ..SparseConfig::default() })?;
+//! let dense = forward_dense(&q, &k, &v, true)?;
+//! assert!(full.forward(&q, &k, &v)?.max_abs_diff(&dense) < 1e-5);
+//! # Ok::<(), sparrow_attn::AttnError>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod cache;
+mod element;
+mod error;
+mod pattern;
+mod simd;
+mod softmax;
+mod sparse;
+mod tensor;
+
+#[cfg(feature = "fp16")]
+pub use cache::KvCacheF16;
+pub use cache::{KvCache, KvStore};
+#[doc(hidden)]
+pub use element::ElemKind;
+pub use element::KvElement;
+pub use error::{AttnError, Result};
+pub use pattern::{
+    candidates, candidates_for, CandidateCount, LandmarkMode, QueryCandidates, SparseConfig,
+};
+pub use simd::kernel_name;
+pub use softmax::{
+    merge, merge_into, partial_attention, partial_attention_into, KeySet, KvView, OnlineSoftmax,
+    Partial,
+};
+pub use sparse::{forward_dense, forward_dense_flash, SparseAttention};
+pub use tensor::Tensor3;
+
+/// `half::f16`, re-exported so users of [`KvCacheF16`] need no direct dependency.
+#[cfg(feature = "fp16")]
+pub use half::f16;
+
+/// The README's code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

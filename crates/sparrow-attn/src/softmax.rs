@@ -1,0 +1,658 @@
+//! One-pass online softmax, partial attention with log-sum-exp, and the exact merge.
+//!
+//! Attention of one query over a key set `S` is `out = Σ_{j∈S} p_j v_j` with
+//! `p_j = exp(s_j - lse)` and `lse = log Σ_{j∈S} exp(s_j)`. Split `S` into disjoint parts
+//! (a window, a list of blocks, a bucket), compute `(out_i, lse_i)` for each, and
+//! [`merge`] recovers the attention over the union *exactly* (up to rounding):
+//! `lse = log(e^{lse_a} + e^{lse_b})`, `out = e^{lse_a - lse} out_a + e^{lse_b - lse} out_b`.
+//! Every forward path of this crate is built from these two pieces.
+
+use core::ops::Range;
+
+use crate::element::KvElement;
+use crate::error::{AttnError, Result};
+use crate::simd::{self, Rows};
+use crate::tensor::Tensor3;
+
+/// Running softmax state of one query: running max, running denominator, and the
+/// unnormalised weighted sum of values, rescaled whenever the max grows (Milakov &
+/// Gimelshein, 2018). Keys can arrive one at a time ([`push`](Self::push)), as whole key
+/// sets ([`attend`](Self::attend)), or as finished partials ([`merge_partial`](Self::merge_partial)).
+#[derive(Clone, Debug)]
+pub struct OnlineSoftmax {
+    max: f32,
+    sum: f32,
+    acc: Vec<f32>,
+    scratch: Vec<f32>,
+}
+
+impl OnlineSoftmax {
+    /// An empty state for values of length `dim` (`dim` must be positive).
+    pub fn new(dim: usize) -> Result<Self> {
+        if dim == 0 {
+            return Err(AttnError::ZeroDim { what: "dim" });
+        }
+        Ok(Self {
+            max: f32::NEG_INFINITY,
+            sum: 0.0,
+            acc: vec![0.0; dim],
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Value length.
+    pub fn dim(&self) -> usize {
+        self.acc.len()
+    }
+
+    /// Forget everything seen so far.
+    pub fn reset(&mut self) {
+        self.max = f32::NEG_INFINITY;
+        self.sum = 0.0;
+        self.acc.fill(0.0);
+    }
+
+    /// True when no key with a finite score has been absorbed.
+    pub fn is_empty(&self) -> bool {
+        self.sum == 0.0
+    }
+
+    /// `log Σ exp(score)` over everything absorbed (`-inf` when empty).
+    pub fn lse(&self) -> f32 {
+        if self.sum > 0.0 {
+            self.max + self.sum.ln()
+        } else {
+            f32::NEG_INFINITY
+        }
+    }
+
+    /// Absorb one key with (already scaled) `score` and its `value`.
+    pub fn push(&mut self, score: f32, value: &[f32]) -> Result<()> {
+        check_len("value", self.acc.len(), value.len())?;
+        if score == f32::NEG_INFINITY {
+            return Ok(());
+        }
+        if score > self.max {
+            let c = (self.max - score).exp();
+            self.acc.iter_mut().for_each(|a| *a *= c);
+            self.sum *= c;
+            self.max = score;
+        }
+        let w = (score - self.max).exp();
+        self.sum += w;
+        self.acc
+            .iter_mut()
+            .zip(value)
+            .for_each(|(a, v)| *a += w * v);
+        Ok(())
+    }
+
+    /// Absorb a finished partial `(out, lse)` (normalised output over a disjoint key set).
+    pub fn merge_partial(&mut self, out: &[f32], lse: f32) -> Result<()> {
+        check_len("partial out", self.acc.len(), out.len())?;
+        if lse == f32::NEG_INFINITY {
+            return Ok(());
+        }
+        // A partial is `sum = e^{lse - m}` times its normalised output, for any m.
+        if lse > self.max {
+            let c = (self.max - lse).exp();
+            self.acc.iter_mut().for_each(|a| *a *= c);
+            self.sum *= c;
+            self.max = lse;
+        }
+        let w = (lse - self.max).exp();
+        self.sum += w;
+        self.acc.iter_mut().zip(out).for_each(|(a, v)| *a += w * v);
+        Ok(())
+    }
+
+    /// Absorb the keys `keys` of `kv` for query `q` (scores are `scale * q·k`).
+    pub fn attend<E: KvElement>(
+        &mut self,
+        q: &[f32],
+        kv: &KvView<'_, E>,
+        keys: KeySet<'_>,
+        scale: f32,
+    ) -> Result<()> {
+        check_len("query", kv.dim, q.len())?;
+        check_len("state", kv.dim, self.acc.len())?;
+        let pieces = keys.validate(kv.rows)?;
+        let n: usize = pieces.iter().map(|r| r.len()).sum();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut scores = core::mem::take(&mut self.scratch);
+        scores.clear();
+        scores.resize(n, 0.0);
+        let mut off = 0;
+        for rows in pieces.iter() {
+            let len = rows.len();
+            simd::scores(
+                q,
+                kv.keys,
+                kv.stride,
+                *rows,
+                scale,
+                &mut scores[off..off + len],
+            );
+            off += len;
+        }
+        if self.absorb_scores(&mut scores) {
+            let mut off = 0;
+            for rows in pieces.iter() {
+                let len = rows.len();
+                simd::accumulate(
+                    &mut self.acc,
+                    &scores[off..off + len],
+                    kv.values,
+                    kv.stride,
+                    *rows,
+                );
+                off += len;
+            }
+        }
+        self.scratch = scores;
+        Ok(())
+    }
+
+    /// Turn raw scores into weights relative to the (updated) running max, rescale the
+    /// accumulator, add to the denominator. Returns false when every score is `-inf`.
+    fn absorb_scores(&mut self, scores: &mut [f32]) -> bool {
+        let cm = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if cm == f32::NEG_INFINITY {
+            return false;
+        }
+        if cm > self.max {
+            let c = (self.max - cm).exp();
+            self.acc.iter_mut().for_each(|a| *a *= c);
+            self.sum *= c;
+            self.max = cm;
+        }
+        self.sum += simd::exp_sub_sum(scores, self.max);
+        true
+    }
+
+    /// Write the normalised output into `out` and return the lse. An empty state writes
+    /// zeros and returns `-inf`.
+    pub fn finish(&self, out: &mut [f32]) -> Result<f32> {
+        check_len("out", self.acc.len(), out.len())?;
+        if self.sum > 0.0 {
+            let inv = 1.0 / self.sum;
+            out.iter_mut()
+                .zip(&self.acc)
+                .for_each(|(o, a)| *o = a * inv);
+        } else {
+            out.fill(0.0);
+        }
+        Ok(self.lse())
+    }
+
+    /// The normalised output and lse as a [`Partial`].
+    pub fn to_partial(&self) -> Partial {
+        let mut out = vec![0.0; self.acc.len()];
+        let lse = self.finish(&mut out).unwrap_or(f32::NEG_INFINITY);
+        Partial { out, lse }
+    }
+}
+
+/// Softmax states of `g` query rows that share the same keys (a GQA group, or a tile of
+/// queries), with their accumulators back to back so the multi-row kernels can use them.
+#[derive(Clone, Debug)]
+pub(crate) struct RowStates {
+    pub(crate) dim: usize,
+    pub(crate) max: Vec<f32>,
+    pub(crate) sum: Vec<f32>,
+    pub(crate) acc: Vec<f32>,
+}
+
+impl RowStates {
+    pub(crate) fn new(g: usize, dim: usize) -> Self {
+        Self {
+            dim,
+            max: vec![f32::NEG_INFINITY; g],
+            sum: vec![0.0; g],
+            acc: vec![0.0; g * dim],
+        }
+    }
+
+    /// Reset the first `rows` rows.
+    pub(crate) fn reset(&mut self, rows: usize) {
+        self.max[..rows].fill(f32::NEG_INFINITY);
+        self.sum[..rows].fill(0.0);
+        self.acc[..rows * self.dim].fill(0.0);
+    }
+
+    /// Scores of state row `r0 + r` live at `scores[r * stride .. r * stride + n]` for
+    /// `r < rows`. Turns them into weights relative to the row's updated max (rows whose
+    /// scores are all `-inf` get zero weights) and rescales the row's sum and accumulator.
+    pub(crate) fn absorb(
+        &mut self,
+        r0: usize,
+        rows: usize,
+        scores: &mut [f32],
+        stride: usize,
+        n: usize,
+    ) {
+        for r in 0..rows {
+            let s = &mut scores[r * stride..r * stride + n];
+            let row = r0 + r;
+            let cm = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if cm == f32::NEG_INFINITY {
+                s.fill(0.0);
+                continue;
+            }
+            if cm > self.max[row] {
+                let c = (self.max[row] - cm).exp();
+                if c != 1.0 {
+                    self.acc[row * self.dim..(row + 1) * self.dim]
+                        .iter_mut()
+                        .for_each(|a| *a *= c);
+                }
+                self.sum[row] *= c;
+                self.max[row] = cm;
+            }
+            self.sum[row] += simd::exp_sub_sum(s, self.max[row]);
+        }
+    }
+
+    /// Normalised output of row `r` into `out`; returns its lse.
+    pub(crate) fn finish_row(&self, r: usize, out: &mut [f32]) -> f32 {
+        let acc = &self.acc[r * self.dim..(r + 1) * self.dim];
+        if self.sum[r] > 0.0 {
+            let inv = 1.0 / self.sum[r];
+            out.iter_mut().zip(acc).for_each(|(o, a)| *o = a * inv);
+            self.max[r] + self.sum[r].ln()
+        } else {
+            out.fill(0.0);
+            f32::NEG_INFINITY
+        }
+    }
+}
+
+/// The attention of one query over one key set: normalised output and log-sum-exp of
+/// the scores. An empty key set has `lse == -inf` and a zero output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partial {
+    /// `Σ p_j v_j` with `p_j = exp(s_j - lse)`.
+    pub out: Vec<f32>,
+    /// `log Σ exp(s_j)`.
+    pub lse: f32,
+}
+
+impl Partial {
+    /// The partial of an empty key set.
+    pub fn empty(dim: usize) -> Self {
+        Self {
+            out: vec![0.0; dim],
+            lse: f32::NEG_INFINITY,
+        }
+    }
+}
+
+/// Merge two partials over *disjoint* key sets into the partial over their union.
+pub fn merge(a: &Partial, b: &Partial) -> Result<Partial> {
+    let mut out = a.out.clone();
+    let lse = merge_into(&mut out, a.lse, &b.out, b.lse)?;
+    Ok(Partial { out, lse })
+}
+
+/// In-place [`merge`]: `out_a` becomes the merged output; returns the merged lse.
+pub fn merge_into(out_a: &mut [f32], lse_a: f32, out_b: &[f32], lse_b: f32) -> Result<f32> {
+    check_len("partial out", out_a.len(), out_b.len())?;
+    if lse_b == f32::NEG_INFINITY {
+        return Ok(lse_a);
+    }
+    if lse_a == f32::NEG_INFINITY {
+        out_a.copy_from_slice(out_b);
+        return Ok(lse_b);
+    }
+    let m = lse_a.max(lse_b);
+    let (wa, wb) = ((lse_a - m).exp(), (lse_b - m).exp());
+    let s = wa + wb;
+    let (ca, cb) = (wa / s, wb / s);
+    out_a
+        .iter_mut()
+        .zip(out_b)
+        .for_each(|(a, b)| *a = ca * *a + cb * b);
+    Ok(m + s.ln())
+}
+
+/// Read-only view of the keys and values of *one head*: row `j` of keys is
+/// `keys[j * stride .. j * stride + dim]`, and likewise for values.
+///
+/// Views come from a [`Tensor3`] pair ([`KvView::from_tensors`]), from a KV cache
+/// (`KvStore::view`), or from any caller-owned buffers ([`KvView::new`]), so a sparse
+/// policy can run [`partial_attention`] over whatever key subset it selects.
+#[derive(Clone, Copy, Debug)]
+pub struct KvView<'a, E: KvElement = f32> {
+    pub(crate) keys: &'a [E],
+    pub(crate) values: &'a [E],
+    pub(crate) rows: usize,
+    pub(crate) dim: usize,
+    pub(crate) stride: usize,
+}
+
+impl<'a, E: KvElement> KvView<'a, E> {
+    /// A view of `rows` rows of length `dim`, `stride` elements apart, in both slices.
+    pub fn new(
+        keys: &'a [E],
+        values: &'a [E],
+        rows: usize,
+        dim: usize,
+        stride: usize,
+    ) -> Result<Self> {
+        if dim == 0 {
+            return Err(AttnError::ZeroDim { what: "dim" });
+        }
+        if stride < dim {
+            return Err(AttnError::InvalidConfig {
+                field: "stride",
+                reason: "must be at least dim",
+            });
+        }
+        let need = match rows {
+            0 => 0,
+            r => (r - 1)
+                .checked_mul(stride)
+                .and_then(|x| x.checked_add(dim))
+                .ok_or(AttnError::ShapeOverflow {
+                    what: "view rows * stride",
+                })?,
+        };
+        if keys.len() < need {
+            return Err(AttnError::DataLength {
+                what: "view keys",
+                expected: need,
+                got: keys.len(),
+            });
+        }
+        if values.len() < need {
+            return Err(AttnError::DataLength {
+                what: "view values",
+                expected: need,
+                got: values.len(),
+            });
+        }
+        Ok(Self {
+            keys,
+            values,
+            rows,
+            dim,
+            stride,
+        })
+    }
+
+    /// Number of key rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Row length.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+}
+
+impl<'a> KvView<'a, f32> {
+    /// The view of head `head` of a `(seq, heads, dim)` key tensor and value tensor.
+    pub fn from_tensors(k: &'a Tensor3, v: &'a Tensor3, head: usize) -> Result<Self> {
+        if k.shape() != v.shape() {
+            let (what, expected, got) = first_diff(k.shape(), v.shape());
+            return Err(AttnError::ShapeMismatch {
+                what,
+                expected,
+                got,
+            });
+        }
+        if head >= k.heads() {
+            return Err(AttnError::IndexOutOfRange {
+                what: "head",
+                index: head,
+                len: k.heads(),
+            });
+        }
+        let off = head * k.dim();
+        Self::new(
+            &k.data()[off..],
+            &v.data()[off..],
+            k.seq(),
+            k.dim(),
+            k.heads() * k.dim(),
+        )
+    }
+}
+
+pub(crate) fn first_diff(
+    a: (usize, usize, usize),
+    b: (usize, usize, usize),
+) -> (&'static str, usize, usize) {
+    if a.0 != b.0 {
+        ("seq", a.0, b.0)
+    } else if a.1 != b.1 {
+        ("heads", a.1, b.1)
+    } else {
+        ("dim", a.2, b.2)
+    }
+}
+
+/// Which key rows of a [`KvView`] a partial attention visits. Sets passed to one call
+/// must not repeat a row (a repeated row would simply be counted twice).
+#[derive(Clone, Debug)]
+pub enum KeySet<'a> {
+    /// Every row of the view.
+    All,
+    /// One contiguous range of rows.
+    Range(Range<usize>),
+    /// Several ranges (e.g. selected blocks).
+    Ranges(&'a [Range<usize>]),
+    /// Explicit row indices (e.g. a bucket or a candidate list).
+    Indices(&'a [usize]),
+}
+
+/// A validated key set, as kernel row selections.
+pub(crate) enum Pieces<'a> {
+    One(Rows<'a>),
+    Many(Vec<Rows<'a>>),
+}
+
+impl<'a> Pieces<'a> {
+    pub(crate) fn iter(&self) -> core::slice::Iter<'_, Rows<'a>> {
+        match self {
+            Pieces::One(r) => core::slice::from_ref(r).iter(),
+            Pieces::Many(v) => v.iter(),
+        }
+    }
+}
+
+impl<'a> KeySet<'a> {
+    pub(crate) fn validate(self, rows: usize) -> Result<Pieces<'a>> {
+        let range = |r: &Range<usize>| -> Result<Rows<'a>> {
+            if r.start > r.end || r.end > rows {
+                return Err(AttnError::BadRange {
+                    start: r.start,
+                    end: r.end,
+                    len: rows,
+                });
+            }
+            Ok(Rows::Range {
+                start: r.start,
+                end: r.end,
+            })
+        };
+        Ok(match self {
+            KeySet::All => Pieces::One(Rows::Range {
+                start: 0,
+                end: rows,
+            }),
+            KeySet::Range(r) => Pieces::One(range(&r)?),
+            KeySet::Ranges(rs) => Pieces::Many(rs.iter().map(range).collect::<Result<_>>()?),
+            KeySet::Indices(ix) => {
+                if let Some(&bad) = ix.iter().find(|&&j| j >= rows) {
+                    return Err(AttnError::IndexOutOfRange {
+                        what: "key row",
+                        index: bad,
+                        len: rows,
+                    });
+                }
+                Pieces::One(Rows::List(ix))
+            }
+        })
+    }
+}
+
+/// Attention of query `q` over the rows `keys` of `kv`, with scores `scale * q·k`:
+/// returns the normalised output and the log-sum-exp. The building block for any
+/// selection policy: compute one [`Partial`] per key source, then [`merge`] them.
+pub fn partial_attention<E: KvElement>(
+    q: &[f32],
+    kv: &KvView<'_, E>,
+    keys: KeySet<'_>,
+    scale: f32,
+) -> Result<Partial> {
+    let mut st = OnlineSoftmax::new(kv.dim)?;
+    st.attend(q, kv, keys, scale)?;
+    Ok(st.to_partial())
+}
+
+/// [`partial_attention`] writing into a caller buffer (`out.len() == dim`); returns the lse.
+pub fn partial_attention_into<E: KvElement>(
+    q: &[f32],
+    kv: &KvView<'_, E>,
+    keys: KeySet<'_>,
+    scale: f32,
+    out: &mut [f32],
+) -> Result<f32> {
+    let mut st = OnlineSoftmax::new(kv.dim)?;
+    st.attend(q, kv, keys, scale)?;
+    st.finish(out)
+}
+
+pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected != got {
+        return Err(AttnError::DataLength {
+            what,
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::needless_range_loop)]
+    use super::*;
+
+    fn naive(
+        q: &[f32],
+        k: &[Vec<f32>],
+        v: &[Vec<f32>],
+        set: &[usize],
+        scale: f32,
+    ) -> (Vec<f64>, f64) {
+        let s: Vec<f64> = set
+            .iter()
+            .map(|&j| {
+                scale as f64
+                    * q.iter()
+                        .zip(&k[j])
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        let mut out = vec![0.0; q.len()];
+        for (x, &j) in s.iter().zip(set) {
+            let p = (x - m).exp() / z;
+            for d in 0..q.len() {
+                out[d] += p * v[j][d] as f64;
+            }
+        }
+        (out, m + z.ln())
+    }
+
+    #[test]
+    fn partials_merge_to_the_whole() {
+        let dim = 12;
+        let n = 40;
+        let f = |i: usize, d: usize| ((i * 31 + d * 17) % 23) as f32 / 7.0 - 1.5;
+        let k: Vec<Vec<f32>> = (0..n)
+            .map(|i| (0..dim).map(|d| f(i, d)).collect())
+            .collect();
+        let v: Vec<Vec<f32>> = (0..n)
+            .map(|i| (0..dim).map(|d| f(i + 5, d + 2)).collect())
+            .collect();
+        let kf: Vec<f32> = k.concat();
+        let vf: Vec<f32> = v.concat();
+        let view = KvView::new(&kf, &vf, n, dim, dim).unwrap();
+        let q: Vec<f32> = (0..dim).map(|d| f(99, d)).collect();
+        let scale = 0.3;
+        let a = partial_attention(&q, &view, KeySet::Range(0..13), scale).unwrap();
+        let b = partial_attention(&q, &view, KeySet::Indices(&[20, 13, 39, 14]), scale).unwrap();
+        let c = partial_attention(&q, &view, KeySet::Ranges(&[15..20, 21..39]), scale).unwrap();
+        let m = merge(&merge(&a, &b).unwrap(), &c).unwrap();
+        let whole = partial_attention(&q, &view, KeySet::All, scale).unwrap();
+        let (r, lse) = naive(&q, &k, &v, &(0..n).collect::<Vec<_>>(), scale);
+        for d in 0..dim {
+            assert!((m.out[d] as f64 - r[d]).abs() < 1e-5);
+            assert!((whole.out[d] as f64 - r[d]).abs() < 1e-5);
+        }
+        assert!((m.lse as f64 - lse).abs() < 1e-5);
+        // Online state fed one key at a time agrees too.
+        let mut st = OnlineSoftmax::new(dim).unwrap();
+        for j in (0..n).rev() {
+            let s = scale * q.iter().zip(&k[j]).map(|(a, b)| a * b).sum::<f32>();
+            st.push(s, &v[j]).unwrap();
+        }
+        let p = st.to_partial();
+        assert!((p.lse as f64 - lse).abs() < 1e-5);
+        // Merging partials into a state.
+        let mut st2 = OnlineSoftmax::new(dim).unwrap();
+        st2.merge_partial(&c.out, c.lse).unwrap();
+        st2.attend(&q, &view, KeySet::Range(0..13), scale).unwrap();
+        st2.merge_partial(&b.out, b.lse).unwrap();
+        let p2 = st2.to_partial();
+        for d in 0..dim {
+            assert!((p2.out[d] as f64 - r[d]).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn empty_partials_are_neutral() {
+        let e = Partial::empty(3);
+        let a = Partial {
+            out: vec![1.0, 2.0, 3.0],
+            lse: 0.5,
+        };
+        assert_eq!(merge(&e, &a).unwrap(), a);
+        assert_eq!(merge(&a, &e).unwrap(), a);
+        assert_eq!(merge(&e, &e).unwrap().lse, f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn invalid_inputs_are_errors() {
+        let kf = vec![0.0f32; 20];
+        assert!(KvView::new(&kf, &kf, 5, 0, 4).is_err());
+        assert!(KvView::new(&kf, &kf, 5, 4, 3).is_err());
+        assert!(KvView::new(&kf, &kf, 6, 4, 4).is_err());
+        assert!(KvView::new(&kf[..19], &kf, 5, 4, 4).is_err());
+        let view = KvView::new(&kf, &kf, 5, 4, 4).unwrap();
+        let q = [0.0; 4];
+        assert!(partial_attention(&q[..3], &view, KeySet::All, 1.0).is_err());
+        assert!(partial_attention(&q, &view, KeySet::Range(3..6), 1.0).is_err());
+        #[allow(clippy::reversed_empty_ranges)]
+        let rev = KeySet::Range(3..2);
+        assert!(partial_attention(&q, &view, rev, 1.0).is_err());
+        assert!(partial_attention(&q, &view, KeySet::Indices(&[5]), 1.0).is_err());
+        assert!(merge(&Partial::empty(3), &Partial::empty(4)).is_err());
+        assert!(OnlineSoftmax::new(0).is_err());
+        let mut st = OnlineSoftmax::new(4).unwrap();
+        assert!(st.push(1.0, &[0.0; 3]).is_err());
+        assert!(st.finish(&mut [0.0; 5]).is_err());
+        let t = Tensor3::zeros(2, 2, 2).unwrap();
+        let t2 = Tensor3::zeros(3, 2, 2).unwrap();
+        assert!(KvView::from_tensors(&t, &t2, 0).is_err());
+        assert!(KvView::from_tensors(&t, &t, 2).is_err());
+    }
+}

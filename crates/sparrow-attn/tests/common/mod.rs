@@ -1,0 +1,88 @@
+//! Helpers shared by the integration tests: deterministic random tensors and an f64
+//! naive softmax reference written independently of the crate's code.
+#![allow(dead_code)]
+
+use sparrow_attn::Tensor3;
+
+/// SplitMix64 stream of uniforms in [-1, 1).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+pub fn rand_tensor(seq: usize, heads: usize, dim: usize, seed: u64, amp: f32) -> Tensor3 {
+    let mut r = Rng::new(seed);
+    Tensor3::from_fn(seq, heads, dim, |_, _, _| r.uniform() * amp).unwrap()
+}
+
+/// Dense attention in f64: query head `h` reads kv head `h / (qh / kvh)`.
+pub fn naive_dense(q: &Tensor3, k: &Tensor3, v: &Tensor3, causal: bool) -> Vec<f64> {
+    let (seq, qh, dim) = q.shape();
+    let kvh = k.heads();
+    let g = qh / kvh;
+    let scale = 1.0 / (dim as f64).sqrt();
+    let mut out = vec![0.0f64; seq * qh * dim];
+    for h in 0..qh {
+        let kh = h / g;
+        for i in 0..seq {
+            let last = if causal { i + 1 } else { seq };
+            let qr = q.row(i, h).unwrap();
+            let s: Vec<f64> = (0..last)
+                .map(|j| {
+                    let kr = k.row(j, kh).unwrap();
+                    scale
+                        * qr.iter()
+                            .zip(kr)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for (j, x) in s.iter().enumerate() {
+                let p = (x - m).exp() / z;
+                let vr = v.row(j, kh).unwrap();
+                for d in 0..dim {
+                    out[(i * qh + h) * dim + d] += p * vr[d] as f64;
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn max_diff_f64(a: &Tensor3, b: &[f64]) -> f64 {
+    a.data()
+        .iter()
+        .zip(b)
+        .fold(0.0, |m, (x, y)| m.max((*x as f64 - y).abs()))
+}
+
+/// The first `n` tokens of a tensor.
+pub fn prefix(t: &Tensor3, n: usize) -> Tensor3 {
+    let w = t.heads() * t.dim();
+    Tensor3::from_vec(t.data()[..n * w].to_vec(), n, t.heads(), t.dim()).unwrap()
+}
+
+/// Token `i` of a tensor as a one-token tensor.
+pub fn token(t: &Tensor3, i: usize) -> Tensor3 {
+    Tensor3::from_vec(t.token(i).unwrap().to_vec(), 1, t.heads(), t.dim()).unwrap()
+}
+
+/// Last token row of a tensor as a one-token tensor.
+pub fn last(t: &Tensor3) -> Tensor3 {
+    token(t, t.seq() - 1)
+}
