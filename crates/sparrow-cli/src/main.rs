@@ -62,16 +62,27 @@ impl ModelArgs {
     }
 }
 
-/// Text from `-p` or `-f` (exactly one).
-pub fn prompt_text(
-    prompt: &Option<String>,
-    file: &Option<std::path::PathBuf>,
-) -> Result<String, String> {
-    match (prompt, file) {
-        (Some(_), Some(_)) => Err("give either -p/--prompt or -f/--file, not both".into()),
-        (Some(p), None) => Ok(p.clone()),
-        (None, Some(f)) => std::fs::read_to_string(f)
-            .map_err(|e| format!("cannot read prompt file {}: {e}", f.display())),
-        (None, None) => Err("no prompt: pass -p TEXT or -f FILE".into()),
+/// The prompt: `-p TEXT` or `-f FILE` (exactly one), shared by every command that reads text.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PromptArgs {
+    /// Prompt text (special-token text such as <|im_start|> is parsed as the token unless
+    /// the command says otherwise).
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<std::path::PathBuf>,
+}
+
+impl PromptArgs {
+    /// The text from `-p` or `-f`.
+    pub fn text(&self) -> Result<String, String> {
+        match (&self.prompt, &self.file) {
+            (Some(_), Some(_)) => Err("give either -p/--prompt or -f/--file, not both".into()),
+            (Some(p), None) => Ok(p.clone()),
+            (None, Some(f)) => std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read prompt file {}: {e}", f.display())),
+            (None, None) => Err("no prompt: pass -p TEXT or -f FILE".into()),
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! `sparrow run`: generate from a prompt, streaming to stdout, statistics to stderr.
 
-use crate::{prompt_text, ModelArgs};
+use crate::{ModelArgs, PromptArgs};
 use indicatif::{ProgressBar, ProgressStyle};
 use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
 use std::io::{IsTerminal, Write};
@@ -11,12 +11,8 @@ use std::ops::ControlFlow;
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt text (special-token text such as <|im_start|> is parsed as the token).
-    #[arg(short = 'p', long = "prompt")]
-    prompt: Option<String>,
-    /// Read the prompt from a file.
-    #[arg(short = 'f', long = "file")]
-    file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Number of tokens to generate (-1: until end of generation or a full context).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
@@ -112,7 +108,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         },
     };
     sampler_cfg.validate()?;
-    let text = prompt_text(&a.prompt, &a.file)?;
+    let text = a.prompt.text()?;
     let threads = init_threads(a.threads)?;
     let path = a.model.resolve()?;
 

@@ -1,6 +1,6 @@
 //! `sparrow tokenize`: like `llama-tokenize --ids`.
 
-use crate::{prompt_text, ModelArgs};
+use crate::{ModelArgs, PromptArgs};
 use sparrow::tokenizer::{Tokenizer, TokenizerSpec};
 use sparrow_gguf::GgufFile;
 
@@ -9,12 +9,8 @@ use sparrow_gguf::GgufFile;
 pub struct TokenizeArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Text to tokenize.
-    #[arg(short = 'p', long = "prompt")]
-    prompt: Option<String>,
-    /// Read the text from a file.
-    #[arg(short = 'f', long = "file")]
-    file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Treat special-token text such as <|im_start|> as plain text.
     #[arg(long = "no-parse-special")]
     no_parse_special: bool,
@@ -24,7 +20,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn tokenize(a: TokenizeArgs) -> Result<(), String> {
-    let text = prompt_text(&a.prompt, &a.file)?;
+    let text = a.prompt.text()?;
     let path = a.model.resolve()?;
     // Only the tokenizer is needed: no weights are touched.
     let file = GgufFile::open(&path).map_err(|e| e.to_string())?;

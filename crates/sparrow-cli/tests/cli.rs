@@ -191,7 +191,7 @@ fn run_and_tokenize_on_a_synthetic_model() {
         "{stderr}"
     );
     // Same seed, same output; greedy needs no seed.
-    let a = sparrow(&[
+    let seeded = [
         "run",
         "-m",
         path,
@@ -204,21 +204,8 @@ fn run_and_tokenize_on_a_synthetic_model() {
         "-t",
         "1",
         "--ignore-eos",
-    ]);
-    let b = sparrow(&[
-        "run",
-        "-m",
-        path,
-        "-p",
-        "hi",
-        "-n",
-        "8",
-        "--seed",
-        "3",
-        "-t",
-        "1",
-        "--ignore-eos",
-    ]);
+    ];
+    let (a, b) = (sparrow(&seeded), sparrow(&seeded));
     assert_eq!(a.stdout, b.stdout);
 
     let out = sparrow(&["tokenize", "-m", path, "-p", "hi<|endoftext|>"]);
