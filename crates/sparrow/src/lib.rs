@@ -8,6 +8,7 @@ pub mod error;
 pub mod generate;
 pub mod kv_cache;
 pub mod model;
+pub mod perplexity;
 pub mod sampler;
 pub mod synthetic;
 pub mod tokenizer;

@@ -35,6 +35,8 @@ pub enum Logits {
     All,
     /// None (prefill of a prefix whose continuation is known).
     None,
+    /// For the last `k` tokens of the batch (scoring only part of a chunk).
+    Tail(usize),
 }
 
 /// Per-sequence state: the KV cache, how many positions are filled, and scratch buffers.
@@ -268,6 +270,8 @@ impl Model {
             Logits::None => return Ok(&[]),
             Logits::Last => n - 1..n,
             Logits::All => 0..n,
+            Logits::Tail(0) => return Ok(&[]),
+            Logits::Tail(k) => n - k.min(n)..n,
         };
         let m = rows.len();
         for (j, i) in rows.enumerate() {
