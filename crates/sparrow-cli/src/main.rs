@@ -1,8 +1,11 @@
 //! `sparrow`: run GGUF language models on the CPU. Flags follow llama.cpp's where the meaning
 //! is the same, so users' habits carry over.
 
+mod bench;
+mod eval;
 mod memory;
 mod models;
+mod perplexity;
 mod run;
 mod tokenize;
 
@@ -26,6 +29,13 @@ enum Command {
     Run(run::RunArgs),
     /// Print the token ids of a text as a JSON array.
     Tokenize(tokenize::TokenizeArgs),
+    /// Measure prompt and generation speed like llama-bench.
+    Bench(bench::BenchArgs),
+    /// Quality evaluations on a real model.
+    #[command(subcommand)]
+    Eval(eval::EvalCommand),
+    /// Chunked perplexity of a text file, as llama-perplexity computes it.
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +43,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Tokenize(a) => tokenize::tokenize(a),
+        Command::Bench(a) => bench::bench(a),
+        Command::Eval(c) => eval::eval(c),
+        Command::Perplexity(a) => perplexity::perplexity(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

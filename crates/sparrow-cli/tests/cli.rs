@@ -224,3 +224,100 @@ fn run_and_tokenize_on_a_synthetic_model() {
     let ids: Vec<u32> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(ids.len(), 2 + "<|endoftext|>".len());
 }
+
+#[test]
+fn bench_prints_llama_bench_json_and_a_table() {
+    let f = tmp("bench.gguf", &synthetic_gguf(&SyntheticSpec::default()));
+    let path = f.to_str().unwrap();
+    let out = sparrow(&[
+        "bench", "-m", path, "-p", "16", "-n", "4", "-d", "0,8", "-t", "1", "-r", "2", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 4);
+    let tests: Vec<(u64, u64, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["n_prompt"].as_u64().unwrap(),
+                r["n_gen"].as_u64().unwrap(),
+                r["n_depth"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(tests, vec![(16, 0, 0), (0, 4, 0), (16, 0, 8), (0, 4, 8)]);
+    for r in &rows {
+        assert_eq!(r["n_threads"], 1);
+        assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
+        assert!(r["stddev_ts"].as_f64().unwrap() >= 0.0);
+        assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
+    }
+    let out = sparrow(&[
+        "bench", "-m", path, "-p", "8", "-n", "2", "-t", "1", "-r", "1",
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("| pp8 |") && table.contains("| tg2 |"),
+        "{table}"
+    );
+    let out = sparrow(&["bench", "-m", path, "-r", "0"]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn perplexity_over_chunks() {
+    let f = tmp("ppl.gguf", &synthetic_gguf(&SyntheticSpec::default()));
+    let text = tmp(
+        "ppl.txt",
+        "the quick brown fox jumps over the lazy dog. "
+            .repeat(3)
+            .as_bytes(),
+    );
+    let out = sparrow(&[
+        "perplexity",
+        "-m",
+        f.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "32",
+        "-t",
+        "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 135 bytes = 135 byte-level tokens: 4 chunks of 32.
+    assert!(
+        stdout.starts_with("[1]") && stdout.contains("[4]") && !stdout.contains("[5]"),
+        "{stdout}"
+    );
+    let ppl: f64 = stdout
+        .split("PPL = ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ppl > 1.0 && ppl.is_finite());
+    let out = sparrow(&[
+        "perplexity",
+        "-m",
+        f.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "4096",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not enough for one chunk"));
+}

@@ -1,46 +1,121 @@
 //! The kernel dispatch table: the seam where faster implementations plug in.
 //!
-//! Everything that computes (the free functions [`crate::dequantize`] / [`crate::dot`],
-//! [`crate::QMatrix`], [`crate::matvec`], [`crate::matmul`]) looks a type's kernels up here
-//! once per call and then calls plain function pointers, so the per-row cost of dispatch is
-//! one indirect call.
+//! Everything that computes (the free functions [`crate::dequantize`] / [`crate::dot`] /
+//! [`crate::dot_q8`], [`crate::QMatrix`], [`crate::matvec`], [`crate::matmul`]) looks a
+//! type's kernels up here once per call and then calls plain function pointers, so the
+//! per-row cost of dispatch is one indirect call.
 //!
-//! Today every entry is the scalar reference from [`crate::formats`]. To add SIMD kernels
-//! (next step): write them as functions with the same signatures, build a second set of
-//! `static` tables, and make [`Kernels::get`] pick the table once from runtime CPU feature
-//! detection (`is_x86_feature_detected!`), caching the choice. The scalar table stays
-//! reachable through [`Kernels::scalar`] as the oracle the fast ones are tested against.
+//! There is one table per [`SimdLevel`]: the scalar reference (always present, the oracle
+//! the others are tested against), AVX2 (+FMA, F16C) and AVX-512 (F, BW, VL, VNNI) on
+//! x86_64. [`Kernels::get`] returns the best level this CPU supports, detected once with
+//! `is_x86_feature_detected!` and cached; the `SPARROW_SIMD` environment variable
+//! (`scalar`, `avx2`, `avx512`) caps it, for benchmarking and debugging.
+//! [`Kernels::for_level`] reaches a specific level, so tests can force each one.
 //!
-//! int8-activation kernels (quantize `x` to Q8_0/Q8_K once per matvec, then integer dots)
-//! change the activation operand, so they get their own optional entry rather than
-//! replacing `dot`: a future field such as
-//! `dot_q8: Option<fn(row: &[u8], xq: &[u8]) -> f32>` plus an `act_type: GgmlType`, used by
-//! `matvec` when present. Their results differ from the f32 reference by the activation
-//! rounding, so they need a tolerance-based comparison, not bit equality.
+//! Each table has two dot kernels. `dot` takes f32 activations (the reference
+//! semantics). `dot_q8`, the int8-activation kernel, takes the activations quantized once
+//! per product to Q8_0 or Q8_K blocks (see [`crate::q8`]) and is what [`crate::matvec`] and
+//! [`crate::matmul`] use whenever it exists (every quantized format); its results differ
+//! from `dot` by the activation rounding, bounded by [`crate::q8::act_error_bound`].
+
+use std::sync::OnceLock;
 
 use crate::formats::{float, kquants, legacy, BlockFormat};
+use crate::q8::{self, Q8Dot};
 use crate::GgmlType;
 
-/// The kernels of one block format.
+/// An instruction-set level with its own kernel table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SimdLevel {
+    /// Portable scalar reference code.
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86_64 AVX-512 F/BW/VL with VNNI (plus everything AVX2 needs).
+    Avx512,
+}
+
+impl SimdLevel {
+    /// Every level, lowest first.
+    pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+
+    /// Lower-case name (`scalar`, `avx2`, `avx512`), as accepted by `SPARROW_SIMD`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+        }
+    }
+
+    /// Whether this level's kernels are compiled in and the CPU can run them.
+    pub fn is_supported(self) -> bool {
+        match self {
+            SimdLevel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => crate::x86::has_avx2(),
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => crate::x86::has_avx512(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The levels usable here, lowest first (always starts with `Scalar`).
+    pub fn supported() -> Vec<SimdLevel> {
+        Self::ALL.into_iter().filter(|l| l.is_supported()).collect()
+    }
+
+    /// The level [`Kernels::get`] uses: the best supported one, capped by `SPARROW_SIMD` if
+    /// set. Detected once per process.
+    pub fn active() -> SimdLevel {
+        static ACTIVE: OnceLock<SimdLevel> = OnceLock::new();
+        *ACTIVE.get_or_init(|| {
+            let best = *Self::supported().last().unwrap_or(&SimdLevel::Scalar);
+            match std::env::var("SPARROW_SIMD") {
+                Ok(v) => match Self::ALL.into_iter().find(|l| l.name() == v.trim()) {
+                    Some(cap) => best.min(cap),
+                    None => best,
+                },
+                Err(_) => best,
+            }
+        })
+    }
+}
+
+/// The kernels of one block format at one [`SimdLevel`].
 ///
-/// Both functions require slices already validated by the caller: `bytes` a whole number of
-/// blocks, and `out`/`x` exactly the matching element count. They may panic otherwise;
-/// the crate's public functions never pass them anything else.
+/// The functions require slices already validated by the caller: `bytes` a whole number
+/// of blocks, and `out`/`x` exactly the matching element count. They may panic otherwise
+/// (never read out of bounds); the crate's public functions never pass them anything else.
 #[derive(Clone, Copy, Debug)]
 pub struct Kernels {
     /// The format these kernels decode.
     pub ty: GgmlType,
+    /// The instruction set they use.
+    pub level: SimdLevel,
     /// Dequantize whole blocks into `out`.
     pub dequantize: fn(bytes: &[u8], out: &mut [f32]),
-    /// Fused dequant-dot of whole blocks with `x`.
+    /// Fused dequant-dot of whole blocks with f32 activations `x`.
     pub dot: fn(bytes: &[u8], x: &[f32]) -> f32,
+    /// Dot of whole blocks with int8-quantized activations, if this format has one.
+    pub dot_q8: Option<Q8Dot>,
 }
 
 const fn table_of<F: BlockFormat>() -> Kernels {
     Kernels {
         ty: F::TYPE,
+        level: SimdLevel::Scalar,
         dequantize: F::dequantize_row,
         dot: F::dot_row,
+        dot_q8: None,
+    }
+}
+
+const fn with_q8(k: Kernels, q: Q8Dot) -> Kernels {
+    Kernels {
+        dot_q8: Some(q),
+        ..k
     }
 }
 
@@ -48,24 +123,45 @@ static SCALAR: &[Kernels] = &[
     table_of::<float::F32>(),
     table_of::<float::F16>(),
     table_of::<float::BF16>(),
-    table_of::<legacy::Q4_0>(),
-    table_of::<legacy::Q4_1>(),
-    table_of::<legacy::Q5_0>(),
-    table_of::<legacy::Q5_1>(),
-    table_of::<legacy::Q8_0>(),
-    table_of::<kquants::Q2_K>(),
-    table_of::<kquants::Q3_K>(),
-    table_of::<kquants::Q4_K>(),
-    table_of::<kquants::Q5_K>(),
-    table_of::<kquants::Q6_K>(),
-    table_of::<kquants::Q8_K>(),
+    with_q8(table_of::<legacy::Q4_0>(), Q8Dot::Q8_0(q8::q4_0)),
+    with_q8(table_of::<legacy::Q4_1>(), Q8Dot::Q8_0(q8::q4_1)),
+    with_q8(table_of::<legacy::Q5_0>(), Q8Dot::Q8_0(q8::q5_0)),
+    with_q8(table_of::<legacy::Q5_1>(), Q8Dot::Q8_0(q8::q5_1)),
+    with_q8(table_of::<legacy::Q8_0>(), Q8Dot::Q8_0(q8::q8_0)),
+    with_q8(table_of::<kquants::Q2_K>(), Q8Dot::Q8K(q8::q2_k)),
+    with_q8(table_of::<kquants::Q3_K>(), Q8Dot::Q8K(q8::q3_k)),
+    with_q8(table_of::<kquants::Q4_K>(), Q8Dot::Q8K(q8::q4_k)),
+    with_q8(table_of::<kquants::Q5_K>(), Q8Dot::Q8K(q8::q5_k)),
+    with_q8(table_of::<kquants::Q6_K>(), Q8Dot::Q8K(q8::q6_k)),
+    with_q8(table_of::<kquants::Q8_K>(), Q8Dot::Q8K(q8::q8_k)),
 ];
 
+fn table(level: SimdLevel) -> &'static [Kernels] {
+    match level {
+        SimdLevel::Scalar => SCALAR,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => crate::x86::AVX2,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => crate::x86::AVX512,
+        #[allow(unreachable_patterns)]
+        _ => &[],
+    }
+}
+
 impl Kernels {
-    /// The best kernels available for `ty` on this machine, or `None` if sparrow has none.
-    /// Currently always the scalar reference.
+    /// The kernels for `ty` at the active level (see [`SimdLevel::active`]), or `None` if
+    /// sparrow has none for this type.
     pub fn get(ty: GgmlType) -> Option<&'static Kernels> {
-        Self::scalar(ty)
+        Self::for_level(ty, SimdLevel::active())
+    }
+
+    /// The kernels for `ty` at `level`, or `None` if the type has none or the level is not
+    /// supported on this machine (see [`SimdLevel::is_supported`]).
+    pub fn for_level(ty: GgmlType, level: SimdLevel) -> Option<&'static Kernels> {
+        if !level.is_supported() {
+            return None;
+        }
+        table(level).iter().find(|k| k.ty == ty)
     }
 
     /// The scalar reference kernels for `ty`: portable, and bit-exact with ggml's reference

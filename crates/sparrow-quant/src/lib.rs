@@ -26,8 +26,16 @@
 //! # Extending
 //!
 //! The code for each format lives in [`formats`] as a type implementing
-//! [`formats::BlockFormat`]; [`kernels::Kernels`] is the dispatch table through which
-//! SIMD and int8-activation kernels will be added, with the scalar code as reference.
+//! [`formats::BlockFormat`] (the scalar reference); [`q8`] holds the int8-activation
+//! machinery and its scalar reference; [`kernels::Kernels`] is the dispatch table that
+//! picks SIMD kernels (AVX2, AVX-512) at run time.
+//!
+//! # int8 activations
+//!
+//! [`matvec`] and [`matmul`] quantize the activations to 8 bits once per call (as ggml and
+//! llama.cpp do) and use integer dot products for every quantized weight format; float
+//! weight formats keep f32 activations. [`matvec_f32`] / [`matmul_f32`] keep the f32
+//! activations throughout (the reference, [`dot`] per row).
 
 #![warn(missing_docs)]
 
@@ -35,11 +43,14 @@ mod error;
 pub mod formats;
 pub mod kernels;
 mod matrix;
+pub mod q8;
 mod types;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use error::QuantError;
-pub use kernels::Kernels;
-pub use matrix::{matmul, matvec, QMatrix};
+pub use kernels::{Kernels, SimdLevel};
+pub use matrix::{matmul, matmul_f32, matvec, matvec_f32, QMatrix};
 pub use types::GgmlType;
 
 /// The kernels for `ty`, or [`QuantError::Unsupported`].
@@ -102,4 +113,26 @@ pub fn dot(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
         });
     }
     Ok((k.dot)(row, x))
+}
+
+/// The int8-activation dot that [`matvec`] computes per row: `x` is quantized to Q8_0 or
+/// Q8_K blocks (see [`q8`]) and dotted with `row` by the active level's integer kernel.
+/// For formats without an int8 kernel (F32, F16, BF16) this is [`dot`].
+///
+/// It differs from [`dot`] by the activation rounding, at most
+/// [`q8::act_error_bound`] plus f32 rounding.
+pub fn dot_q8(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    let k = kernels_for(ty)?;
+    let n = elems_in(ty, row.len())?;
+    if x.len() != n {
+        return Err(QuantError::LenMismatch {
+            what: "x",
+            expected: n,
+            actual: x.len(),
+        });
+    }
+    Ok(match k.dot_q8 {
+        Some(q) => q.quantize_and_dot(row, x),
+        None => (k.dot)(row, x),
+    })
 }

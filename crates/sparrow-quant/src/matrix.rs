@@ -3,6 +3,7 @@
 
 use rayon::prelude::*;
 
+use crate::q8::{Q8Dot, Q8KActs, Q8_0Acts};
 use crate::{kernels_for, GgmlType, QuantError};
 
 /// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).
@@ -140,22 +141,23 @@ fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<(), Q
     Ok(())
 }
 
-/// `out = m * x`: `out[r] = dot(row r, x)` for every row, `x.len() == m.cols()`,
-/// `out.len() == m.rows()`.
-///
-/// Rows are split into chunks of about 32 KiB of weights and run on the current rayon pool
-/// (see the crate docs for choosing the thread count); a matrix of a single chunk runs on
-/// the calling thread. Each output is exactly [`crate::dot`] of its row: threading never
-/// changes the result.
-pub fn matvec(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
-    let k = kernels_for(m.ty)?;
-    check_len("x", m.cols, x.len())?;
-    check_len("out", m.rows, out.len())?;
+/// How each row's dot is computed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Acts {
+    /// The int8 kernel when the format has one, else f32.
+    Int8,
+    /// Always the f32-activation kernel.
+    F32,
+}
+
+/// Runs `f` on every row into `out`, split into chunks of about 32 KiB of weights on the
+/// current rayon pool; a matrix of a single chunk runs on the calling thread.
+fn for_rows(m: &QMatrix<'_>, out: &mut [f32], f: impl Fn(&[u8]) -> f32 + Sync) {
     let chunk = m.rows_per_task(1);
     let run = |first_row: usize, o: &mut [f32]| {
         for (j, v) in o.iter_mut().enumerate() {
             let r = first_row + j;
-            *v = (k.dot)(&m.data[r * m.row_bytes..(r + 1) * m.row_bytes], x);
+            *v = f(&m.data[r * m.row_bytes..(r + 1) * m.row_bytes]);
         }
     };
     if m.rows <= chunk {
@@ -165,17 +167,65 @@ pub fn matvec(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantEr
             .enumerate()
             .for_each(|(c, o)| run(c * chunk, o));
     }
+}
+
+fn matvec_with(m: &QMatrix<'_>, x: &[f32], out: &mut [f32], acts: Acts) -> Result<(), QuantError> {
+    let k = kernels_for(m.ty)?;
+    check_len("x", m.cols, x.len())?;
+    check_len("out", m.rows, out.len())?;
+    match (acts, k.dot_q8) {
+        (Acts::Int8, Some(Q8Dot::Q8_0(f))) => {
+            let a = Q8_0Acts::new(x);
+            let a = a.as_slice();
+            for_rows(m, out, |row| f(row, a));
+        }
+        (Acts::Int8, Some(Q8Dot::Q8K(f))) => {
+            let a = Q8KActs::new(x);
+            let a = a.as_slice();
+            for_rows(m, out, |row| f(row, a));
+        }
+        _ => for_rows(m, out, |row| (k.dot)(row, x)),
+    }
     Ok(())
 }
 
+/// `out = m * x`: `out[r] = dot_q8(row r, x)` for every row, `x.len() == m.cols()`,
+/// `out.len() == m.rows()`.
+///
+/// For quantized weights, `x` is quantized once to 8-bit blocks and every row uses the
+/// integer kernel ([`crate::dot_q8`]); float weights use [`crate::dot`]. Rows are split
+/// into chunks of about 32 KiB of weights and run on the current rayon pool (see the crate
+/// docs for choosing the thread count); a matrix of a single chunk runs on the calling
+/// thread. Each output is exactly [`crate::dot_q8`] of its row: threading never changes
+/// the result.
+pub fn matvec(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    matvec_with(m, x, out, Acts::Int8)
+}
+
+/// [`matvec`] with f32 activations throughout: each output is exactly [`crate::dot`] of
+/// its row (the reference semantics; slower for quantized weights).
+pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    matvec_with(m, x, out, Acts::F32)
+}
+
 /// Batched product: for each of `n_tokens` activation rows `xs[t*cols..(t+1)*cols]`,
-/// `out[t*rows + r] = dot(row r, x_t)`. `n_tokens` is `xs.len() / m.cols()`; `out` must
+/// `out[t*rows + r] = dot_q8(row r, x_t)`. `n_tokens` is `xs.len() / m.cols()`; `out` must
 /// hold `n_tokens * m.rows()`.
 ///
 /// Unlike calling [`matvec`] per token, each weight row is fetched from memory once per
 /// batch and then dotted against every token while it sits in L1: for prompt processing
-/// this divides weight traffic by the batch size. Results equal [`crate::dot`] exactly.
+/// this divides weight traffic by the batch size. Each token's activations are quantized
+/// once, as in [`matvec`], and results equal [`crate::dot_q8`] exactly.
 pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    matmul_with(m, xs, out, Acts::Int8)
+}
+
+/// [`matmul`] with f32 activations throughout: results equal [`crate::dot`] exactly.
+pub fn matmul_f32(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    matmul_with(m, xs, out, Acts::F32)
+}
+
+fn matmul_with(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32], acts: Acts) -> Result<(), QuantError> {
     let k = kernels_for(m.ty)?;
     let n_tokens = if m.cols > 0 {
         if !xs.len().is_multiple_of(m.cols) {
@@ -203,14 +253,45 @@ pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantE
     if n_tokens == 0 || m.rows == 0 {
         return Ok(());
     }
+    if m.cols == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    let tokens = || xs.chunks_exact(m.cols).take(n_tokens);
+    match (acts, k.dot_q8) {
+        (Acts::Int8, Some(Q8Dot::Q8_0(f))) => {
+            let a: Vec<Q8_0Acts> = tokens().map(Q8_0Acts::new).collect();
+            let a: Vec<_> = a.iter().map(|a| a.as_slice()).collect();
+            matmul_rows(m, n_tokens, out, |row, t| f(row, a[t]));
+        }
+        (Acts::Int8, Some(Q8Dot::Q8K(f))) => {
+            let a: Vec<Q8KActs> = tokens().map(Q8KActs::new).collect();
+            let a: Vec<_> = a.iter().map(|a| a.as_slice()).collect();
+            matmul_rows(m, n_tokens, out, |row, t| f(row, a[t]));
+        }
+        _ => {
+            let x: Vec<&[f32]> = tokens().collect();
+            matmul_rows(m, n_tokens, out, |row, t| (k.dot)(row, x[t]));
+        }
+    }
+    Ok(())
+}
 
+/// `out[t * rows + r] = f(row r, t)`, parallel over chunks of rows, each row walked for
+/// every token while it is in L1.
+fn matmul_rows(
+    m: &QMatrix<'_>,
+    n_tokens: usize,
+    out: &mut [f32],
+    f: impl Fn(&[u8], usize) -> f32 + Sync,
+) {
     // Computes rows [first, first + n) for all tokens, row-major by weight row.
     let run = |first: usize, n: usize| -> Vec<f32> {
         let mut local = Vec::with_capacity(n * n_tokens);
         for r in first..first + n {
             let row = &m.data[r * m.row_bytes..(r + 1) * m.row_bytes];
-            for x in xs.chunks_exact(m.cols.max(1)).take(n_tokens) {
-                local.push(if m.cols == 0 { 0.0 } else { (k.dot)(row, x) });
+            for t in 0..n_tokens {
+                local.push(f(row, t));
             }
         }
         local
@@ -234,5 +315,4 @@ pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantE
             }
         }
     }
-    Ok(())
 }

@@ -12,7 +12,7 @@
 mod common;
 
 use common::{random_row, ref_dot, Rng, SUPPORTED};
-use sparrow_quant::{dequantize, dot, Kernels};
+use sparrow_quant::{dequantize, dot, Kernels, SimdLevel};
 
 #[test]
 fn fused_dot_matches_f64_dequantize_then_dot() {
@@ -43,12 +43,24 @@ fn fused_dot_matches_f64_dequantize_then_dot() {
 }
 
 #[test]
-fn dispatch_uses_the_scalar_reference_today() {
-    // When SIMD kernels land, this becomes "fast == scalar within tolerance".
+fn dispatch_picks_a_supported_level_with_kernels_for_every_type() {
+    let active = SimdLevel::active();
+    assert!(active.is_supported());
+    eprintln!(
+        "active level: {}, supported: {:?}",
+        active.name(),
+        SimdLevel::supported()
+    );
     for &ty in SUPPORTED {
         let (a, b) = (Kernels::get(ty).unwrap(), Kernels::scalar(ty).unwrap());
-        assert_eq!(a.ty, ty);
-        assert_eq!(b.ty, ty);
+        assert_eq!((a.ty, a.level), (ty, active));
+        assert_eq!((b.ty, b.level), (ty, SimdLevel::Scalar));
+        for level in SimdLevel::supported() {
+            let k = Kernels::for_level(ty, level).unwrap();
+            assert_eq!((k.ty, k.level), (ty, level));
+            // int8 kernels exist exactly for the quantized formats, at every level
+            assert_eq!(k.dot_q8.is_some(), b.dot_q8.is_some());
+        }
         assert!(ty.has_kernels());
     }
 }

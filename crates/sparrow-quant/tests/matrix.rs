@@ -1,10 +1,12 @@
-//! `matvec` / `matmul` (threaded) against row-by-row `dot`, and the error cases of every
-//! public entry point.
+//! `matvec` / `matmul` (threaded) against row-by-row `dot_q8` (and the `_f32` variants
+//! against row-by-row `dot`), and the error cases of every public entry point.
 
 mod common;
 
 use common::{random_row, Rng, SUPPORTED};
-use sparrow_quant::{dequantize, dot, matmul, matvec, GgmlType, QMatrix, QuantError};
+use sparrow_quant::{
+    dequantize, dot, dot_q8, matmul, matmul_f32, matvec, matvec_f32, GgmlType, QMatrix, QuantError,
+};
 
 fn pool(n: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
@@ -13,13 +15,21 @@ fn pool(n: usize) -> rayon::ThreadPool {
         .unwrap()
 }
 
-/// Row-by-row reference: `dot` per output.
+/// Row-by-row reference: `dot_q8` per output (what `matvec`/`matmul` compute).
 fn reference(m: &QMatrix<'_>, xs: &[f32]) -> Vec<f32> {
+    reference_with(m, xs, dot_q8)
+}
+
+/// A row dot: `dot` or `dot_q8`.
+type RowDot = fn(GgmlType, &[u8], &[f32]) -> Result<f32, QuantError>;
+
+/// Row-by-row reference with `f` per output.
+fn reference_with(m: &QMatrix<'_>, xs: &[f32], f: RowDot) -> Vec<f32> {
     let n_tokens = xs.len() / m.cols();
     let mut out = vec![0f32; n_tokens * m.rows()];
     for t in 0..n_tokens {
         for r in 0..m.rows() {
-            out[t * m.rows() + r] = dot(m.ty(), m.row(r), &xs[t * m.cols()..][..m.cols()]).unwrap();
+            out[t * m.rows() + r] = f(m.ty(), m.row(r), &xs[t * m.cols()..][..m.cols()]).unwrap();
         }
     }
     out
@@ -42,6 +52,7 @@ fn matvec_and_matmul_equal_rowwise_dot_for_every_type() {
         let n_tokens = 3;
         let xs = rng.vec(n_tokens * cols);
         let want = reference(&m, &xs);
+        let want_f32 = reference_with(&m, &xs, dot);
         for p in &pools {
             let mut out = vec![f32::NAN; rows];
             p.install(|| matvec(&m, &xs[..cols], &mut out)).unwrap();
@@ -50,6 +61,14 @@ fn matvec_and_matmul_equal_rowwise_dot_for_every_type() {
             let mut out = vec![f32::NAN; n_tokens * rows];
             p.install(|| matmul(&m, &xs, &mut out)).unwrap();
             assert_eq!(bits(&out), bits(&want), "{ty} matmul");
+
+            let mut out = vec![f32::NAN; rows];
+            p.install(|| matvec_f32(&m, &xs[..cols], &mut out)).unwrap();
+            assert_eq!(bits(&out), bits(&want_f32[..rows]), "{ty} matvec_f32");
+
+            let mut out = vec![f32::NAN; n_tokens * rows];
+            p.install(|| matmul_f32(&m, &xs, &mut out)).unwrap();
+            assert_eq!(bits(&out), bits(&want_f32), "{ty} matmul_f32");
         }
     }
 }
@@ -76,7 +95,7 @@ fn small_and_degenerate_shapes() {
     let x = rng.vec(32);
     let mut out = [0f32; 1];
     matvec(&m, &x, &mut out).unwrap();
-    assert_eq!(out[0], dot(GgmlType::Q8_0, &data, &x).unwrap());
+    assert_eq!(out[0], dot_q8(GgmlType::Q8_0, &data, &x).unwrap());
 
     // zero rows / zero tokens are no-ops, not errors
     let empty = QMatrix::new(GgmlType::Q4_K, &[], 0, 256).unwrap();

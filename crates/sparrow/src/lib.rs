@@ -5,6 +5,7 @@ pub mod attention;
 pub mod chat;
 pub mod engine;
 pub mod error;
+pub mod eval;
 pub mod generate;
 pub mod kv_cache;
 pub mod model;

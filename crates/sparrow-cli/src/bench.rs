@@ -1,0 +1,275 @@
+//! `sparrow bench`: llama-bench's measurements, so results line up with llama.cpp's.
+//!
+//! Test `ppN` times one forward pass over N prompt tokens (in `-b` batches); `tgN` times N
+//! single-token decode steps. With `-d D` the context first holds D tokens (not timed).
+//! Each test is repeated `-r` times on a fresh context; tok/s is averaged over repetitions
+//! with its standard deviation, as llama-bench reports it. Tokens are pseudo-random ids, as
+//! in llama-bench: the content does not change the cost.
+
+use crate::ModelArgs;
+use serde::Serialize;
+use sparrow::{KvType, Logits, Model, State};
+use std::time::Instant;
+
+/// Arguments of `sparrow bench`.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt lengths to test (comma-separated; 0 skips).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    n_prompt: Vec<usize>,
+    /// Generation lengths to test (comma-separated; 0 skips).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    n_gen: Vec<usize>,
+    /// Context depths to test at (comma-separated).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
+    /// Thread counts to test (comma-separated).
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Repetitions per test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    repetitions: usize,
+    /// Prompt tokens per forward pass.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// KV cache type (f16 or f32).
+    #[arg(
+        long = "cache-type-k",
+        short = 'k',
+        alias = "ctk",
+        default_value = "f16"
+    )]
+    cache_type: KvType,
+    /// Print llama-bench-compatible JSON instead of a markdown table.
+    #[arg(long = "json")]
+    json: bool,
+    /// Output format: md or json (llama-bench's `-o`).
+    #[arg(short = 'o', long = "output", default_value = "md")]
+    output: String,
+}
+
+/// One result row; field names follow llama-bench's JSON.
+#[derive(Serialize, Debug)]
+struct BenchRow {
+    model_filename: String,
+    model_type: String,
+    model_size: u64,
+    n_threads: usize,
+    n_batch: usize,
+    type_k: String,
+    n_prompt: usize,
+    n_gen: usize,
+    n_depth: usize,
+    build_simd: String,
+    avg_ns: u64,
+    stddev_ns: u64,
+    avg_ts: f64,
+    stddev_ts: f64,
+    samples_ns: Vec<u64>,
+    samples_ts: Vec<f64>,
+}
+
+/// Deterministic pseudo-random token ids below `vocab`.
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn fill(model: &Model, state: &mut State, toks: &[u32], batch: usize) -> Result<(), String> {
+    for chunk in toks.chunks(batch.max(1)) {
+        model
+            .forward(state, chunk, Logits::Last)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn mean_std(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// Time one test: returns nanoseconds per repetition.
+fn run_test(
+    model: &Model,
+    a: &BenchArgs,
+    n_prompt: usize,
+    n_gen: usize,
+    depth: usize,
+) -> Result<Vec<u64>, String> {
+    let vocab = model.config.vocab_size;
+    let n_ctx = depth + n_prompt + n_gen + 1;
+    let mut state = model
+        .new_state(n_ctx, a.cache_type)
+        .map_err(|e| e.to_string())?;
+    // One untimed warm-up pass pages the weights in and spins up the threads.
+    fill(
+        model,
+        &mut state,
+        &tokens(n_prompt.clamp(1, 16), vocab, 7),
+        a.batch_size,
+    )?;
+    let mut samples = Vec::with_capacity(a.repetitions);
+    for rep in 0..a.repetitions {
+        state.reset();
+        fill(model, &mut state, &tokens(depth, vocab, 11), a.batch_size)?;
+        let start = Instant::now();
+        if n_prompt > 0 {
+            fill(
+                model,
+                &mut state,
+                &tokens(n_prompt, vocab, 100 + rep as u64),
+                a.batch_size,
+            )?;
+        }
+        let gen = tokens(n_gen, vocab, 200 + rep as u64);
+        for t in gen {
+            model
+                .forward(&mut state, &[t], Logits::Last)
+                .map_err(|e| e.to_string())?;
+        }
+        samples.push(start.elapsed().as_nanos() as u64);
+    }
+    Ok(samples)
+}
+
+pub fn bench(a: BenchArgs) -> Result<(), String> {
+    if a.repetitions == 0 {
+        return Err("-r/--repetitions must be at least 1".into());
+    }
+    let json = a.json || a.output == "json";
+    if !json && a.output != "md" {
+        return Err(format!("unknown output format '{}' (md or json)", a.output));
+    }
+    let path = a.model.resolve()?;
+    let model = Model::load(&path).map_err(|e| e.to_string())?;
+    let threads = if a.threads.is_empty() {
+        vec![std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)]
+    } else {
+        a.threads.clone()
+    };
+    let file_name = path
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let model_type = format!(
+        "{} {}L {}d",
+        model.config.arch.name(),
+        model.config.n_layer,
+        model.config.n_embd
+    );
+    let simd = sparrow_quant::SimdLevel::active().name().to_string();
+
+    let mut tests = Vec::new();
+    for &d in &a.n_depth {
+        for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
+            tests.push((p, 0, d));
+        }
+        for &g in a.n_gen.iter().filter(|&&g| g > 0) {
+            tests.push((0, g, d));
+        }
+    }
+    let mut rows = Vec::new();
+    if !json {
+        println!("| model | size | threads | simd | type_k | test | t/s |");
+        println!("| --- | ---: | ---: | --- | --- | --- | ---: |");
+    }
+    for &t in &threads {
+        if t == 0 {
+            return Err("-t/--threads must be at least 1".into());
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build()
+            .map_err(|e| format!("cannot start {t} threads: {e}"))?;
+        for &(p, g, d) in &tests {
+            let samples = pool.install(|| run_test(&model, &a, p, g, d))?;
+            let n = (p + g) as f64;
+            let ts: Vec<f64> = samples.iter().map(|&ns| n / (ns as f64 * 1e-9)).collect();
+            let ns: Vec<f64> = samples.iter().map(|&s| s as f64).collect();
+            let (avg_ts, stddev_ts) = mean_std(&ts);
+            let (avg_ns, stddev_ns) = mean_std(&ns);
+            let row = BenchRow {
+                model_filename: file_name.clone(),
+                model_type: model_type.clone(),
+                model_size: model.file().file_len(),
+                n_threads: t,
+                n_batch: a.batch_size,
+                type_k: format!("{:?}", a.cache_type).to_lowercase(),
+                n_prompt: p,
+                n_gen: g,
+                n_depth: d,
+                build_simd: simd.clone(),
+                avg_ns: avg_ns as u64,
+                stddev_ns: stddev_ns as u64,
+                avg_ts,
+                stddev_ts,
+                samples_ns: samples,
+                samples_ts: ts,
+            };
+            if !json {
+                let test = if p > 0 {
+                    format!("pp{p}")
+                } else {
+                    format!("tg{g}")
+                };
+                let test = if d > 0 {
+                    format!("{test} @ d{d}")
+                } else {
+                    test
+                };
+                println!(
+                    "| {} | {:.0} MiB | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                    row.model_type,
+                    row.model_size as f64 / (1024.0 * 1024.0),
+                    t,
+                    row.build_simd,
+                    row.type_k,
+                    test,
+                    avg_ts,
+                    stddev_ts
+                );
+            }
+            rows.push(row);
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
+        );
+    }
+    Ok(())
+}

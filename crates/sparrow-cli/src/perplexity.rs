@@ -1,0 +1,89 @@
+//! `sparrow perplexity`: llama-perplexity's chunked perplexity over a text file.
+
+use crate::run::init_threads;
+use crate::ModelArgs;
+use sparrow::perplexity::{score_chunk, Perplexity};
+use sparrow::{Engine, KvType};
+use std::io::Write;
+use std::time::Instant;
+
+/// Arguments of `sparrow perplexity`.
+#[derive(clap::Args, Debug)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Text file to score.
+    #[arg(short = 'f', long = "file")]
+    file: std::path::PathBuf,
+    /// Tokens per chunk (the second half of each chunk is scored).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+    ctx_size: usize,
+    /// Score at most this many chunks (default: all the text holds).
+    #[arg(long = "chunks")]
+    chunks: Option<usize>,
+    /// Tokens per forward pass (bounds the logits held in memory).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
+    batch_size: usize,
+    /// Threads (default: all available cores).
+    #[arg(short = 't', long = "threads")]
+    threads: Option<usize>,
+    /// KV cache type (f16 or f32).
+    #[arg(
+        long = "cache-type-k",
+        short = 'k',
+        alias = "ctk",
+        default_value = "f16"
+    )]
+    cache_type: KvType,
+}
+
+pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
+    if a.ctx_size < 4 {
+        return Err("-c/--ctx-size must be at least 4".into());
+    }
+    let text = std::fs::read_to_string(&a.file)
+        .map_err(|e| format!("cannot read {}: {e}", a.file.display()))?;
+    init_threads(a.threads)?;
+    let engine = Engine::load(a.model.resolve()?).map_err(|e| e.to_string())?;
+    let tok = &engine.tokenizer;
+    let ids = tok.encode(&text, true, false);
+    let available = ids.len() / a.ctx_size;
+    let n_chunks = a.chunks.map_or(available, |c| c.min(available));
+    if n_chunks == 0 {
+        return Err(format!(
+            "{} holds {} tokens: not enough for one chunk of {} (lower -c)",
+            a.file.display(),
+            ids.len(),
+            a.ctx_size
+        ));
+    }
+    let bos = if tok.adds_bos() { tok.bos() } else { None };
+    eprintln!(
+        "perplexity: {} tokens, {n_chunks} chunks of {}, scoring the second half of each",
+        ids.len(),
+        a.ctx_size
+    );
+    let start = Instant::now();
+    let mut ppl = Perplexity::default();
+    let mut out = std::io::stdout().lock();
+    for (i, chunk) in ids.chunks_exact(a.ctx_size).take(n_chunks).enumerate() {
+        let s = score_chunk(&engine.model, chunk, bos, a.batch_size, a.cache_type)
+            .map_err(|e| e.to_string())?;
+        ppl.add(s);
+        let _ = write!(out, "[{}]{:.4},", i + 1, ppl.value());
+        let _ = out.flush();
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Final estimate: PPL = {:.4} +/- {:.5}",
+        ppl.value(),
+        ppl.std_error()
+    );
+    eprintln!(
+        "scored {} tokens in {:.1} s",
+        ppl.count,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! AVX-512 kernels (F, BW, VL, VNNI).
+//!
+//! * f32 activations: 512-bit FMA, F16 widened with `vcvtph2ps` on 16 lanes.
+//! * int8, Q8_0 and Q5_0 (the formats most of a Q4_K_M model is made of): two 32-element
+//!   blocks per 512-bit register and `vpdpbusd`. Q8_0's signed weights become unsigned
+//!   with `w ^ 0x80 = w + 128`; the `128 * sum(x)` this adds, like Q5_0's `-16` offset, is
+//!   removed exactly by starting the i32 accumulator at `-offset * sum(x)` per block.
+//! * int8, every other format: the AVX2 algorithms with 256-bit VNNI (`vpdpbusd`,
+//!   `vpdpwssd`), i.e. the `*_vnni` entry points of [`super::avx2`].
+
+use core::arch::x86_64::*;
+
+use super::avx2::{self, ld16, ld32};
+use crate::formats::BlockFormat;
+use crate::q8::{Q8_0Slice, Q8_0_BLOCK};
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn ld16f(p: &[f32]) -> __m512 {
+    let p: &[f32; 16] = p.first_chunk().expect("16 floats");
+    // SAFETY: `p` is 16 readable f32; `loadu` has no alignment requirement.
+    unsafe { _mm512_loadu_ps(p.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn ld64i(p: &[i8]) -> __m512i {
+    let p: &[i8; 64] = p.first_chunk().expect("64 bytes");
+    // SAFETY: `p` is 64 readable bytes; `loadu` has no alignment requirement.
+    unsafe { _mm512_loadu_si512(p.as_ptr().cast()) }
+}
+
+/// `[a, b]` as one 512-bit register (`a` in the low half).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn join(a: __m256i, b: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
+}
+
+/// Eight lanes of `a` then eight of `b`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn join_ps(a: f32, b: f32) -> __m512 {
+    let lo = _mm512_castps256_ps512(_mm256_set1_ps(a));
+    let hi = _mm256_castps_pd(_mm256_set1_ps(b));
+    _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(lo), hi, 1))
+}
+
+/// `v` in lane 0 and `w` in lane 8 of an otherwise zero vector.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn lanes_0_8(v: i32, w: i32) -> __m512i {
+    join(avx2::lane0(v), avx2::lane0(w))
+}
+
+// ---- f32 activations --------------------------------------------------------------------
+
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 2];
+    let mut wc = row.chunks_exact(128);
+    let mut xc = x.chunks_exact(32);
+    for (w, xx) in (&mut wc).zip(&mut xc) {
+        for k in 0..2 {
+            let wv = _mm512_castsi512_ps(join(ld32(&w[64 * k..]), ld32(&w[64 * k + 32..])));
+            acc[k] = _mm512_fmadd_ps(wv, ld16f(&xx[16 * k..]), acc[k]);
+        }
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+        + avx2::dot_f32(wc.remainder(), xc.remainder())
+}
+
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 2];
+    let mut wc = row.chunks_exact(64);
+    let mut xc = x.chunks_exact(32);
+    for (w, xx) in (&mut wc).zip(&mut xc) {
+        for k in 0..2 {
+            let wv = _mm512_cvtph_ps(ld32(&w[32 * k..]));
+            acc[k] = _mm512_fmadd_ps(wv, ld16f(&xx[16 * k..]), acc[k]);
+        }
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+        + avx2::dot_f16(wc.remainder(), xc.remainder())
+}
+
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 2];
+    let mut wc = row.chunks_exact(64);
+    let mut xc = x.chunks_exact(32);
+    for (w, xx) in (&mut wc).zip(&mut xc) {
+        for k in 0..2 {
+            let h = _mm512_cvtepu16_epi32(ld32(&w[32 * k..]));
+            let wv = _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+            acc[k] = _mm512_fmadd_ps(wv, ld16f(&xx[16 * k..]), acc[k]);
+        }
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+        + avx2::dot_bf16(wc.remainder(), xc.remainder())
+}
+
+/// Any block format: decoded by the scalar reference into a stack buffer, then 512-bit
+/// FMA (blocks of 32 or 256 elements are whole 16-lane groups).
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) fn dot_dequant<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
+    let mut buf = [0f32; 256];
+    let buf = &mut buf[..F::BLOCK_ELEMS];
+    let mut acc = [_mm512_setzero_ps(); 2];
+    for (b, xb) in row
+        .chunks_exact(F::BLOCK_BYTES)
+        .zip(x.chunks_exact(F::BLOCK_ELEMS))
+    {
+        F::dequantize_block(b, buf);
+        for (k, (w16, x16)) in buf.chunks_exact(16).zip(xb.chunks_exact(16)).enumerate() {
+            acc[k & 1] = _mm512_fmadd_ps(ld16f(w16), ld16f(x16), acc[k & 1]);
+        }
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+}
+
+// ---- int8: Q8_0 and Q5_0, two blocks per register ----------------------------------------
+
+/// Q8_0 weights, two blocks per iteration; an odd last block goes to the 256-bit kernel.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q8_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
+    let flip = _mm512_set1_epi8(-128);
+    let mut acc = _mm512_setzero_ps();
+    let pairs = row.len() / 68;
+    for (((b, xq), d), s) in row
+        .chunks_exact(68)
+        .zip(x.qs.chunks_exact(2 * Q8_0_BLOCK))
+        .zip(x.d.chunks_exact(2))
+        .zip(x.sum.chunks_exact(2))
+    {
+        let w = join(ld32(&b[2..]), ld32(&b[36..]));
+        let u = _mm512_xor_si512(w, flip); // w + 128 as unsigned
+        let init = lanes_0_8(-128 * s[0], -128 * s[1]);
+        let p = _mm512_dpbusd_epi32(init, u, ld64i(xq));
+        let dv = join_ps(avx2::f16s(b, 0) * d[0], avx2::f16s(b, 34) * d[1]);
+        acc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(p), acc);
+    }
+    let mut s = _mm512_reduce_add_ps(acc);
+    if row.len() > pairs * 68 {
+        let tail = Q8_0Slice {
+            d: &x.d[2 * pairs..],
+            sum: &x.sum[2 * pairs..],
+            qs: &x.qs[64 * pairs..],
+        };
+        s += avx2::q8_0_vnni(&row[pairs * 68..], tail);
+    }
+    s
+}
+
+/// Q5_0 weights, two blocks per iteration: both blocks' nibbles in one register, the 64
+/// fifth bits expanded by a byte mask (`vpmovm2b`-style masked move).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q5_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let b4 = _mm512_set1_epi8(0x10);
+    let mut acc = _mm512_setzero_ps();
+    let pairs = row.len() / 44;
+    for (((b, xq), d), s) in row
+        .chunks_exact(44)
+        .zip(x.qs.chunks_exact(2 * Q8_0_BLOCK))
+        .zip(x.d.chunks_exact(2))
+        .zip(x.sum.chunks_exact(2))
+    {
+        // 128-bit lanes [qs0, qs1, qs0 >> 4, qs1 >> 4] -> [lo0, hi0, lo1, hi1]
+        let qs = _mm256_set_m128i(ld16(&b[28..]), ld16(&b[6..]));
+        let both = join(qs, _mm256_srli_epi16(qs, 4));
+        let q = _mm512_and_si512(_mm512_shuffle_i64x2(both, both, 0b11_01_10_00), m4);
+        let qh0 = u32::from_le_bytes([b[2], b[3], b[4], b[5]]) as u64;
+        let qh1 = u32::from_le_bytes([b[24], b[25], b[26], b[27]]) as u64;
+        let q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(qh0 | qh1 << 32, b4));
+        let init = lanes_0_8(-16 * s[0], -16 * s[1]);
+        let p = _mm512_dpbusd_epi32(init, q, ld64i(xq));
+        let dv = join_ps(avx2::f16s(b, 0) * d[0], avx2::f16s(b, 22) * d[1]);
+        acc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(p), acc);
+    }
+    let mut s = _mm512_reduce_add_ps(acc);
+    if row.len() > pairs * 44 {
+        let tail = Q8_0Slice {
+            d: &x.d[2 * pairs..],
+            sum: &x.sum[2 * pairs..],
+            qs: &x.qs[64 * pairs..],
+        };
+        s += avx2::q5_0_vnni(&row[pairs * 44..], tail);
+    }
+    s
+}

@@ -1,0 +1,315 @@
+//! Every SIMD level compiled and supported here (each forced explicitly through
+//! `Kernels::for_level`, not only the active one) against the scalar reference, for every
+//! format, on random blocks that include edge scales (zero, f16 subnormals, the f16
+//! maximum, both signs); and the int8-activation path against the f32 reference.
+//!
+//! Tolerances, all relative to a magnitude `M` at which f32 rounding happens
+//! (`EPS = 2^-24`):
+//!
+//! * f32 activations, SIMD vs scalar: both sum `n` products in f32 (the scalar in 8 lanes
+//!   with f64 carries, the SIMD kernels in 8- or 16-lane vectors plus a final reduction), so
+//!   each is within `(n / 8 + 16) * EPS * M` of the exact value, `M = sum |w_i x_i|`;
+//!   the test allows the sum of the two.
+//! * int8 activations, SIMD vs scalar: the integer sums are exact in both, so only the
+//!   few f32 operations per block differ (scale products, lane-wise scaling, accumulation
+//!   across `nb` blocks): `2 * (nb + 16) * EPS * M`, where `M` sums the magnitudes of both
+//!   terms `|scale part| + |minimum part|` of each weight times the dequantized activation
+//!   (the terms are computed separately, so cancellation between them must not shrink M).
+//! * int8 vs f32: `q8::act_error_bound` (the activation rounding, derived in `q8`'s docs)
+//!   plus the two f32 errors above.
+
+mod common;
+
+use common::{random_row, Rng, SUPPORTED};
+use sparrow_quant::q8::{act_error_bound, Q8Dot, Q8KActs, Q8_0Acts};
+use sparrow_quant::{dequantize, GgmlType, Kernels, SimdLevel};
+
+const EPS: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// Byte offset and kind of each block's scale fields: `(offset, is_f32)`.
+fn scale_fields(ty: GgmlType) -> &'static [(usize, bool)] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[(0, false)],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => {
+            &[(0, false), (2, false)]
+        }
+        GgmlType::Q2_K => &[(80, false), (82, false)],
+        GgmlType::Q3_K => &[(108, false)],
+        GgmlType::Q6_K => &[(208, false)],
+        GgmlType::Q8_K => &[(0, true)],
+        _ => &[],
+    }
+}
+
+/// The byte offset of the multiplicative scale `d` (zeroing it leaves the minimum part).
+fn d_field(ty: GgmlType) -> Option<usize> {
+    scale_fields(ty).first().map(|f| f.0)
+}
+
+/// Edge values for scale fields, cycled through the blocks after the first few random ones.
+const EDGE_F16: [u16; 7] = [
+    0x0000, // +0
+    0x8000, // -0
+    0x0001, // smallest subnormal
+    0x83FF, // largest subnormal, negative
+    0x0400, // smallest normal
+    0x7BFF, // max f16 (65504)
+    0xFBFF, // -65504
+];
+const EDGE_F32: [f32; 5] = [0.0, -0.0, 1e-40, 65504.0, -3.0e-5];
+
+/// A random row of `n` elements whose blocks, from the fourth on, have their scale fields
+/// replaced by edge values (each field independently).
+fn edge_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
+    let mut row = random_row(rng, ty, n);
+    if scale_fields(ty).is_empty() {
+        return row;
+    }
+    for (i, b) in row.chunks_exact_mut(ty.block_bytes()).enumerate().skip(3) {
+        for (k, &(off, is_f32)) in scale_fields(ty).iter().enumerate() {
+            let pick = (i * 3 + k * 5 + rng.next_u64() as usize % 2) % 9;
+            if is_f32 {
+                if let Some(v) = EDGE_F32.get(pick) {
+                    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            } else if let Some(v) = EDGE_F16.get(pick) {
+                b[off..off + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    row
+}
+
+/// Float rows with edge values mixed in (zeros, subnormals, the format's large values).
+fn float_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
+    let mut row = random_row(rng, ty, n);
+    let eb = ty.block_bytes();
+    for (i, e) in row.chunks_exact_mut(eb).enumerate() {
+        let edge: Option<f32> = match i % 11 {
+            3 => Some(0.0),
+            5 => Some(if ty == GgmlType::F16 { 6.0e-8 } else { 1e-40 }),
+            7 => Some(if ty == GgmlType::F16 { -65504.0 } else { 3.0e4 }),
+            _ => None,
+        };
+        if let Some(v) = edge {
+            match ty {
+                GgmlType::F32 => e.copy_from_slice(&v.to_le_bytes()),
+                GgmlType::F16 => e.copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+                _ => e.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+            }
+        }
+    }
+    row
+}
+
+fn row_for(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
+    if ty.block_elems() == 1 {
+        float_row(rng, ty, n)
+    } else {
+        edge_row(rng, ty, n)
+    }
+}
+
+/// Activations with varied block magnitudes: ordinary, tiny (below f16's normal range once
+/// divided by 127), large, and an all-zero block.
+fn activations(rng: &mut Rng, n: usize) -> Vec<f32> {
+    let mut x = rng.vec(n);
+    for (i, c) in x.chunks_mut(32).enumerate() {
+        let s = match i % 6 {
+            1 => 1e-6,
+            3 => 300.0,
+            4 => 0.0,
+            _ => 1.0,
+        };
+        c.iter_mut().for_each(|v| *v *= s);
+    }
+    x
+}
+
+fn dequant(ty: GgmlType, row: &[u8]) -> Vec<f32> {
+    let n = row.len() / ty.block_bytes() * ty.block_elems();
+    let mut w = vec![0f32; n];
+    dequantize(ty, row, &mut w).unwrap();
+    w
+}
+
+fn abs_dot(w: &[f32], x: &[f32]) -> f64 {
+    w.iter()
+        .zip(x)
+        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+        .sum()
+}
+
+/// `sum_i (|scale part_i| + |min part_i|) * |x_i|`: the min part is the row dequantized with
+/// every `d` zeroed.
+fn split_magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
+    let w = dequant(ty, row);
+    let mut mins = row.to_vec();
+    if let Some(off) = d_field(ty) {
+        let width = if ty == GgmlType::Q8_K { 4 } else { 2 };
+        for b in mins.chunks_exact_mut(ty.block_bytes()) {
+            b[off..off + width].fill(0);
+        }
+    }
+    let m = dequant(ty, &mins);
+    w.iter()
+        .zip(&m)
+        .zip(x)
+        .map(|((&w, &m), &x)| ((w as f64 - m as f64).abs() + (m as f64).abs()) * (x as f64).abs())
+        .sum()
+}
+
+fn simd_levels() -> Vec<SimdLevel> {
+    let l: Vec<_> = SimdLevel::supported()
+        .into_iter()
+        .filter(|&l| l != SimdLevel::Scalar)
+        .collect();
+    eprintln!("SIMD levels tested here: {l:?}");
+    l
+}
+
+const BLOCK_COUNTS: [usize; 3] = [1, 3, 17];
+
+fn f32_tol(n: usize, mag: f64) -> f64 {
+    2.0 * (n as f64 / 8.0 + 16.0) * EPS * mag
+}
+
+#[test]
+fn simd_f32_dot_matches_scalar_for_every_format_and_level() {
+    let mut rng = Rng::new(21);
+    for level in simd_levels() {
+        for &ty in SUPPORTED {
+            let fast = Kernels::for_level(ty, level).unwrap();
+            let slow = Kernels::scalar(ty).unwrap();
+            // float formats: odd lengths too, to cover the vector tails
+            let lens: Vec<usize> = if ty.block_elems() == 1 {
+                vec![1, 7, 15, 16, 33, 100, 4864]
+            } else {
+                BLOCK_COUNTS.iter().map(|b| b * ty.block_elems()).collect()
+            };
+            for n in lens {
+                for _ in 0..3 {
+                    let row = row_for(&mut rng, ty, n);
+                    let x = activations(&mut rng, n);
+                    let (a, b) = ((fast.dot)(&row, &x) as f64, (slow.dot)(&row, &x) as f64);
+                    let tol = f32_tol(n, abs_dot(&dequant(ty, &row), &x));
+                    assert!(
+                        (a - b).abs() <= tol,
+                        "{ty} {level:?} n={n}: simd {a:e} vs scalar {b:e}, tol {tol:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Runs the int8 kernel with already quantized activations.
+fn run_q8(q: Q8Dot, row: &[u8], a0: &Q8_0Acts, ak: &Q8KActs) -> f32 {
+    match q {
+        Q8Dot::Q8_0(f) => f(row, a0.as_slice()),
+        Q8Dot::Q8K(f) => f(row, ak.as_slice()),
+    }
+}
+
+#[test]
+fn simd_int8_dot_matches_scalar_int8_for_every_format_and_level() {
+    let mut rng = Rng::new(22);
+    for level in simd_levels() {
+        for &ty in SUPPORTED {
+            let Some(slow) = Kernels::scalar(ty).unwrap().dot_q8 else {
+                continue;
+            };
+            let fast = Kernels::for_level(ty, level).unwrap().dot_q8.unwrap();
+            assert_eq!(fast.act_type(), slow.act_type());
+            for nb in BLOCK_COUNTS {
+                let n = nb * ty.block_elems();
+                for _ in 0..4 {
+                    let row = edge_row(&mut rng, ty, n);
+                    let x = activations(&mut rng, n);
+                    let n8 = n.div_ceil(256) * 256; // Q8_K needs whole 256-blocks
+                    let a0 = Q8_0Acts::new(&x);
+                    let mut xk = x.clone();
+                    xk.resize(n8, 0.0);
+                    let ak = Q8KActs::new(&xk);
+                    let xdq = if fast.act_type() == GgmlType::Q8_0 {
+                        a0.dequantize()
+                    } else {
+                        ak.dequantize()
+                    };
+                    let a = run_q8(fast, &row, &a0, &ak) as f64;
+                    let b = run_q8(slow, &row, &a0, &ak) as f64;
+                    let blocks = n / ty.block_elems();
+                    let tol = 2.0 * (blocks as f64 + 16.0) * EPS * split_magnitude(ty, &row, &xdq);
+                    assert!(
+                        (a - b).abs() <= tol,
+                        "{ty} {level:?} n={n}: simd int8 {a:e} vs scalar int8 {b:e}, tol {tol:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_dot_matches_f32_reference_within_activation_rounding() {
+    let mut rng = Rng::new(23);
+    for level in SimdLevel::supported() {
+        for &ty in SUPPORTED {
+            let k = Kernels::for_level(ty, level).unwrap();
+            let Some(q) = k.dot_q8 else { continue };
+            let reference = Kernels::scalar(ty).unwrap().dot;
+            let mut worst = 0f64;
+            for nb in BLOCK_COUNTS {
+                let n = nb * ty.block_elems();
+                for _ in 0..4 {
+                    let row = random_row(&mut rng, ty, n);
+                    let x = activations(&mut rng, n);
+                    let w = dequant(ty, &row);
+                    let got = q.quantize_and_dot(&row, &x) as f64;
+                    let want = reference(&row, &x) as f64;
+                    let bound = act_error_bound(q.act_type(), &w, &x);
+                    let mag = split_magnitude(ty, &row, &x) * 1.01; // activations moved by <1%
+                    let tol = bound + f32_tol(n, mag);
+                    worst = worst.max((got - want).abs() / bound.max(f64::MIN_POSITIVE));
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{ty} {level:?} n={n}: int8 {got:e} vs f32 {want:e}, \
+                         |diff| {:e} > bound {bound:e} + f32 slack",
+                        (got - want).abs()
+                    );
+                }
+            }
+            eprintln!("{ty} {level:?}: worst |int8 - f32| / bound = {worst:.3}");
+        }
+    }
+}
+
+#[test]
+fn activation_quantizers_follow_ggml() {
+    let mut rng = Rng::new(24);
+    let x = activations(&mut rng, 512);
+    let a = Q8_0Acts::new(&x);
+    let s = a.as_slice();
+    assert_eq!((s.len(), s.d.len(), s.sum.len()), (512, 16, 16));
+    for (b, xb) in x.chunks_exact(32).enumerate() {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(s.d[b], half::f16::from_f32(amax / 127.0).to_f32());
+        let q = &s.qs[32 * b..32 * b + 32];
+        assert_eq!(s.sum[b], q.iter().map(|&v| v as i32).sum::<i32>());
+        assert!(q.iter().all(|&v| v != -128));
+    }
+    let k = Q8KActs::new(&x);
+    let s = k.as_slice();
+    assert_eq!((s.len(), s.d.len(), s.bsums.len()), (512, 2, 32));
+    for (g, q) in s.qs.chunks_exact(16).enumerate() {
+        assert_eq!(s.bsums[g], q.iter().map(|&v| v as i16).sum::<i16>());
+        assert!(q.iter().all(|&v| v != -128));
+    }
+    // all-zero input gives zero scales and quants, not NaN
+    let z = Q8KActs::new(&[0.0; 256]);
+    assert_eq!(z.as_slice().d, &[0.0]);
+    assert!(Q8_0Acts::new(&[0.0; 32])
+        .dequantize()
+        .iter()
+        .all(|&v| v == 0.0));
+}

@@ -1,0 +1,3 @@
+//! Quality evaluations that run on a real model: needle-in-a-haystack retrieval.
+
+pub mod needle;

@@ -1,0 +1,251 @@
+//! Needle in a haystack: hide one fact ("the magic number for Lisbon is 4821937") at a chosen
+//! depth of a long filler text, ask for it at the end, and check the answer. Run over a grid
+//! of context lengths × depths, it shows where a model (or an attention policy) stops
+//! finding what it was told.
+
+use crate::chat::ChatMessage;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::generate::{generate, GenerateOptions};
+use crate::kv_cache::KvType;
+use crate::sampler::{Sampler, SamplerConfig};
+use serde::Serialize;
+use std::ops::ControlFlow;
+use std::path::Path;
+
+/// Keys for needles: words that do not occur near a long number in the haystack corpus.
+const KEYS: &[&str] = &[
+    "Oslo",
+    "Nairobi",
+    "Santiago",
+    "Reykjavik",
+    "Hanoi",
+    "Quito",
+    "Tbilisi",
+    "Perth",
+    "Montreal",
+    "Dakar",
+    "Lima",
+    "Helsinki",
+    "Osaka",
+    "Bergen",
+    "Zagreb",
+    "Valencia",
+];
+
+/// One needle: the sentence to hide, the question, and the expected answer.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Needle {
+    pub key: String,
+    pub value: String,
+    pub sentence: String,
+    pub question: String,
+}
+
+impl Needle {
+    /// A deterministic needle for `seed`: a key word and a 7-digit number.
+    pub fn new(seed: u64) -> Needle {
+        let mut s = seed
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(0x2545_f491_4f6c_dd1d);
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let key = KEYS[(next() % KEYS.len() as u64) as usize].to_string();
+        let value = (1_000_000 + next() % 9_000_000).to_string();
+        Needle {
+            sentence: format!(" The special magic number for {key} is {value}. "),
+            question: format!(
+                "What is the special magic number for {key} mentioned in the text above? \
+                 Answer with the number only."
+            ),
+            key,
+            value,
+        }
+    }
+
+    /// True when `answer` contains the number as a whole run of digits.
+    pub fn is_found_in(&self, answer: &str) -> bool {
+        answer
+            .split(|c: char| !c.is_ascii_digit())
+            .any(|run| run == self.value)
+    }
+}
+
+/// Filler text: every `.txt` file of `dir` in file-name order, concatenated.
+pub fn load_haystack(dir: &Path) -> Result<String> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| {
+            Error::Other(format!(
+                "cannot read haystack folder {}: {e}",
+                dir.display()
+            ))
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "txt"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::Other(format!("no .txt files in {}", dir.display())));
+    }
+    let mut text = String::new();
+    for f in files {
+        let t = std::fs::read_to_string(&f)
+            .map_err(|e| Error::Other(format!("cannot read {}: {e}", f.display())))?;
+        text.push_str(&t);
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+/// Build the document of about `n_tokens` prompt tokens (filler plus needle, before the
+/// chat wrapping) with the needle at `depth` (0 = start, 1 = end), placed at a sentence
+/// boundary. Returns the text and the needle's token offset.
+pub fn build_document(
+    engine: &Engine,
+    haystack: &str,
+    needle: &Needle,
+    n_tokens: usize,
+    depth: f64,
+) -> Result<(String, usize)> {
+    let tok = &engine.tokenizer;
+    let needle_len = tok.encode(&needle.sentence, false, false).len();
+    let filler_tokens = n_tokens.saturating_sub(needle_len);
+    // Tokenize a generous prefix of the haystack and cut it at the token budget.
+    let approx_bytes = (filler_tokens * 6).min(haystack.len());
+    let mut end = approx_bytes;
+    while !haystack.is_char_boundary(end) {
+        end -= 1;
+    }
+    let ids = tok.encode(&haystack[..end], false, false);
+    if ids.len() < filler_tokens {
+        return Err(Error::Other(format!(
+            "the haystack holds only {} tokens, fewer than the {filler_tokens} asked for",
+            ids.len()
+        )));
+    }
+    let filler = tok.decode(&ids[..filler_tokens]);
+    // Insertion point: the sentence end nearest to the requested depth.
+    let target = ((filler.len() as f64) * depth.clamp(0.0, 1.0)) as usize;
+    let mut at = target.min(filler.len());
+    while !filler.is_char_boundary(at) {
+        at -= 1;
+    }
+    let before = filler[..at].rfind(". ").map(|i| i + 1);
+    let after = filler[at..].find(". ").map(|i| at + i + 1);
+    at = match (before, after) {
+        (Some(b), Some(a)) => {
+            if target - b <= a - target {
+                b
+            } else {
+                a
+            }
+        }
+        (Some(b), None) => b,
+        (None, Some(a)) => a,
+        (None, None) => at,
+    };
+    if depth >= 1.0 {
+        at = filler.len();
+    } else if depth <= 0.0 {
+        at = 0;
+    }
+    let offset = tok.encode(&filler[..at], false, false).len();
+    let doc = format!("{}{}{}", &filler[..at], needle.sentence, &filler[at..]);
+    Ok((doc, offset))
+}
+
+/// The outcome of one (length, depth) cell.
+#[derive(Clone, Debug, Serialize)]
+pub struct NeedleResult {
+    pub length: usize,
+    pub depth: f64,
+    pub prompt_tokens: usize,
+    pub needle: Needle,
+    pub answer: String,
+    pub found: bool,
+    pub prefill_seconds: f64,
+}
+
+/// Ask the model for the needle in one document.
+pub fn run_cell(
+    engine: &Engine,
+    haystack: &str,
+    length: usize,
+    depth: f64,
+    seed: u64,
+    kv: KvType,
+    batch_size: usize,
+) -> Result<NeedleResult> {
+    let needle = Needle::new(seed);
+    let (doc, _) = build_document(engine, haystack, &needle, length, depth)?;
+    let user = format!("{doc}\n\n{}", needle.question);
+    let prompt = match &engine.chat_template {
+        Some(t) => t.render(&[ChatMessage::new("user", &user)], true)?,
+        None => format!("{user}\nAnswer:"),
+    };
+    let ids = engine.tokenizer.encode(&prompt, true, true);
+    let mut state = engine.model.new_state(ids.len() + 32, kv)?;
+    let mut sampler = Sampler::new(SamplerConfig::greedy());
+    let mut answer = String::new();
+    let stats = generate(
+        &engine.model,
+        &engine.tokenizer,
+        &mut state,
+        &ids,
+        &mut sampler,
+        &GenerateOptions {
+            n_predict: Some(16),
+            ignore_eos: false,
+            batch_size,
+        },
+        |_, _| {},
+        |_, piece| {
+            answer.push_str(piece);
+            ControlFlow::Continue(())
+        },
+    )?;
+    Ok(NeedleResult {
+        length,
+        depth,
+        prompt_tokens: ids.len(),
+        found: needle.is_found_in(&answer),
+        needle,
+        answer,
+        prefill_seconds: stats.prompt_time.as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn needles_are_deterministic_and_varied() {
+        assert_eq!(Needle::new(3), Needle::new(3));
+        let values: std::collections::HashSet<String> =
+            (0..50).map(|s| Needle::new(s).value).collect();
+        assert!(values.len() > 45);
+        let n = Needle::new(1);
+        assert_eq!(n.value.len(), 7);
+        assert!(n.sentence.contains(&n.value) && n.question.contains(&n.key));
+    }
+
+    #[test]
+    fn answers_are_checked_for_the_exact_number() {
+        let n = Needle {
+            key: "Oslo".into(),
+            value: "4821937".into(),
+            sentence: String::new(),
+            question: String::new(),
+        };
+        assert!(n.is_found_in("4821937"));
+        assert!(n.is_found_in("The number is 4821937."));
+        assert!(!n.is_found_in("482193"));
+        assert!(!n.is_found_in("48219370"));
+        assert!(!n.is_found_in("I don't know"));
+    }
+}
