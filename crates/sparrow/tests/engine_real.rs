@@ -81,3 +81,30 @@ fn chat_generation_stops_at_end_of_turn_and_streams_valid_text() {
     assert!(text.to_lowercase().contains("yes"), "{text:?}");
     assert_eq!(state.n_past(), ids.len() + stats.n_generated);
 }
+
+#[test]
+fn needle_documents_have_the_asked_length_and_depth_and_the_model_finds_it() {
+    use sparrow::eval::needle::{build_document, run_cell, Needle};
+    let engine = Engine::load(common::qwen_path()).unwrap();
+    // A small generated haystack: numbered sentences, so positions are easy to read.
+    let haystack: String = (0..3000)
+        .map(|i| format!("Sentence {i} says that the weather was mild and the road was long. "))
+        .collect();
+    for (len, depth) in [(300usize, 0.0f64), (600, 0.5), (900, 0.25), (600, 1.0)] {
+        let needle = Needle::new(len as u64);
+        let (doc, offset) = build_document(&engine, &haystack, &needle, len, depth).unwrap();
+        let n = engine.tokenizer.encode(&doc, false, false).len();
+        assert!(n.abs_diff(len) <= 4, "asked {len} tokens, got {n}");
+        assert_eq!(doc.matches(&needle.value).count(), 1);
+        let at = offset as f64 / len as f64;
+        assert!((at - depth).abs() < 0.05, "depth {depth}: needle at {at}");
+    }
+    let r = run_cell(&engine, &haystack, 400, 0.5, 7, KvType::F16, 128).unwrap();
+    assert!(
+        r.found,
+        "the model missed an easy needle: {:?} vs {}",
+        r.answer, r.needle.value
+    );
+    // A haystack too short for the request is an error, not a silent shorter test.
+    assert!(build_document(&engine, "tiny text.", &Needle::new(1), 500, 0.5).is_err());
+}
