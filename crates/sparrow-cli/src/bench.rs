@@ -6,7 +6,7 @@
 //! with its standard deviation, as llama-bench reports it. Tokens are pseudo-random ids, as
 //! in llama-bench: the content does not change the cost.
 
-use crate::ModelArgs;
+use crate::{AttnArgs, ModelArgs};
 use serde::Serialize;
 use sparrow::{KvType, Logits, Model, State};
 use std::time::Instant;
@@ -16,6 +16,8 @@ use std::time::Instant;
 pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    attn: AttnArgs,
     /// Prompt lengths to test (comma-separated; 0 skips).
     #[arg(
         short = 'p',
@@ -74,6 +76,7 @@ struct BenchRow {
     n_threads: usize,
     n_batch: usize,
     type_k: String,
+    attention: String,
     n_prompt: usize,
     n_gen: usize,
     n_depth: usize,
@@ -132,6 +135,7 @@ fn run_test(
     let mut state = model
         .new_state(n_ctx, a.cache_type)
         .map_err(|e| e.to_string())?;
+    state.set_attention(a.attn.choice()?.build()?);
     // One untimed warm-up pass pages the weights in and spins up the threads.
     fill(
         model,
@@ -171,6 +175,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
     if !json && a.output != "md" {
         return Err(format!("unknown output format '{}' (md or json)", a.output));
     }
+    a.attn.choice()?;
     let path = a.model.resolve()?;
     let model = Model::load(&path).map_err(|e| e.to_string())?;
     let threads = if a.threads.is_empty() {
@@ -203,8 +208,8 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
     }
     let mut rows = Vec::new();
     if !json {
-        println!("| model | size | threads | simd | type_k | test | t/s |");
-        println!("| --- | ---: | ---: | --- | --- | --- | ---: |");
+        println!("| model | size | threads | simd | type_k | attn | test | t/s |");
+        println!("| --- | ---: | ---: | --- | --- | --- | --- | ---: |");
     }
     for &t in &threads {
         if t == 0 {
@@ -228,6 +233,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                 n_threads: t,
                 n_batch: a.batch_size,
                 type_k: format!("{:?}", a.cache_type).to_lowercase(),
+                attention: a.attn.attn.clone(),
                 n_prompt: p,
                 n_gen: g,
                 n_depth: d,
@@ -251,12 +257,13 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                     test
                 };
                 println!(
-                    "| {} | {:.0} MiB | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                    "| {} | {:.0} MiB | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
                     row.model_type,
                     row.model_size as f64 / (1024.0 * 1024.0),
                     t,
                     row.build_simd,
                     row.type_k,
+                    row.attention,
                     test,
                     avg_ts,
                     stddev_ts

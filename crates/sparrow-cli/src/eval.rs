@@ -1,7 +1,7 @@
 //! `sparrow eval needle`: needle-in-a-haystack accuracy over a grid of lengths × depths.
 
 use crate::run::init_threads;
-use crate::ModelArgs;
+use crate::{AttnArgs, ModelArgs};
 use sparrow::eval::needle::{load_haystack, run_cell, NeedleResult};
 use sparrow::{Engine, KvType};
 
@@ -17,6 +17,8 @@ pub enum EvalCommand {
 pub struct NeedleArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    attn: AttnArgs,
     /// Folder of .txt files used as filler (read in file-name order).
     #[arg(long = "haystack")]
     haystack: std::path::PathBuf,
@@ -69,6 +71,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
     if a.lengths.iter().any(|&l| l < 64) {
         return Err("--lengths: each length must be at least 64 tokens".into());
     }
+    let attention = a.attn.choice()?;
     init_threads(a.threads)?;
     let haystack = load_haystack(&a.haystack).map_err(|e| e.to_string())?;
     let engine = Engine::load(a.model.resolve()?).map_err(|e| e.to_string())?;
@@ -85,6 +88,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
                 a.seed.wrapping_add(cell as u64),
                 a.cache_type,
                 a.batch_size,
+                &attention,
             )
             .map_err(|e| e.to_string())?;
             eprintln!(

@@ -75,6 +75,33 @@ impl ModelArgs {
     }
 }
 
+/// Which attention backend to run (`--attn`), shared by every command that runs the model.
+#[derive(clap::Args, Clone, Debug)]
+pub struct AttnArgs {
+    /// Attention policy: full (exact) or streaming (sinks + recent window).
+    #[arg(long = "attn", default_value = "full")]
+    pub attn: String,
+    /// Streaming: number of sink tokens kept.
+    #[arg(long = "attn-sinks", default_value_t = 4)]
+    pub sinks: usize,
+    /// Streaming: number of recent tokens kept.
+    #[arg(long = "attn-window", default_value_t = 2000)]
+    pub window: usize,
+}
+
+impl AttnArgs {
+    /// The choice as the engine takes it; unknown names are refused here, before any work.
+    pub fn choice(&self) -> Result<sparrow::attention::AttentionChoice, String> {
+        let c = sparrow::attention::AttentionChoice {
+            name: self.attn.clone(),
+            sinks: self.sinks,
+            window: self.window,
+        };
+        c.build()?;
+        Ok(c)
+    }
+}
+
 /// The prompt: `-p TEXT` or `-f FILE` (exactly one), shared by every command that reads text.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PromptArgs {

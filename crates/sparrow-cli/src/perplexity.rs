@@ -1,7 +1,7 @@
 //! `sparrow perplexity`: llama-perplexity's chunked perplexity over a text file.
 
 use crate::run::init_threads;
-use crate::ModelArgs;
+use crate::{AttnArgs, ModelArgs};
 use sparrow::perplexity::{score_chunk, Perplexity};
 use sparrow::{Engine, KvType};
 use std::io::Write;
@@ -12,6 +12,8 @@ use std::time::Instant;
 pub struct PerplexityArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    attn: AttnArgs,
     /// Text file to score.
     #[arg(short = 'f', long = "file")]
     file: std::path::PathBuf,
@@ -43,6 +45,7 @@ pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
     }
     let text = std::fs::read_to_string(&a.file)
         .map_err(|e| format!("cannot read {}: {e}", a.file.display()))?;
+    let attention = a.attn.choice()?;
     init_threads(a.threads)?;
     let engine = Engine::load(a.model.resolve()?).map_err(|e| e.to_string())?;
     let tok = &engine.tokenizer;
@@ -67,8 +70,15 @@ pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
     let mut ppl = Perplexity::default();
     let mut out = std::io::stdout().lock();
     for (i, chunk) in ids.chunks_exact(a.ctx_size).take(n_chunks).enumerate() {
-        let s = score_chunk(&engine.model, chunk, bos, a.batch_size, a.cache_type)
-            .map_err(|e| e.to_string())?;
+        let s = score_chunk(
+            &engine.model,
+            chunk,
+            bos,
+            a.batch_size,
+            a.cache_type,
+            &attention,
+        )
+        .map_err(|e| e.to_string())?;
         ppl.add(s);
         let _ = write!(out, "[{}]{:.4},", i + 1, ppl.value());
         let _ = out.flush();

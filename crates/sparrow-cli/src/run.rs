@@ -1,6 +1,6 @@
 //! `sparrow run`: generate from a prompt, streaming to stdout, statistics to stderr.
 
-use crate::{ModelArgs, PromptArgs};
+use crate::{AttnArgs, ModelArgs, PromptArgs};
 use indicatif::{ProgressBar, ProgressStyle};
 use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
 use std::io::{IsTerminal, Write};
@@ -13,6 +13,8 @@ pub struct RunArgs {
     model: ModelArgs,
     #[command(flatten)]
     prompt: PromptArgs,
+    #[command(flatten)]
+    attn: AttnArgs,
     /// Number of tokens to generate (-1: until end of generation or a full context).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
@@ -108,6 +110,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         },
     };
     sampler_cfg.validate()?;
+    let attention = a.attn.choice()?;
     let text = a.prompt.text()?;
     let threads = init_threads(a.threads)?;
     let path = a.model.resolve()?;
@@ -155,17 +158,19 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         .to_string());
     }
     eprintln!(
-        "sparrow: {} ({}, {} layers, {} threads), context {n_ctx}, KV cache {:?}",
+        "sparrow: {} ({}, {} layers, {} threads), context {n_ctx}, KV cache {:?}, attention {}",
         path.display(),
         cfg.arch.name(),
         cfg.n_layer,
         threads,
-        a.cache_type_k
+        a.cache_type_k,
+        attention.name
     );
     let mut state = engine
         .model
         .new_state(n_ctx, a.cache_type_k)
         .map_err(|e| e.to_string())?;
+    state.set_attention(attention.build()?);
     let mut sampler = Sampler::new(sampler_cfg);
     let opts = GenerateOptions {
         n_predict: if a.n_predict < 0 {

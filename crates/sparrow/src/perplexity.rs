@@ -3,6 +3,7 @@
 //! (its first token replaced by BOS when the model adds one), and only the second half of
 //! each chunk is scored, so every scored token has at least `n_ctx / 2` tokens of context.
 
+use crate::attention::AttentionChoice;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvType;
 use crate::model::{Logits, Model};
@@ -66,6 +67,7 @@ pub fn score_chunk(
     bos: Option<u32>,
     batch: usize,
     kv: KvType,
+    attention: &AttentionChoice,
 ) -> Result<ChunkScore> {
     let n_ctx = chunk.len();
     if n_ctx < 4 {
@@ -80,6 +82,7 @@ pub fn score_chunk(
     let first = n_ctx / 2;
     let vocab = model.config.vocab_size;
     let mut state = model.new_state(n_ctx, kv)?;
+    state.set_attention(attention.build().map_err(Error::Other)?);
     let mut score = ChunkScore {
         nll: 0.0,
         nll2: 0.0,

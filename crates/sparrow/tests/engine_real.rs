@@ -99,7 +99,8 @@ fn needle_documents_have_the_asked_length_and_depth_and_the_model_finds_it() {
         let at = offset as f64 / len as f64;
         assert!((at - depth).abs() < 0.05, "depth {depth}: needle at {at}");
     }
-    let r = run_cell(&engine, &haystack, 400, 0.5, 7, KvType::F16, 128).unwrap();
+    let full = sparrow::attention::AttentionChoice::default();
+    let r = run_cell(&engine, &haystack, 400, 0.5, 7, KvType::F16, 128, &full).unwrap();
     assert!(
         r.found,
         "the model missed an easy needle: {:?} vs {}",

@@ -273,6 +273,7 @@ fn writer_metadata_override_is_rejected_as_duplicate() {
 #[test]
 fn chunk_perplexity_equals_token_by_token_scoring() {
     use sparrow::perplexity::{log_prob, score_chunk};
+    let full = sparrow::attention::AttentionChoice::default();
     let model = load(synthetic_gguf(&SyntheticSpec::default())).unwrap();
     let chunk: Vec<u32> = (0..24).map(|i| (i * 37 % 250) as u32).collect();
     // Reference: one token at a time, scoring positions 12..23 (second half).
@@ -285,7 +286,7 @@ fn chunk_perplexity_equals_token_by_token_scoring() {
         }
     }
     for batch in [1, 5, 12, 64] {
-        let s = score_chunk(&model, &chunk, None, batch, KvType::F32).unwrap();
+        let s = score_chunk(&model, &chunk, None, batch, KvType::F32, &full).unwrap();
         assert_eq!(s.count, 11);
         assert!(
             (s.nll - nll).abs() < 1e-3,
@@ -294,7 +295,30 @@ fn chunk_perplexity_equals_token_by_token_scoring() {
         );
     }
     // BOS replacement changes the first token only, and so the score.
-    let s = score_chunk(&model, &chunk, Some(256), 8, KvType::F32).unwrap();
+    let s = score_chunk(&model, &chunk, Some(256), 8, KvType::F32, &full).unwrap();
     assert!((s.nll - nll).abs() > 1e-6);
-    assert!(score_chunk(&model, &chunk[..3], None, 8, KvType::F32).is_err());
+    assert!(score_chunk(&model, &chunk[..3], None, 8, KvType::F32, &full).is_err());
+}
+
+#[test]
+fn streaming_attention_in_the_model() {
+    use sparrow::attention::StreamingAttention;
+    let model = load(synthetic_gguf(&SyntheticSpec::default())).unwrap();
+    let full = all_logits(&model, &TOKENS, KvType::F32);
+    let with = |sinks, window| {
+        let mut st = model.new_state(64, KvType::F32).unwrap();
+        st.set_attention(Box::new(StreamingAttention { sinks, window }));
+        assert_eq!(st.attention().name(), "streaming");
+        model
+            .forward(&mut st, &TOKENS, Logits::All)
+            .unwrap()
+            .to_vec()
+    };
+    // A window covering the whole prompt is exactly full attention.
+    assert_eq!(with(2, TOKENS.len()), full);
+    // A short window changes the later rows but not the rows it still covers.
+    let short = with(1, 3);
+    let v = 257;
+    assert_eq!(&short[..3 * v], &full[..3 * v]);
+    assert!(max_diff(&short[6 * v..], &full[6 * v..]) > 1e-3);
 }

@@ -3,6 +3,7 @@
 //! of context lengths × depths, it shows where a model (or an attention policy) stops
 //! finding what it was told.
 
+use crate::attention::AttentionChoice;
 use crate::chat::ChatMessage;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -179,6 +180,7 @@ pub fn run_cell(
     seed: u64,
     kv: KvType,
     batch_size: usize,
+    attention: &AttentionChoice,
 ) -> Result<NeedleResult> {
     let needle = Needle::new(seed);
     let (doc, _) = build_document(engine, haystack, &needle, length, depth)?;
@@ -189,6 +191,7 @@ pub fn run_cell(
     };
     let ids = engine.tokenizer.encode(&prompt, true, true);
     let mut state = engine.model.new_state(ids.len() + 32, kv)?;
+    state.set_attention(attention.build().map_err(Error::Other)?);
     let mut sampler = Sampler::new(SamplerConfig::greedy());
     let mut answer = String::new();
     let stats = generate(

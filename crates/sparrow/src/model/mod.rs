@@ -17,13 +17,11 @@ use std::path::Path;
 use std::sync::Arc;
 use weights::{Linear, Weights};
 
-/// A loaded model: configuration, weight views into the mapped file, and the attention
-/// backend used for every layer.
+/// A loaded model: configuration and weight views into the mapped file.
 pub struct Model {
     file: Arc<GgufFile>,
     pub config: ModelConfig,
     weights: Weights,
-    attention: Box<dyn AttentionBackend>,
 }
 
 /// Which logits a forward pass should produce.
@@ -39,9 +37,11 @@ pub enum Logits {
     Tail(usize),
 }
 
-/// Per-sequence state: the KV cache, how many positions are filled, and scratch buffers.
+/// Per-sequence state: the KV cache, how many positions are filled, the attention backend
+/// (a per-sequence choice, since sparse policies keep per-sequence metadata), and scratch.
 pub struct State {
     pub kv: KvCache,
+    attention: Box<dyn AttentionBackend>,
     rope: Arc<RopeTable>,
     n_past: usize,
     vocab: usize,
@@ -73,6 +73,16 @@ impl State {
         self.kv.n_ctx()
     }
 
+    /// Replace the attention backend (e.g. with a sparse policy) for what follows.
+    pub fn set_attention(&mut self, backend: Box<dyn AttentionBackend>) {
+        self.attention = backend;
+    }
+
+    /// The attention backend in use.
+    pub fn attention(&self) -> &dyn AttentionBackend {
+        self.attention.as_ref()
+    }
+
     /// Logits of the last token of the most recent forward pass that produced logits.
     pub fn last_logits(&self) -> &[f32] {
         let l = &self.scratch.logits;
@@ -87,6 +97,21 @@ impl State {
     /// Drop positions beyond `n` (keep a shared prefix, discard the rest).
     pub fn truncate(&mut self, n: usize) {
         self.n_past = self.n_past.min(n);
+    }
+}
+
+/// Prefix restore (prompt cache files, prefix reuse across requests). Added for the serving
+/// issue; nothing above depends on it.
+impl State {
+    /// Declare positions `0..n` of the cache filled (after importing them into `kv`).
+    pub fn set_n_past(&mut self, n: usize) -> Result<()> {
+        if n > self.n_ctx() {
+            return Err(Error::ContextFull {
+                n_ctx: self.n_ctx(),
+            });
+        }
+        self.n_past = n;
+        Ok(())
     }
 }
 
@@ -121,23 +146,12 @@ impl Model {
             file,
             config,
             weights,
-            attention: Box::new(DenseAttention),
         })
     }
 
     /// The GGUF file the model was loaded from.
     pub fn file(&self) -> &Arc<GgufFile> {
         &self.file
-    }
-
-    /// Replace the attention backend (e.g. with a sparse policy).
-    pub fn set_attention(&mut self, backend: Box<dyn AttentionBackend>) {
-        self.attention = backend;
-    }
-
-    /// The attention backend in use.
-    pub fn attention(&self) -> &dyn AttentionBackend {
-        self.attention.as_ref()
     }
 
     /// A fresh sequence state for up to `n_ctx` positions.
@@ -155,6 +169,7 @@ impl Model {
         );
         Ok(State {
             kv: KvCache::new(kv_type, c.n_layer, n_ctx, c.kv_dim()),
+            attention: Box::new(DenseAttention),
             rope: Arc::new(rope),
             n_past: 0,
             vocab: c.vocab_size,
@@ -247,7 +262,8 @@ impl Model {
                     &s.v[i * kvd..(i + 1) * kvd],
                 );
             }
-            self.attention
+            state
+                .attention
                 .attend(shape, &state.kv, l, &s.q, pos0, &mut s.att);
             self.linear(&w.wo, &s.att, n, &mut s.proj)?;
             s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
