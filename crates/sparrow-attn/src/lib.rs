@@ -46,6 +46,7 @@ mod cache;
 mod element;
 mod error;
 mod pattern;
+pub mod policy;
 mod simd;
 mod softmax;
 mod sparse;
