@@ -2,7 +2,7 @@
 
 use crate::run::init_threads;
 use crate::{AttnArgs, ModelArgs};
-use sparrow::eval::needle::{load_haystack, run_cell, NeedleResult};
+use sparrow::eval::needle::{load_haystack, run_cell, CellSettings, NeedleResult};
 use sparrow::{Engine, KvType};
 
 /// Evaluations.
@@ -71,7 +71,11 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
     if a.lengths.iter().any(|&l| l < 64) {
         return Err("--lengths: each length must be at least 64 tokens".into());
     }
-    let attention = a.attn.choice()?;
+    let settings = CellSettings {
+        kv: a.cache_type,
+        batch_size: a.batch_size,
+        attention: a.attn.choice()?,
+    };
     init_threads(a.threads)?;
     let haystack = load_haystack(&a.haystack).map_err(|e| e.to_string())?;
     let engine = Engine::load(a.model.resolve()?).map_err(|e| e.to_string())?;
@@ -86,9 +90,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
                 length,
                 depth,
                 a.seed.wrapping_add(cell as u64),
-                a.cache_type,
-                a.batch_size,
-                &attention,
+                &settings,
             )
             .map_err(|e| e.to_string())?;
             eprintln!(

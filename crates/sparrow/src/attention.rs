@@ -161,7 +161,9 @@ impl AttentionBackend for DenseAttention {
         pos0: usize,
         out: &mut [f32],
     ) {
-        attend_batch(shape, cache, layer, q, pos0, out, |pos| vec![0..pos + 1]);
+        attend_batch(shape, cache, layer, q, pos0, out, |pos| {
+            std::iter::once(0..pos + 1).collect()
+        });
     }
 }
 
@@ -177,6 +179,7 @@ pub struct StreamingAttention {
 impl StreamingAttention {
     /// The key ranges a query at `pos` reads: sinks, then the recent window (merged when
     /// they touch).
+    #[allow(clippy::single_range_in_vec_init)] // a list of ranges that may hold one
     pub fn ranges(&self, pos: usize) -> Vec<Range<usize>> {
         let n = pos + 1;
         let recent = n.saturating_sub(self.window.max(1));

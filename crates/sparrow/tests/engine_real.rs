@@ -84,7 +84,7 @@ fn chat_generation_stops_at_end_of_turn_and_streams_valid_text() {
 
 #[test]
 fn needle_documents_have_the_asked_length_and_depth_and_the_model_finds_it() {
-    use sparrow::eval::needle::{build_document, run_cell, Needle};
+    use sparrow::eval::needle::{build_document, run_cell, CellSettings, Needle};
     let engine = Engine::load(common::qwen_path()).unwrap();
     // A small generated haystack: numbered sentences, so positions are easy to read.
     let haystack: String = (0..3000)
@@ -99,8 +99,12 @@ fn needle_documents_have_the_asked_length_and_depth_and_the_model_finds_it() {
         let at = offset as f64 / len as f64;
         assert!((at - depth).abs() < 0.05, "depth {depth}: needle at {at}");
     }
-    let full = sparrow::attention::AttentionChoice::default();
-    let r = run_cell(&engine, &haystack, 400, 0.5, 7, KvType::F16, 128, &full).unwrap();
+    let settings = CellSettings {
+        kv: KvType::F16,
+        batch_size: 128,
+        attention: sparrow::attention::AttentionChoice::default(),
+    };
+    let r = run_cell(&engine, &haystack, 400, 0.5, 7, &settings).unwrap();
     assert!(
         r.found,
         "the model missed an easy needle: {:?} vs {}",

@@ -171,17 +171,33 @@ pub struct NeedleResult {
     pub prefill_seconds: f64,
 }
 
-/// Ask the model for the needle in one document.
+/// How the model runs each cell: the same for every cell of a grid.
+#[derive(Clone, Debug)]
+pub struct CellSettings {
+    /// KV cache element type.
+    pub kv: KvType,
+    /// Prompt tokens per prefill batch.
+    pub batch_size: usize,
+    /// The attention backend the state uses.
+    pub attention: AttentionChoice,
+}
+
+/// Ask the model for the needle (chosen by `seed`) hidden at `depth` of a `length`-token
+/// document.
 pub fn run_cell(
     engine: &Engine,
     haystack: &str,
     length: usize,
     depth: f64,
     seed: u64,
-    kv: KvType,
-    batch_size: usize,
-    attention: &AttentionChoice,
+    settings: &CellSettings,
 ) -> Result<NeedleResult> {
+    let CellSettings {
+        kv,
+        batch_size,
+        attention,
+    } = settings;
+    let (kv, batch_size) = (*kv, *batch_size);
     let needle = Needle::new(seed);
     let (doc, _) = build_document(engine, haystack, &needle, length, depth)?;
     let user = format!("{doc}\n\n{}", needle.question);
