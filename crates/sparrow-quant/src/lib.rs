@@ -41,6 +41,8 @@
 
 mod error;
 pub mod formats;
+#[doc(hidden)]
+pub mod gemm;
 pub mod kernels;
 mod matrix;
 pub mod q8;
@@ -50,7 +52,7 @@ mod x86;
 
 pub use error::QuantError;
 pub use kernels::{Kernels, SimdLevel};
-pub use matrix::{matmul, matmul_f32, matvec, matvec_f32, QMatrix};
+pub use matrix::{matmul, matmul_at_level, matmul_f32, matvec, matvec_f32, QMatrix};
 pub use types::GgmlType;
 
 /// The kernels for `ty`, or [`QuantError::Unsupported`].

@@ -1,10 +1,12 @@
 //! A validated view of a 2-D weight tensor and its (multi-threaded) products with
 //! activations.
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
 use crate::q8::{Q8Dot, Q8KActs, Q8_0Acts};
-use crate::{kernels_for, GgmlType, QuantError};
+use crate::{kernels_for, GgmlType, Kernels, QuantError, SimdLevel};
 
 /// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).
 ///
@@ -174,19 +176,34 @@ fn matvec_with(m: &QMatrix<'_>, x: &[f32], out: &mut [f32], acts: Acts) -> Resul
     check_len("x", m.cols, x.len())?;
     check_len("out", m.rows, out.len())?;
     match (acts, k.dot_q8) {
-        (Acts::Int8, Some(Q8Dot::Q8_0(f))) => {
-            let a = Q8_0Acts::new(x);
-            let a = a.as_slice();
+        (Acts::Int8, Some(Q8Dot::Q8_0(f))) => with_scratch(|s| {
+            s.0.quantize_from(x);
+            let a = s.0.as_slice();
             for_rows(m, out, |row| f(row, a));
-        }
-        (Acts::Int8, Some(Q8Dot::Q8K(f))) => {
-            let a = Q8KActs::new(x);
-            let a = a.as_slice();
+        }),
+        (Acts::Int8, Some(Q8Dot::Q8K(f))) => with_scratch(|s| {
+            s.1.quantize_from(x);
+            let a = s.1.as_slice();
             for_rows(m, out, |row| f(row, a));
-        }
+        }),
         _ => for_rows(m, out, |row| (k.dot)(row, x)),
     }
     Ok(())
+}
+
+thread_local! {
+    /// Per-thread activation buffers for [`matvec`], so the token path does not allocate
+    /// once they have grown to the model's widths.
+    static SCRATCH: RefCell<(Q8_0Acts, Q8KActs)> = RefCell::default();
+}
+
+/// Runs `f` with this thread's activation scratch, or fresh buffers if it is in use (a
+/// `matvec` nested inside another on the same thread, e.g. through rayon work stealing).
+fn with_scratch(f: impl FnOnce(&mut (Q8_0Acts, Q8KActs))) {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut Default::default()),
+    })
 }
 
 /// `out = m * x`: `out[r] = dot_q8(row r, x)` for every row, `x.len() == m.cols()`,
@@ -212,21 +229,42 @@ pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), Qua
 /// `out[t*rows + r] = dot_q8(row r, x_t)`. `n_tokens` is `xs.len() / m.cols()`; `out` must
 /// hold `n_tokens * m.rows()`.
 ///
-/// Unlike calling [`matvec`] per token, each weight row is fetched from memory once per
-/// batch and then dotted against every token while it sits in L1: for prompt processing
-/// this divides weight traffic by the batch size. Each token's activations are quantized
-/// once, as in [`matvec`], and results equal [`crate::dot_q8`] exactly.
+/// Each token's activations are quantized once, as in [`matvec`]. Where the active level
+/// has a panel kernel (AVX-512 VNNI) and the batch has at least 6 tokens, the weights are
+/// decoded 32 rows at a time and every token runs through the decoded panel (see
+/// [`crate::gemm`]): the integer sums equal [`crate::dot_q8`]'s, the per-group f32 scaling
+/// is ordered differently, so results agree with it to f32 rounding. Otherwise each weight
+/// row is dotted against every token while it sits in L1, and results equal
+/// [`crate::dot_q8`] exactly.
 pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
-    matmul_with(m, xs, out, Acts::Int8)
+    matmul_with(m, xs, out, Acts::Int8, kernels_for(m.ty)?)
+}
+
+/// [`matmul`] with the kernels of `level` rather than the active one (for tests and
+/// benchmarks). [`QuantError::Unsupported`] if the level is not supported here.
+#[doc(hidden)]
+pub fn matmul_at_level(
+    level: SimdLevel,
+    m: &QMatrix<'_>,
+    xs: &[f32],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let k = Kernels::for_level(m.ty, level).ok_or(QuantError::Unsupported(m.ty))?;
+    matmul_with(m, xs, out, Acts::Int8, k)
 }
 
 /// [`matmul`] with f32 activations throughout: results equal [`crate::dot`] exactly.
 pub fn matmul_f32(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
-    matmul_with(m, xs, out, Acts::F32)
+    matmul_with(m, xs, out, Acts::F32, kernels_for(m.ty)?)
 }
 
-fn matmul_with(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32], acts: Acts) -> Result<(), QuantError> {
-    let k = kernels_for(m.ty)?;
+fn matmul_with(
+    m: &QMatrix<'_>,
+    xs: &[f32],
+    out: &mut [f32],
+    acts: Acts,
+    k: &Kernels,
+) -> Result<(), QuantError> {
     let n_tokens = if m.cols > 0 {
         if !xs.len().is_multiple_of(m.cols) {
             return Err(QuantError::LenMismatch {
@@ -255,6 +293,12 @@ fn matmul_with(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32], acts: Acts) -> Resu
     }
     if m.cols == 0 {
         out.fill(0.0);
+        return Ok(());
+    }
+    if acts == Acts::Int8
+        && k.dot_q8.is_some()
+        && crate::gemm::matmul_panels(k.level, m, &xs[..n_tokens * m.cols], n_tokens, out)
+    {
         return Ok(());
     }
     let tokens = || xs.chunks_exact(m.cols).take(n_tokens);

@@ -37,6 +37,15 @@ pub const Q8K_BLOCK: usize = 256;
 /// Elements per Q8_K partial sum (`bsums`).
 pub const Q8K_BSUM: usize = 16;
 
+/// `v.round_ties_even()` for `|v| < 2^22` (and NaN for NaN), without a libm call: adding
+/// and subtracting `1.5 * 2^23` rounds to an integer in the default (ties-to-even) mode.
+/// Quantizers only pass values in `-127..=127` (up to rounding).
+#[inline(always)]
+fn round_small(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    (v + MAGIC) - MAGIC
+}
+
 /// An activation vector quantized to Q8_0 blocks of 32 (see the module docs).
 #[derive(Clone, Debug, Default)]
 pub struct Q8_0Acts {
@@ -102,7 +111,7 @@ impl Q8_0Acts {
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             let mut sum = 0i32;
             for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = (v * id).round_ties_even() as i8;
+                *q = round_small(v * id) as i8;
                 sum += *q as i32;
             }
             self.d.push(half::f16::from_f32(d).to_f32());
@@ -186,7 +195,7 @@ impl Q8KActs {
             }
             let iscale = -127.0 / max;
             for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = (iscale * v).round_ties_even().min(127.0) as i8;
+                *q = round_small(iscale * v).min(127.0) as i8;
             }
             for q16 in qb.chunks_exact(Q8K_BSUM) {
                 self.bsums.push(q16.iter().map(|&q| q as i16).sum::<i16>());
@@ -298,10 +307,10 @@ pub fn act_error_bound(act: GgmlType, w: &[f32], x: &[f32]) -> f64 {
 // SIMD kernels use, then the integer products are summed exactly in i32 and scaled once.
 
 /// A legacy block as integers: `w_i = d * q_i + m`.
-struct LegacyInts {
-    d: f32,
-    m: f32,
-    q: [i8; 32],
+pub(crate) struct LegacyInts {
+    pub(crate) d: f32,
+    pub(crate) m: f32,
+    pub(crate) q: [i8; 32],
 }
 
 #[inline(always)]
@@ -319,7 +328,7 @@ fn nib5(qs: &[u8], qh: Option<u32>, off: i32) -> [i8; 32] {
     q
 }
 
-fn legacy_ints(ty: GgmlType, b: &[u8]) -> LegacyInts {
+pub(crate) fn legacy_ints(ty: GgmlType, b: &[u8]) -> LegacyInts {
     let qh = |o: usize| Some(u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]));
     let (m, q) = match ty {
         GgmlType::Q4_0 => (0.0, nib5(&b[2..18], None, 8)),
@@ -395,12 +404,12 @@ pub fn q8_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
 
 /// A k-quant super-block as integers: per 16-element group `g`,
 /// `w_i = d * sc[g] * q_i - dmin * m[g]`.
-struct KInts {
-    d: f32,
-    dmin: f32,
-    q: [i8; 256],
-    sc: [i32; 16],
-    m: [i32; 16],
+pub(crate) struct KInts {
+    pub(crate) d: f32,
+    pub(crate) dmin: f32,
+    pub(crate) q: [i8; 256],
+    pub(crate) sc: [i32; 16],
+    pub(crate) m: [i32; 16],
 }
 
 /// The 6-bit scales and minimums of Q4_K/Q5_K (see `formats::kquants`).
@@ -428,7 +437,7 @@ pub(crate) fn q3_k_scales(sb: &[u8]) -> [i8; 16] {
     out
 }
 
-fn k_ints(ty: GgmlType, b: &[u8]) -> KInts {
+pub(crate) fn k_ints(ty: GgmlType, b: &[u8]) -> KInts {
     let mut k = KInts {
         d: 0.0,
         dmin: 0.0,

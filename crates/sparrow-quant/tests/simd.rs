@@ -313,3 +313,68 @@ fn activation_quantizers_follow_ggml() {
         .iter()
         .all(|&v| v == 0.0));
 }
+
+/// Batched products (`matmul`, which decodes weight panels once per batch where a level
+/// has a panel kernel) at every level, and the portable panel reference, against the
+/// scalar int8 kernel row by row. Shapes cover a partial last panel (37 rows), token tiles
+/// of 4 plus a remainder (9 tokens) and the small-batch fallback (2 tokens). The integer
+/// sums are exact; the f32 work per group differs in order, so the tolerance is the
+/// int8-vs-int8 one with one term per scale group (16 elements).
+#[test]
+fn batched_matmul_matches_scalar_int8_for_every_format_and_level() {
+    use sparrow_quant::{gemm::matmul_panels_scalar, matmul_at_level, QMatrix};
+    let mut rng = Rng::new(24);
+    for &ty in SUPPORTED {
+        let Some(slow) = Kernels::scalar(ty).unwrap().dot_q8 else {
+            continue;
+        };
+        let cols = 2 * ty.block_elems().max(32) * if ty.block_elems() == 32 { 3 } else { 1 };
+        let rows = 37;
+        let mut data = Vec::new();
+        for _ in 0..rows {
+            data.extend(edge_row(&mut rng, ty, cols));
+        }
+        let m = QMatrix::new(ty, &data, rows, cols).unwrap();
+        for n_tokens in [9, 2] {
+            let xs: Vec<f32> = (0..n_tokens)
+                .flat_map(|_| activations(&mut rng, cols))
+                .collect();
+            let tol = |r: usize, t: usize| {
+                let x = &xs[t * cols..(t + 1) * cols];
+                let xdq = if slow.act_type() == GgmlType::Q8_0 {
+                    Q8_0Acts::new(x).dequantize()
+                } else {
+                    Q8KActs::new(x).dequantize()
+                };
+                4.0 * ((cols / 16) as f64 + 16.0) * EPS * split_magnitude(ty, m.row(r), &xdq)
+            };
+            let want: Vec<f64> = (0..n_tokens * rows)
+                .map(|i| {
+                    let (t, r) = (i / rows, i % rows);
+                    slow.quantize_and_dot(m.row(r), &xs[t * cols..(t + 1) * cols]) as f64
+                })
+                .collect();
+            let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
+            for level in SimdLevel::supported() {
+                let mut out = vec![f32::NAN; n_tokens * rows];
+                matmul_at_level(level, &m, &xs, &mut out).unwrap();
+                runs.push((format!("{level:?}"), out));
+            }
+            let mut out = vec![f32::NAN; n_tokens * rows];
+            assert!(matmul_panels_scalar(&m, &xs, &mut out));
+            runs.push(("panel reference".into(), out));
+            for (name, out) in &runs {
+                for (i, &got) in out.iter().enumerate() {
+                    let (t, r) = (i / rows, i % rows);
+                    let d = (got as f64 - want[i]).abs();
+                    assert!(
+                        d <= tol(r, t),
+                        "{ty} {name} n={n_tokens} row {r} token {t}: {got:e} vs {:e}, tol {:e}",
+                        want[i],
+                        tol(r, t)
+                    );
+                }
+            }
+        }
+    }
+}

@@ -37,20 +37,26 @@ fn join(a: __m256i, b: __m256i) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
 }
 
-/// Eight lanes of `a` then eight of `b`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn join_ps(a: f32, b: f32) -> __m512 {
-    let lo = _mm512_castps256_ps512(_mm256_set1_ps(a));
-    let hi = _mm256_castps_pd(_mm256_set1_ps(b));
-    _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(lo), hi, 1))
-}
-
-/// `v` in lane 0 and `w` in lane 8 of an otherwise zero vector.
+/// `v` in lane 0 and `w` in lane 8 of an otherwise zero vector (one move and one expand).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn lanes_0_8(v: i32, w: i32) -> __m512i {
-    join(avx2::lane0(v), avx2::lane0(w))
+    let pair = (v as u32 as u64 | (w as u32 as u64) << 32) as i64;
+    _mm512_maskz_expand_epi32(0x0101, _mm512_castsi128_si512(_mm_cvtsi64_si128(pair)))
+}
+
+/// Eight lanes of `f16(b[o0..]) * d[0]`, then eight of `f16(b[o1..]) * d[1]`: both scales
+/// widened by one `vcvtph2ps`, multiplied as a pair, spread by one permute.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+fn scale_pair(b: &[u8], o0: usize, o1: usize, d: &[f32]) -> __m512 {
+    let h0 = u16::from_le_bytes([b[o0], b[o0 + 1]]) as u32;
+    let h1 = u16::from_le_bytes([b[o1], b[o1 + 1]]) as u32;
+    let w = _mm_cvtph_ps(_mm_cvtsi32_si128((h0 | h1 << 16) as i32));
+    let dx = (d[0].to_bits() as u64 | (d[1].to_bits() as u64) << 32) as i64;
+    let s = _mm_mul_ps(w, _mm_castsi128_ps(_mm_cvtsi64_si128(dx)));
+    let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s))
 }
 
 // ---- f32 activations --------------------------------------------------------------------
@@ -138,7 +144,7 @@ pub(crate) fn q8_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
         let u = _mm512_xor_si512(w, flip); // w + 128 as unsigned
         let init = lanes_0_8(-128 * s[0], -128 * s[1]);
         let p = _mm512_dpbusd_epi32(init, u, ld64i(xq));
-        let dv = join_ps(avx2::f16s(b, 0) * d[0], avx2::f16s(b, 34) * d[1]);
+        let dv = scale_pair(b, 0, 34, d);
         acc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(p), acc);
     }
     let mut s = _mm512_reduce_add_ps(acc);
@@ -167,16 +173,16 @@ pub(crate) fn q5_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
         .zip(x.d.chunks_exact(2))
         .zip(x.sum.chunks_exact(2))
     {
-        // 128-bit lanes [qs0, qs1, qs0 >> 4, qs1 >> 4] -> [lo0, hi0, lo1, hi1]
-        let qs = _mm256_set_m128i(ld16(&b[28..]), ld16(&b[6..]));
-        let both = join(qs, _mm256_srli_epi16(qs, 4));
-        let q = _mm512_and_si512(_mm512_shuffle_i64x2(both, both, 0b11_01_10_00), m4);
+        // 128-bit lanes [qs0, qs0, qs1, qs1], odd lanes shifted -> [lo0, hi0, lo1, hi1]
+        let qs = _mm512_castsi256_si512(_mm256_set_m128i(ld16(&b[28..]), ld16(&b[6..])));
+        let v = _mm512_shuffle_i64x2(qs, qs, 0b01_01_00_00);
+        let q = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xFF00_FF00, v, 4), m4);
         let qh0 = u32::from_le_bytes([b[2], b[3], b[4], b[5]]) as u64;
         let qh1 = u32::from_le_bytes([b[24], b[25], b[26], b[27]]) as u64;
         let q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(qh0 | qh1 << 32, b4));
         let init = lanes_0_8(-16 * s[0], -16 * s[1]);
         let p = _mm512_dpbusd_epi32(init, q, ld64i(xq));
-        let dv = join_ps(avx2::f16s(b, 0) * d[0], avx2::f16s(b, 22) * d[1]);
+        let dv = scale_pair(b, 0, 22, d);
         acc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(p), acc);
     }
     let mut s = _mm512_reduce_add_ps(acc);

@@ -8,6 +8,7 @@
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+pub(crate) mod gemm;
 
 use crate::formats::{float, kquants, legacy};
 use crate::kernels::{Kernels, SimdLevel};

@@ -1,0 +1,101 @@
+//! Rough timing of `matvec` / `matmul` on Qwen2.5-0.5B-shaped random matrices:
+//! `cargo run --release -p sparrow-quant --example kernel_speed [threads]`.
+//! Prints GB/s of weights for matvec (decode) and GMAC/s for matmul (prefill).
+
+use std::time::Instant;
+
+use sparrow_quant::{matmul, matvec, GgmlType, QMatrix};
+
+fn rng_bytes(n: usize, seed: &mut u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed as u8
+        })
+        .collect()
+}
+
+/// Random blocks with small finite f16 scales at every f16 field.
+fn weights(ty: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
+    let mut b = rng_bytes(rows * cols / ty.block_elems() * ty.block_bytes(), seed);
+    let fields: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    };
+    let h = half::f16::from_f32(0.01).to_le_bytes();
+    for blk in b.chunks_exact_mut(ty.block_bytes()) {
+        for &f in fields {
+            blk[f..f + 2].copy_from_slice(&h);
+        }
+    }
+    b
+}
+
+fn main() {
+    let threads: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let shapes = [
+        (GgmlType::Q5_0, 896, 896),
+        (GgmlType::Q5_0, 4864, 896),
+        (GgmlType::Q8_0, 4864, 896),
+        (GgmlType::Q4_K, 896, 4864),
+        (GgmlType::Q6_K, 896, 4864),
+    ];
+    println!(
+        "level {:?}, {threads} threads",
+        sparrow_quant::SimdLevel::active()
+    );
+    for (ty, rows, cols) in shapes {
+        let w = weights(ty, rows, cols, &mut seed);
+        let m = QMatrix::new(ty, &w, rows, cols).unwrap();
+        let x: Vec<f32> = (0..cols)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        let mut out = vec![0f32; rows];
+        let reps = 200;
+        pool.install(|| {
+            for _ in 0..10 {
+                matvec(&m, &x, &mut out).unwrap();
+            }
+        });
+        let t = Instant::now();
+        pool.install(|| {
+            for _ in 0..reps {
+                matvec(&m, &x, &mut out).unwrap();
+            }
+        });
+        let s = t.elapsed().as_secs_f64() / reps as f64;
+        let gbs = w.len() as f64 / s / 1e9;
+        let n = 512;
+        let xs: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        let mut outs = vec![0f32; n * rows];
+        pool.install(|| matmul(&m, &xs, &mut outs).unwrap());
+        let t = Instant::now();
+        let mreps = 3;
+        pool.install(|| {
+            for _ in 0..mreps {
+                matmul(&m, &xs, &mut outs).unwrap();
+            }
+        });
+        let sm = t.elapsed().as_secs_f64() / mreps as f64;
+        let gmacs = (rows * cols * n) as f64 / sm / 1e9;
+        println!(
+            "{ty:?} {rows}x{cols}: matvec {:.1} us ({gbs:.1} GB/s)  matmul x{n}: {:.1} ms ({gmacs:.1} GMAC/s)",
+            s * 1e6,
+            sm * 1e3
+        );
+    }
+}

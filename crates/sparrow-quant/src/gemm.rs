@@ -1,0 +1,304 @@
+//! Batched products (prefill) as matrix-matrix: weight panels decoded once per batch.
+//!
+//! [`crate::matmul`] with many tokens spends its time in integer multiply-accumulates, not
+//! in memory traffic, so the per-row kernels (which unpack every weight block once per
+//! token) waste most of the core on shuffles and per-block scaling. Here instead:
+//!
+//! 1. The activations of every token are quantized once (Q8_0 or Q8_K, exactly as the
+//!    per-row path does) and regrouped per scale group `G` (32 elements for the legacy
+//!    formats, 16 for the k-quants): quants, the f32 scale `dx`, `-128 * sum(quants)` and
+//!    `dx * sum(quants)`.
+//! 2. The weight rows are decoded [`PANEL`] (32) rows at a time to signed integers plus one
+//!    f32 factor `dw` (and, for formats with minimums, an offset `mw`) per group, so that
+//!    `w_i = dw * s_i + mw`, and stored interleaved: for every 4 consecutive columns, the 4
+//!    bytes of row 0, then row 1, ... (each as `s + 128`, unsigned). One 64-byte register
+//!    then holds 4 columns of 16 rows.
+//! 3. A micro-kernel runs every token of the batch through the decoded panel, 4 tokens at a
+//!    time: per 4 columns, one 32-bit broadcast of each token's 4 activation bytes and one
+//!    `vpdpbusd` per 16 rows accumulate 16 rows' integer dots at once; per group, one
+//!    conversion and two float operations apply `dw * dx` to all 16 rows. The `+128` added
+//!    to the weights is removed exactly by starting each group's integer sum at
+//!    `-128 * sum(x)`.
+//!
+//! Each weight byte is thus unpacked once per batch rather than once per token, and the
+//! per-group float work is shared by 16 rows. The integer part of every group equals the
+//! scalar reference's exactly; only the order of the few f32 operations per group differs,
+//! so results agree with [`crate::dot_q8`] to f32 rounding (not bit for bit).
+
+use rayon::prelude::*;
+
+use crate::q8::{k_ints, legacy_ints, Q8KActs, Q8_0Acts, Q8K_BLOCK, Q8_0_BLOCK};
+use crate::{GgmlType, QMatrix, SimdLevel};
+
+/// Rows decoded together (two 16-lane registers).
+pub(crate) const PANEL: usize = 32;
+
+/// Fewest tokens for which decoding panels pays off against the per-row kernels.
+pub(crate) const MIN_TOKENS: usize = 6;
+
+/// How a weight format maps onto groups.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    /// Elements per scale group (32 legacy, 16 k-quants).
+    pub(crate) g: usize,
+    /// Whether `w = dw * s + mw` has a non-zero `mw`.
+    pub(crate) mins: bool,
+    /// Legacy (Q8_0 activations) or k-quant (Q8_K activations).
+    pub(crate) legacy: bool,
+}
+
+/// The panel layout of `ty`, if it has one (every quantized format with an int8 kernel).
+pub(crate) fn layout(ty: GgmlType) -> Option<Layout> {
+    use GgmlType::*;
+    let (legacy, mins) = match ty {
+        Q4_0 | Q5_0 | Q8_0 => (true, false),
+        Q4_1 | Q5_1 => (true, true),
+        Q3_K | Q6_K | Q8_K => (false, false),
+        Q2_K | Q4_K | Q5_K => (false, true),
+        _ => return None,
+    };
+    Some(Layout {
+        g: if legacy { 32 } else { 16 },
+        mins,
+        legacy,
+    })
+}
+
+/// The quantized activations of a batch, per token and group (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct BatchActs {
+    /// Elements per token.
+    pub(crate) cols: usize,
+    /// Groups per token.
+    pub(crate) groups: usize,
+    /// Quants (as raw bytes of `i8`), `cols` per token.
+    pub(crate) qs: Vec<u8>,
+    /// Activation scale per group.
+    pub(crate) dx: Vec<f32>,
+    /// `-128 * sum(quants)` per group.
+    pub(crate) negc: Vec<i32>,
+    /// `dx * sum(quants)` per group.
+    pub(crate) xs: Vec<f32>,
+}
+
+impl BatchActs {
+    /// Quantizes the `n` rows of `xs` (`cols` each) as the per-row kernels of a format of
+    /// `lay` would, in parallel over tokens.
+    pub(crate) fn new(lay: Layout, xs: &[f32], cols: usize, n: usize) -> Self {
+        let groups = cols / lay.g;
+        let mut a = BatchActs {
+            cols,
+            groups,
+            qs: vec![0; n * cols],
+            dx: vec![0.0; n * groups],
+            negc: vec![0; n * groups],
+            xs: vec![0.0; n * groups],
+        };
+        a.qs.par_chunks_mut(cols)
+            .zip(a.dx.par_chunks_mut(groups))
+            .zip(a.negc.par_chunks_mut(groups))
+            .zip(a.xs.par_chunks_mut(groups))
+            .zip(xs.par_chunks_exact(cols))
+            .for_each_init(
+                || (Q8_0Acts::default(), Q8KActs::default()),
+                |(a0, ak), ((((qs, dx), negc), sx), x)| {
+                    let mut put = |gi: usize, d: f32, sum: i32| {
+                        dx[gi] = d;
+                        negc[gi] = -128 * sum;
+                        sx[gi] = d * sum as f32;
+                    };
+                    if lay.legacy {
+                        a0.quantize_from(x);
+                        let s = a0.as_slice();
+                        for (q, &v) in qs.iter_mut().zip(s.qs) {
+                            *q = v as u8;
+                        }
+                        for b in 0..cols / Q8_0_BLOCK {
+                            put(b, s.d[b], s.sum[b]);
+                        }
+                    } else {
+                        ak.quantize_from(x);
+                        let s = ak.as_slice();
+                        for (q, &v) in qs.iter_mut().zip(s.qs) {
+                            *q = v as u8;
+                        }
+                        for (gi, &bs) in s.bsums.iter().enumerate() {
+                            put(gi, s.d[gi * 16 / Q8K_BLOCK], bs as i32);
+                        }
+                    }
+                },
+            );
+        a
+    }
+}
+
+/// [`PANEL`] weight rows decoded for the micro-kernel (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct Panel {
+    /// `s + 128` per weight; 4 columns of row 0, of row 1, ..., then the next 4 columns.
+    pub(crate) q: Vec<u8>,
+    /// `dw` per group: [`PANEL`] rows per group.
+    pub(crate) dw: Vec<f32>,
+    /// `mw` per group (empty for formats without minimums).
+    pub(crate) mw: Vec<f32>,
+}
+
+impl Panel {
+    /// Decodes rows `r0 .. r0 + PANEL` of `m` (whose type has layout `lay`).
+    pub(crate) fn decode(&mut self, lay: Layout, m: &QMatrix<'_>, r0: usize) {
+        let cols = m.cols();
+        let groups = cols / lay.g;
+        self.q.resize(cols * PANEL, 0);
+        self.dw.resize(groups * PANEL, 0.0);
+        self.mw
+            .resize(if lay.mins { groups * PANEL } else { 0 }, 0.0);
+        let ty = m.ty();
+        let bb = ty.block_bytes();
+        for r in 0..PANEL {
+            if r0 + r >= m.rows() {
+                // padding rows of the last panel: zero weights
+                for j in 0..cols / 4 {
+                    self.q[(j * PANEL + r) * 4..][..4].fill(0x80);
+                }
+                for gi in 0..groups {
+                    self.dw[gi * PANEL + r] = 0.0;
+                    if lay.mins {
+                        self.mw[gi * PANEL + r] = 0.0;
+                    }
+                }
+                continue;
+            }
+            let row = m.row(r0 + r);
+            if lay.legacy {
+                for (bi, b) in row.chunks_exact(bb).enumerate() {
+                    let w = legacy_ints(ty, b);
+                    put_q(&mut self.q, r, bi * 32, &w.q);
+                    self.dw[bi * PANEL + r] = w.d;
+                    if lay.mins {
+                        self.mw[bi * PANEL + r] = w.m;
+                    }
+                }
+            } else {
+                for (bi, b) in row.chunks_exact(bb).enumerate() {
+                    let k = k_ints(ty, b);
+                    put_q(&mut self.q, r, bi * 256, &k.q);
+                    for g in 0..16 {
+                        let gi = bi * 16 + g;
+                        self.dw[gi * PANEL + r] = k.d * k.sc[g] as f32;
+                        if lay.mins {
+                            self.mw[gi * PANEL + r] = -(k.dmin * k.m[g] as f32);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Stores the signed quants `q` of row `r`, starting at column `c0`, into the interleaved
+/// panel (offset by 128).
+#[inline]
+fn put_q(panel: &mut [u8], r: usize, c0: usize, q: &[i8]) {
+    for (j, c4) in q.chunks_exact(4).enumerate() {
+        let base = ((c0 / 4 + j) * PANEL + r) * 4;
+        let dst = &mut panel[base..base + 4];
+        for (d, &s) in dst.iter_mut().zip(c4) {
+            *d = (s as u8) ^ 0x80;
+        }
+    }
+}
+
+/// Runs all `n` tokens of `a` through the decoded panel `p`; `res[t * PANEL + r]` receives
+/// row `r`'s output for token `t`. Portable reference of the SIMD micro-kernel.
+pub(crate) fn panel_scalar(lay: Layout, p: &Panel, a: &BatchActs, n: usize, res: &mut [f32]) {
+    let (g, ng, cols) = (lay.g, a.groups, a.cols);
+    for t in 0..n {
+        for r in 0..PANEL {
+            let mut acc = 0f32;
+            for gi in 0..ng {
+                let mut isum = a.negc[t * ng + gi];
+                for c in gi * g..(gi + 1) * g {
+                    let w = p.q[((c / 4) * PANEL + r) * 4 + c % 4] as i32;
+                    isum += w * (a.qs[t * cols + c] as i8) as i32;
+                }
+                acc += isum as f32 * (p.dw[gi * PANEL + r] * a.dx[t * ng + gi]);
+                if lay.mins {
+                    acc += p.mw[gi * PANEL + r] * a.xs[t * ng + gi];
+                }
+            }
+            res[t * PANEL + r] = acc;
+        }
+    }
+}
+
+/// A panel micro-kernel: `res[t * PANEL + r]` for every token `t` of the batch and every
+/// row `r` of the panel.
+type PanelKernel = fn(Layout, &Panel, &BatchActs, usize, &mut [f32]);
+
+/// The panel micro-kernel of `level`, if it has one.
+fn panel_kernel(level: SimdLevel) -> Option<PanelKernel> {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 if level.is_supported() => Some(crate::x86::gemm::panel_avx512),
+        _ => None,
+    }
+}
+
+/// `out[t * rows + r]` for every token and every row, through panels, if `level` has a
+/// panel kernel for `m`'s type and the batch is big enough; `false` (nothing written)
+/// otherwise. `xs` holds `n` rows of `m.cols()` elements; `out` holds `n * m.rows()`.
+pub(crate) fn matmul_panels(
+    level: SimdLevel,
+    m: &QMatrix<'_>,
+    xs: &[f32],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    let (Some(lay), Some(kernel)) = (layout(m.ty()), panel_kernel(level)) else {
+        return false;
+    };
+    if n < MIN_TOKENS || m.cols() == 0 {
+        return false;
+    }
+    run_panels(lay, kernel, m, xs, n, out);
+    true
+}
+
+/// As [`matmul_panels`] with the portable micro-kernel (for tests).
+#[doc(hidden)]
+pub fn matmul_panels_scalar(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> bool {
+    let Some(lay) = layout(m.ty()) else {
+        return false;
+    };
+    let n = xs.len() / m.cols();
+    run_panels(lay, panel_scalar, m, xs, n, out);
+    true
+}
+
+fn run_panels(
+    lay: Layout,
+    kernel: PanelKernel,
+    m: &QMatrix<'_>,
+    xs: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let rows = m.rows();
+    let acts = BatchActs::new(lay, xs, m.cols(), n);
+    let n_panels = rows.div_ceil(PANEL);
+    let parts: Vec<Vec<f32>> = (0..n_panels)
+        .into_par_iter()
+        .map_init(Panel::default, |p, pi| {
+            p.decode(lay, m, pi * PANEL);
+            let mut res = vec![0f32; n * PANEL];
+            kernel(lay, p, &acts, n, &mut res);
+            res
+        })
+        .collect();
+    // Scatter into token-major `out`, in parallel over tokens.
+    out.par_chunks_mut(rows).enumerate().for_each(|(t, o)| {
+        for (dst, part) in o.chunks_mut(PANEL).zip(&parts) {
+            dst.copy_from_slice(&part[t * PANEL..][..dst.len()]);
+        }
+    });
+}
