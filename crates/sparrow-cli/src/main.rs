@@ -2,11 +2,14 @@
 //! is the same, so users' habits carry over.
 
 mod bench;
+mod chat;
 mod eval;
 mod memory;
 mod models;
 mod perplexity;
+mod prompt_cache;
 mod run;
+mod serve;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +39,10 @@ enum Command {
     Eval(eval::EvalCommand),
     /// Chunked perplexity of a text file, as llama-perplexity computes it.
     Perplexity(perplexity::PerplexityArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
+    /// Chat with the model in the terminal.
+    Chat(chat::ChatArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +53,8 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::bench(a),
         Command::Eval(c) => eval::eval(c),
         Command::Perplexity(a) => perplexity::perplexity(a),
+        Command::Serve(a) => serve::serve(a),
+        Command::Chat(a) => chat::chat(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,7 +2,7 @@
 
 use crate::{AttnArgs, ModelArgs, PromptArgs};
 use indicatif::{ProgressBar, ProgressStyle};
-use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
+use sparrow::{ChatMessage, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
 use std::io::{IsTerminal, Write};
 use std::ops::ControlFlow;
 
@@ -71,6 +71,13 @@ pub struct RunArgs {
     /// KV cache type for values (f16 or f32); must equal the key type for now.
     #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
     cache_type_v: KvType,
+    /// Constrain the output to a JSON object.
+    #[arg(long = "json")]
+    json: bool,
+    /// Restore the prompt's KV state from FILE when it holds a prefix of the prompt, and
+    /// save it there after the run.
+    #[arg(long = "prompt-cache")]
+    prompt_cache: Option<std::path::PathBuf>,
 }
 
 /// Build the global thread pool that all kernels run on.
@@ -189,11 +196,15 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         let _ = out.flush();
     }
     let mut progress = PromptProgress::new(ids.len(), a.batch_size);
-    let stats = generate(
-        &engine.model,
-        &engine.tokenizer,
+    let restored = match &a.prompt_cache {
+        Some(p) => crate::prompt_cache::restore(p, &engine, &mut state, &ids),
+        None => 0,
+    };
+    let stats = crate::prompt_cache::generate_maybe_json(
+        a.json,
+        &engine,
         &mut state,
-        &ids,
+        &ids[restored..],
         &mut sampler,
         &opts,
         |done, total| progress.update(done, total),
@@ -204,6 +215,9 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         },
     )
     .map_err(|e| e.to_string())?;
+    if let Some(p) = &a.prompt_cache {
+        crate::prompt_cache::save(p, &engine, &state, &ids, restored);
+    }
     let _ = writeln!(out);
     eprintln!();
     eprintln!(

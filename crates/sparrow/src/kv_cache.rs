@@ -138,6 +138,120 @@ impl KvCache {
     }
 }
 
+/// Export and import of the first positions (prompt cache files, prefix reuse). Added for the
+/// serving issue; nothing above depends on it.
+impl KvCache {
+    /// Bytes of one element (2 for f16, 4 for f32).
+    pub fn elem_bytes(&self) -> usize {
+        match self.ty {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+
+    /// Bytes [`KvCache::export_prefix`] produces for `n` positions.
+    pub fn prefix_bytes(&self, n: usize) -> usize {
+        2 * self.n_layer * n * self.kv_dim * self.elem_bytes()
+    }
+
+    /// Keys then values of positions `0..n`, layer by layer, as little-endian raw elements
+    /// of the cache type.
+    pub fn export_prefix(&self, n: usize) -> Vec<u8> {
+        assert!(n <= self.n_ctx, "export beyond the cache");
+        let mut out = Vec::with_capacity(self.prefix_bytes(n));
+        for l in 0..self.n_layer {
+            let r = l * self.n_ctx * self.kv_dim..(l * self.n_ctx + n) * self.kv_dim;
+            for s in [&self.k, &self.v] {
+                match s {
+                    Store::F16(v) => v[r.clone()]
+                        .iter()
+                        .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+                    Store::F32(v) => v[r.clone()]
+                        .iter()
+                        .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+                }
+            }
+        }
+        out
+    }
+
+    /// Overwrite positions `0..n` from bytes made by [`KvCache::export_prefix`] of a cache
+    /// with the same type and shape.
+    pub fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
+        if n > self.n_ctx {
+            return Err(format!(
+                "{n} cached positions do not fit a context of {}",
+                self.n_ctx
+            ));
+        }
+        if bytes.len() != self.prefix_bytes(n) {
+            return Err(format!(
+                "KV data has {} bytes, expected {} for {n} positions",
+                bytes.len(),
+                self.prefix_bytes(n)
+            ));
+        }
+        let per = n * self.kv_dim * self.elem_bytes();
+        let mut chunks = bytes.chunks_exact(per.max(1));
+        for l in 0..self.n_layer {
+            let start = l * self.n_ctx * self.kv_dim;
+            for which in 0..2 {
+                let src = if per == 0 {
+                    &[][..]
+                } else {
+                    chunks.next().unwrap_or(&[])
+                };
+                let store = if which == 0 { &mut self.k } else { &mut self.v };
+                match store {
+                    Store::F16(v) => {
+                        for (d, c) in v[start..start + n * self.kv_dim]
+                            .iter_mut()
+                            .zip(src.chunks_exact(2))
+                        {
+                            *d = f16::from_le_bytes([c[0], c[1]]);
+                        }
+                    }
+                    Store::F32(v) => {
+                        for (d, c) in v[start..start + n * self.kv_dim]
+                            .iter_mut()
+                            .zip(src.chunks_exact(4))
+                        {
+                            *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copy positions `0..n` of every layer from `other` (same type and width).
+    pub fn copy_prefix_from(&mut self, other: &KvCache, n: usize) -> Result<(), String> {
+        if other.ty != self.ty || other.kv_dim != self.kv_dim || other.n_layer != self.n_layer {
+            return Err("KV caches of different shapes".into());
+        }
+        if n > self.n_ctx || n > other.n_ctx {
+            return Err("prefix longer than a cache".into());
+        }
+        for l in 0..self.n_layer {
+            let (a, b) = (l * self.n_ctx * self.kv_dim, l * other.n_ctx * other.kv_dim);
+            let len = n * self.kv_dim;
+            match (&mut self.k, &other.k, &mut self.v, &other.v) {
+                (Store::F16(dk), Store::F16(sk), Store::F16(dv), Store::F16(sv)) => {
+                    dk[a..a + len].copy_from_slice(&sk[b..b + len]);
+                    dv[a..a + len].copy_from_slice(&sv[b..b + len]);
+                }
+                (Store::F32(dk), Store::F32(sk), Store::F32(dv), Store::F32(sv)) => {
+                    dk[a..a + len].copy_from_slice(&sk[b..b + len]);
+                    dv[a..a + len].copy_from_slice(&sv[b..b + len]);
+                }
+                _ => return Err("KV caches of different types".into()),
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +269,29 @@ mod tests {
             assert_eq!(v, [4.0, 5.0, 6.0]);
             c.read_keys(0, 2, &mut k);
             assert_eq!(k, [0.0; 3]);
+        }
+    }
+
+    #[test]
+    fn prefix_export_import_round_trip() {
+        for ty in [KvType::F16, KvType::F32] {
+            let mut a = KvCache::new(ty, 2, 4, 3);
+            a.write(0, 0, &[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]);
+            a.write(1, 1, &[-1.0, -2.0, -3.0], &[0.5, 0.25, 0.125]);
+            a.write(1, 2, &[9.0; 3], &[9.0; 3]);
+            let bytes = a.export_prefix(2);
+            assert_eq!(bytes.len(), a.prefix_bytes(2));
+            let mut b = KvCache::new(ty, 2, 8, 3);
+            b.import_prefix(2, &bytes).unwrap();
+            let mut k = [0.0; 3];
+            b.read_keys(1, 1, &mut k);
+            assert_eq!(k, [-1.0, -2.0, -3.0]);
+            b.read_keys(1, 2, &mut k);
+            assert_eq!(k, [0.0; 3]);
+            assert!(b.import_prefix(3, &bytes).is_err());
+            let mut c = KvCache::new(ty, 2, 4, 3);
+            c.copy_prefix_from(&b, 2).unwrap();
+            assert_eq!(c.export_prefix(2), bytes);
         }
     }
 }

@@ -1,0 +1,207 @@
+//! `sparrow chat`: an interactive chat in the terminal with the model's chat template. The
+//! whole history is rendered each turn, and the KV cache keeps the prefix it shares with the
+//! previous turn, so only the new messages are prefilled. Ctrl-C stops the reply being
+//! generated and returns to the prompt; `/exit` or Ctrl-D ends the session, `/reset` clears
+//! the history.
+
+use crate::ModelArgs;
+use sparrow::grammar::{generate_json, JsonConstraint, JsonVocab, Root};
+use sparrow::prompt_cache::common_prefix;
+use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
+use std::io::{BufRead, Write};
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Arguments of `sparrow chat`.
+#[derive(clap::Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// System message.
+    #[arg(long = "system-prompt", short = 'S')]
+    system_prompt: Option<String>,
+    /// Context size in tokens.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    ctx_size: usize,
+    /// Most tokens per reply (-1: until the end of the turn).
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    n_predict: i64,
+    /// Threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    threads: Option<usize>,
+    /// Sampling temperature (0: greedy).
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temp: f32,
+    /// Top-k (0: off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    top_k: usize,
+    /// Top-p (1.0: off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    top_p: f32,
+    /// Min-p (0.0: off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    min_p: f32,
+    /// RNG seed (-1: random).
+    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
+    seed: i64,
+    /// Replies are JSON objects (constrained sampling).
+    #[arg(long = "json")]
+    json: bool,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+pub fn chat(a: ChatArgs) -> Result<(), String> {
+    let cfg = SamplerConfig {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        seed: if a.seed < 0 {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        } else {
+            a.seed as u64
+        },
+        ..SamplerConfig::default()
+    };
+    cfg.validate()?;
+    crate::run::init_threads(a.threads)?;
+    let path = a.model.resolve()?;
+    let engine = Engine::load(&path).map_err(|e| e.to_string())?;
+    let tmpl = engine
+        .chat_template
+        .as_ref()
+        .ok_or("this model has no chat template; use `sparrow run`")?;
+    let mut state = engine
+        .model
+        .new_state(a.ctx_size, KvType::F16)
+        .map_err(|e| e.to_string())?;
+    ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst))
+        .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
+    let json_vocab = a.json.then(|| Arc::new(JsonVocab::new(&engine.tokenizer)));
+    let mut sampler = Sampler::new(cfg);
+    let system: Vec<ChatMessage> = a
+        .system_prompt
+        .iter()
+        .map(|s| ChatMessage::new("system", s))
+        .collect();
+    let mut history = system.clone();
+    let mut cached: Vec<u32> = Vec::new();
+    eprintln!(
+        "sparrow chat: {} — Ctrl-C stops a reply, /reset clears the history, /exit or Ctrl-D quits",
+        path.display()
+    );
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        print!("> ");
+        let _ = std::io::stdout().flush();
+        STOP.store(false, Ordering::SeqCst);
+        let line = match lines.next() {
+            Some(Ok(l)) => l,
+            Some(Err(e)) => return Err(format!("cannot read the terminal: {e}")),
+            None => break,
+        };
+        let line = line.trim();
+        match line {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                history = system.clone();
+                eprintln!("(history cleared)");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(ChatMessage::new("user", line));
+        // Render; drop the oldest turns while the conversation does not fit.
+        let ids = loop {
+            let text = tmpl.render(&history, true).map_err(|e| e.to_string())?;
+            let ids = engine.tokenizer.encode(&text, true, true);
+            if ids.len() + 16 < a.ctx_size || history.len() <= system.len() + 1 {
+                break ids;
+            }
+            history.remove(system.len());
+        };
+        if ids.len() >= a.ctx_size {
+            eprintln!(
+                "(the message is too long for the context of {} tokens)",
+                a.ctx_size
+            );
+            history.pop();
+            continue;
+        }
+        let keep = common_prefix(&cached, &ids).min(ids.len() - 1);
+        state.truncate(keep);
+        let opts = GenerateOptions {
+            n_predict: (a.n_predict >= 0).then_some(a.n_predict as usize),
+            ignore_eos: false,
+            batch_size: 256,
+        };
+        let mut reply = String::new();
+        let mut generated = Vec::new();
+        let mut out = std::io::stdout();
+        let on_token = |id: Option<u32>, piece: &str| {
+            if let Some(id) = id {
+                generated.push(id);
+            }
+            reply.push_str(piece);
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+            if STOP.load(Ordering::SeqCst) {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        };
+        let result = match &json_vocab {
+            Some(v) => {
+                let mut c = JsonConstraint::new(v.clone(), Root::Object);
+                generate_json(
+                    &engine.model,
+                    &engine.tokenizer,
+                    &mut state,
+                    &ids[keep..],
+                    &mut sampler,
+                    &opts,
+                    &mut c,
+                    |_, _| {},
+                    on_token,
+                )
+            }
+            None => generate(
+                &engine.model,
+                &engine.tokenizer,
+                &mut state,
+                &ids[keep..],
+                &mut sampler,
+                &opts,
+                |_, _| {},
+                on_token,
+            ),
+        };
+        println!();
+        match result {
+            Ok(stats) => {
+                if stats.stop == sparrow::StopReason::Cancelled {
+                    eprintln!("(stopped)");
+                }
+                // The cache holds the prompt and every generated token but the last.
+                cached = ids.clone();
+                let fed = state.n_past().saturating_sub(ids.len());
+                cached.extend_from_slice(&generated[..fed.min(generated.len())]);
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                state.reset();
+                cached.clear();
+            }
+        }
+        history.push(ChatMessage::new("assistant", &reply));
+    }
+    Ok(())
+}

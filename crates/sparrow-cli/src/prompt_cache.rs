@@ -1,0 +1,111 @@
+//! `--prompt-cache FILE` and `--json` for `sparrow run`: restore a saved prompt prefix before
+//! the prefill, save the prompt's KV state after the run, and pick the JSON-constrained
+//! generation loop.
+
+use sparrow::grammar::{generate_json, JsonConstraint, JsonVocab, Root};
+use sparrow::prompt_cache::{self, common_prefix};
+use sparrow::{generate, Engine, GenerateOptions, GenerationStats, Sampler, State};
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Restore the longest usable prefix of `ids` from `path` into `state`; returns how many
+/// positions were restored (0 when the file is missing, refused or shares nothing).
+pub fn restore(path: &Path, engine: &Engine, state: &mut State, ids: &[u32]) -> usize {
+    if !path.exists() {
+        eprintln!(
+            "prompt cache: {} does not exist yet; it will be written after this run",
+            path.display()
+        );
+        return 0;
+    }
+    let cache = match prompt_cache::load(path, &engine.model, state) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "warning: {e}; ignoring {} and processing the prompt normally",
+                path.display()
+            );
+            return 0;
+        }
+    };
+    // Keep at least the last prompt token to run: its logits start the generation.
+    let n = common_prefix(&cache.tokens, ids).min(ids.len().saturating_sub(1));
+    if n == 0 {
+        eprintln!(
+            "prompt cache: {} shares no prefix with this prompt",
+            path.display()
+        );
+        return 0;
+    }
+    match cache.restore(state, n) {
+        Ok(()) => {
+            eprintln!(
+                "prompt cache: restored {n} of {} prompt tokens from {}",
+                ids.len(),
+                path.display()
+            );
+            n
+        }
+        Err(e) => {
+            eprintln!("warning: {e}; processing the prompt normally");
+            state.reset();
+            0
+        }
+    }
+}
+
+/// Save the prompt's positions to `path` unless the file already covered them.
+pub fn save(path: &Path, engine: &Engine, state: &State, ids: &[u32], restored: usize) {
+    if restored + 1 >= ids.len() && path.exists() {
+        return;
+    }
+    match prompt_cache::save(path, &engine.model, state, ids) {
+        Ok(()) => eprintln!(
+            "prompt cache: saved {} tokens to {}",
+            ids.len(),
+            path.display()
+        ),
+        Err(e) => eprintln!("warning: cannot save the prompt cache: {e}"),
+    }
+}
+
+/// `generate`, or the JSON-constrained loop when `json` (top-level value: an object).
+#[allow(clippy::too_many_arguments)]
+pub fn generate_maybe_json(
+    json: bool,
+    engine: &Engine,
+    state: &mut State,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
+    progress: impl FnMut(usize, usize),
+    on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
+) -> sparrow::Result<GenerationStats> {
+    if json {
+        let vocab = Arc::new(JsonVocab::new(&engine.tokenizer));
+        let mut c = JsonConstraint::new(vocab, Root::Object);
+        generate_json(
+            &engine.model,
+            &engine.tokenizer,
+            state,
+            prompt,
+            sampler,
+            opts,
+            &mut c,
+            progress,
+            on_token,
+        )
+    } else {
+        generate(
+            &engine.model,
+            &engine.tokenizer,
+            state,
+            prompt,
+            sampler,
+            opts,
+            progress,
+            on_token,
+        )
+    }
+}

@@ -1,0 +1,153 @@
+//! Server counters, rendered in the Prometheus text format at `GET /metrics`.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Counters and gauges shared by the HTTP side and the generation thread.
+#[derive(Default)]
+pub struct Metrics {
+    pub requests_ok: AtomicU64,
+    pub requests_bad: AtomicU64,
+    pub requests_unauthorized: AtomicU64,
+    pub requests_busy: AtomicU64,
+    pub requests_failed: AtomicU64,
+    pub completed: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub prompt_tokens_cached: AtomicU64,
+    pub prompt_micros: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub generation_micros: AtomicU64,
+    pub queue_depth: AtomicUsize,
+    pub active: AtomicUsize,
+    pub slots: AtomicUsize,
+}
+
+impl Metrics {
+    /// `n` prompt tokens were prefilled in `dt`.
+    pub fn add_prompt(&self, n: usize, dt: Duration) {
+        self.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
+        self.prompt_micros
+            .fetch_add(dt.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// A generation phase took `dt`.
+    pub fn add_generation(&self, dt: Duration) {
+        self.generation_micros
+            .fetch_add(dt.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Count a response by HTTP status.
+    pub fn count_status(&self, status: u16) {
+        let c = match status {
+            200..=299 => &self.requests_ok,
+            401 => &self.requests_unauthorized,
+            503 => &self.requests_busy,
+            400..=499 => &self.requests_bad,
+            _ => &self.requests_failed,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The Prometheus exposition text.
+    pub fn render(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, lines: &[(&str, f64)]| {
+            let _ = writeln!(s, "# HELP {name} {help}");
+            let _ = writeln!(s, "# TYPE {name} {kind}");
+            for (labels, v) in lines {
+                let _ = writeln!(s, "{name}{labels} {v}");
+            }
+        };
+        metric(
+            "sparrow_requests_total",
+            "counter",
+            "HTTP requests answered, by status code.",
+            &[
+                ("{code=\"200\"}", g(&self.requests_ok) as f64),
+                ("{code=\"400\"}", g(&self.requests_bad) as f64),
+                ("{code=\"401\"}", g(&self.requests_unauthorized) as f64),
+                ("{code=\"503\"}", g(&self.requests_busy) as f64),
+                ("{code=\"500\"}", g(&self.requests_failed) as f64),
+            ],
+        );
+        metric(
+            "sparrow_completions_total",
+            "counter",
+            "Generations run to the end.",
+            &[("", g(&self.completed) as f64)],
+        );
+        metric(
+            "sparrow_cancelled_total",
+            "counter",
+            "Generations stopped because the client went away.",
+            &[("", g(&self.cancelled) as f64)],
+        );
+        metric(
+            "sparrow_prompt_tokens_total",
+            "counter",
+            "Prompt tokens prefilled (excluding reused cached prefixes).",
+            &[("", g(&self.prompt_tokens) as f64)],
+        );
+        metric(
+            "sparrow_prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens reused from a cached prefix.",
+            &[("", g(&self.prompt_tokens_cached) as f64)],
+        );
+        metric(
+            "sparrow_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            &[("", g(&self.generated_tokens) as f64)],
+        );
+        let ps = g(&self.prompt_micros) as f64 / 1e6;
+        let gs = g(&self.generation_micros) as f64 / 1e6;
+        metric(
+            "sparrow_prompt_seconds_total",
+            "counter",
+            "Time spent in prefill.",
+            &[("", ps)],
+        );
+        metric(
+            "sparrow_generation_seconds_total",
+            "counter",
+            "Time spent generating (wall time per request, summed).",
+            &[("", gs)],
+        );
+        let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        metric(
+            "sparrow_prompt_tokens_per_second",
+            "gauge",
+            "Average prefill speed since start.",
+            &[("", rate(g(&self.prompt_tokens), ps))],
+        );
+        metric(
+            "sparrow_generation_tokens_per_second",
+            "gauge",
+            "Average generation speed per request since start.",
+            &[("", rate(g(&self.generated_tokens), gs))],
+        );
+        metric(
+            "sparrow_queue_depth",
+            "gauge",
+            "Requests waiting for a slot.",
+            &[("", self.queue_depth.load(Ordering::Relaxed) as f64)],
+        );
+        metric(
+            "sparrow_active_requests",
+            "gauge",
+            "Requests being generated.",
+            &[("", self.active.load(Ordering::Relaxed) as f64)],
+        );
+        metric(
+            "sparrow_slots",
+            "gauge",
+            "Concurrent generation slots.",
+            &[("", self.slots.load(Ordering::Relaxed) as f64)],
+        );
+        s
+    }
+}

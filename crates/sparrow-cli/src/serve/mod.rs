@@ -1,0 +1,447 @@
+//! `sparrow serve`: an OpenAI-compatible HTTP server (axum + tokio).
+//!
+//! `POST /v1/chat/completions`, `POST /v1/completions` (streaming with server-sent events or
+//! not), `GET /v1/models`, `GET /health`, `GET /metrics`. Requests are checked and tokenized
+//! on the async side, then queued for the generation thread ([`scheduler`]); a full queue is
+//! a 503, bad input a 400 with an OpenAI-style error body, a missing or wrong API key a 401.
+//! A client that disconnects drops its receiver, and the generation thread stops its
+//! request at the next step.
+
+pub mod api;
+pub mod metrics;
+pub mod scheduler;
+
+use crate::ModelArgs;
+use api::ApiError;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics::Metrics;
+use scheduler::{Event, Job, Scheduler};
+use serde_json::{json, Value};
+use sparrow::grammar::JsonVocab;
+use sparrow::{ChatTemplate, Engine, KvType};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// Arguments of `sparrow serve` (llama-server's names where they exist).
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the chosen one is printed).
+    #[arg(long = "port", default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer KEY` on every endpoint except /health.
+    #[arg(long = "api-key")]
+    api_key: Option<String>,
+    /// Context size per slot, in tokens.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    ctx_size: usize,
+    /// Requests generated concurrently (each has its own KV cache).
+    #[arg(long = "parallel", short = 'n', alias = "np", default_value_t = 2)]
+    parallel: usize,
+    /// Requests that may wait for a slot; more get 503.
+    #[arg(long = "queue-size", default_value_t = 16)]
+    queue_size: usize,
+    /// Largest `max_tokens` a request may ask for (also the default).
+    #[arg(long = "max-tokens-limit", default_value_t = 2048)]
+    max_tokens_limit: usize,
+    /// Longest prompt in tokens (default: the context size minus one).
+    #[arg(long = "max-prompt-tokens")]
+    max_prompt_tokens: Option<usize>,
+    /// Prompt tokens per prefill step (smaller: fairer to concurrent requests).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
+    batch_size: usize,
+    /// Threads for the model math (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    threads: Option<usize>,
+    /// KV cache type (f16 or f32).
+    #[arg(long = "cache-type-k", alias = "ctk", default_value = "f16")]
+    cache_type: KvType,
+    /// Name reported by /v1/models (default: the file name).
+    #[arg(long = "alias")]
+    alias: Option<String>,
+}
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub engine: Engine,
+    pub template: ChatTemplate,
+    pub scheduler: Scheduler,
+    pub metrics: Arc<Metrics>,
+    pub model_name: String,
+    pub api_key: Option<String>,
+    pub n_ctx: usize,
+    pub max_prompt: usize,
+    pub max_tokens_limit: usize,
+    pub created: u64,
+    pub ids: AtomicU64,
+}
+
+type Shared = Arc<AppState>;
+
+/// ChatML, for models whose file carries no template.
+const FALLBACK_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub fn serve(a: ServeArgs) -> Result<(), String> {
+    if a.ctx_size < 2 {
+        return Err("-c/--ctx-size must be at least 2".into());
+    }
+    if a.parallel == 0 {
+        return Err("--parallel must be at least 1".into());
+    }
+    let threads = crate::run::init_threads(a.threads)?;
+    let path = a.model.resolve()?;
+    let mut engine = Engine::load(&path).map_err(|e| e.to_string())?;
+    for w in engine.tokenizer.warnings() {
+        eprintln!("warning: {w}");
+    }
+    let template = match engine.chat_template.take() {
+        Some(t) => t,
+        None => {
+            eprintln!("warning: the model has no chat template; using ChatML");
+            ChatTemplate::new(FALLBACK_TEMPLATE, "", "").map_err(|e| e.to_string())?
+        }
+    };
+    let metrics = Arc::new(Metrics::default());
+    metrics.slots.store(a.parallel, Ordering::Relaxed);
+    let json_vocab = Arc::new(JsonVocab::new(&engine.tokenizer));
+    let scheduler = scheduler::start(
+        engine.model.clone(),
+        engine.tokenizer.clone(),
+        json_vocab,
+        scheduler::Config {
+            slots: a.parallel,
+            n_ctx: a.ctx_size,
+            kv_type: a.cache_type,
+            queue: a.queue_size,
+            batch: a.batch_size,
+        },
+        metrics.clone(),
+    )?;
+    let model_name = a.alias.clone().unwrap_or_else(|| {
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "sparrow".into())
+    });
+    let state = Arc::new(AppState {
+        engine,
+        template,
+        scheduler,
+        metrics,
+        model_name,
+        api_key: a.api_key.clone(),
+        n_ctx: a.ctx_size,
+        max_prompt: a
+            .max_prompt_tokens
+            .unwrap_or(a.ctx_size - 1)
+            .min(a.ctx_size - 1),
+        max_tokens_limit: a.max_tokens_limit,
+        created: now(),
+        ids: AtomicU64::new(0),
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the bound address: {e}"))?;
+        eprintln!(
+            "sparrow serve: {} ({} slots × {} tokens, {threads} threads), listening on http://{local}",
+            path.display(),
+            a.parallel,
+            a.ctx_size
+        );
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+            .map_err(|e| format!("server error: {e}"))
+    })
+}
+
+/// The routes, with the API-key check and status counting around them.
+pub fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn guard(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.api_key {
+        if req.uri().path() != "/health" {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim);
+            if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+                st.metrics.count_status(401);
+                return ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_api_key",
+                    "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                )
+                .into_response();
+            }
+        }
+    }
+    let resp = next.run(req).await;
+    st.metrics.count_status(resp.status().as_u16());
+    resp
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn metrics_text(State(st): State<Shared>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn models(State(st): State<Shared>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.model_name,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "sparrow",
+            "meta": {"n_ctx": st.n_ctx, "n_vocab": st.engine.tokenizer.vocab_size()},
+        }]
+    }))
+}
+
+async fn chat_completions(State(st): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(st, headers, body, true)
+        .await
+        .unwrap_or_else(|e| e.into_response())
+}
+
+async fn completions(State(st): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    handle(st, headers, body, false)
+        .await
+        .unwrap_or_else(|e| e.into_response())
+}
+
+async fn handle(
+    st: Shared,
+    _headers: HeaderMap,
+    body: Bytes,
+    chat: bool,
+) -> Result<Response, ApiError> {
+    let req = api::parse_request(&body, chat, st.max_tokens_limit)?;
+    let text = match &req.messages {
+        Some(m) => st
+            .template
+            .render(m, true)
+            .map_err(|e| ApiError::bad(&format!("cannot render the chat template: {e}")))?,
+        None => req.prompt.clone().unwrap_or_default(),
+    };
+    let st2 = st.clone();
+    let prompt =
+        tokio::task::spawn_blocking(move || st2.engine.tokenizer.encode(&text, true, chat))
+            .await
+            .map_err(|e| ApiError::internal(&format!("tokenizer task failed: {e}")))?;
+    if prompt.is_empty() {
+        return Err(ApiError::bad("the prompt is empty"));
+    }
+    if prompt.len() > st.max_prompt {
+        return Err(ApiError::bad_param(
+            &format!(
+                "the prompt has {} tokens, more than this server's limit of {} (context {})",
+                prompt.len(),
+                st.max_prompt,
+                st.n_ctx
+            ),
+            if chat { "messages" } else { "prompt" },
+            "context_length_exceeded",
+        ));
+    }
+    let room = st.n_ctx - prompt.len();
+    let max_tokens = match req.max_tokens {
+        Some(n) if n > room => {
+            return Err(ApiError::bad_param(
+                &format!(
+                    "max_tokens {n} plus the prompt's {} tokens exceed the context of {} tokens",
+                    prompt.len(),
+                    st.n_ctx
+                ),
+                "max_tokens",
+                "context_length_exceeded",
+            ))
+        }
+        Some(n) => n,
+        None => st.max_tokens_limit.min(room),
+    };
+    let (tx, rx) = unbounded_channel();
+    let job = Job {
+        prompt,
+        sampler: req.sampler.clone(),
+        max_tokens,
+        stop: req.stop.clone(),
+        json: req.json,
+        ignore_eos: req.ignore_eos,
+        tx,
+    };
+    if st.scheduler.submit(job).is_err() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_busy",
+            "the server is busy: the request queue is full, retry later",
+        ));
+    }
+    let id = format!(
+        "{}-{:x}{:06x}",
+        if chat { "chatcmpl" } else { "cmpl" },
+        st.created,
+        st.ids.fetch_add(1, Ordering::Relaxed)
+    );
+    let meta = api::Meta {
+        id,
+        created: now(),
+        model: st.model_name.clone(),
+        chat,
+    };
+    if req.stream {
+        Ok(stream_response(rx, meta, req.include_usage).into_response())
+    } else {
+        collect_response(rx, meta).await
+    }
+}
+
+async fn collect_response(
+    mut rx: UnboundedReceiver<Event>,
+    meta: api::Meta,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Text(t) => text.push_str(&t),
+            Event::Error(e) => return Err(ApiError::internal(&e)),
+            Event::Done {
+                finish,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            } => {
+                let usage = api::usage(prompt_tokens, completion_tokens, cached_tokens);
+                return Ok(Json(meta.full(&text, finish.as_str(), usage)).into_response());
+            }
+        }
+    }
+    Err(ApiError::internal("the generation thread stopped"))
+}
+
+fn stream_response(
+    rx: UnboundedReceiver<Event>,
+    meta: api::Meta,
+    include_usage: bool,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    // States: 0 = send the role chunk (chat), 1 = relay events, 2 = [DONE] sent.
+    let init = (rx, meta, 0u8, Vec::<SseEvent>::new());
+    let stream = futures_util::stream::unfold(
+        init,
+        move |(mut rx, meta, mut phase, mut pending)| async move {
+            loop {
+                if let Some(ev) = pending.pop() {
+                    return Some((Ok(ev), (rx, meta, phase, pending)));
+                }
+                match phase {
+                    0 => {
+                        phase = 1;
+                        if meta.chat {
+                            let c = meta.chunk(
+                                Some(json!({"role": "assistant", "content": ""})),
+                                "",
+                                None,
+                            );
+                            pending.push(SseEvent::default().data(c.to_string()));
+                        }
+                    }
+                    1 => match rx.recv().await {
+                        Some(Event::Text(t)) => {
+                            let c = meta.chunk(meta.chat.then(|| json!({"content": t})), &t, None);
+                            pending.push(SseEvent::default().data(c.to_string()));
+                        }
+                        Some(Event::Error(e)) => {
+                            phase = 2;
+                            let body = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
+                            pending.push(SseEvent::default().data("[DONE]"));
+                            pending.push(SseEvent::default().data(body.to_string()));
+                        }
+                        Some(Event::Done {
+                            finish,
+                            prompt_tokens,
+                            completion_tokens,
+                            cached_tokens,
+                        }) => {
+                            phase = 2;
+                            // Pushed in reverse: popped last-in first-out.
+                            pending.push(SseEvent::default().data("[DONE]"));
+                            if include_usage {
+                                let mut u = meta.chunk(None, "", None);
+                                u["choices"] = json!([]);
+                                u["usage"] =
+                                    api::usage(prompt_tokens, completion_tokens, cached_tokens);
+                                pending.push(SseEvent::default().data(u.to_string()));
+                            }
+                            let c =
+                                meta.chunk(meta.chat.then(|| json!({})), "", Some(finish.as_str()));
+                            pending.push(SseEvent::default().data(c.to_string()));
+                        }
+                        None => return None,
+                    },
+                    _ => return None,
+                }
+            }
+        },
+    );
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}

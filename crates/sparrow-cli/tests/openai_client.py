@@ -1,0 +1,57 @@
+"""Drives `sparrow serve` with the official openai package: chat completion, streaming,
+JSON mode, completions, models. Usage: openai_client.py BASE_URL API_KEY MAX_TOKENS"""
+import json
+import sys
+
+import openai
+
+base, key, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=600)
+msgs = [{"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name one bird."}]
+
+r = client.chat.completions.create(model="sparrow", messages=msgs, max_tokens=max_tokens,
+                                   temperature=0, seed=1)
+c = r.choices[0]
+assert r.object == "chat.completion", r
+assert c.message.role == "assistant" and isinstance(c.message.content, str), r
+assert c.finish_reason in ("stop", "length"), r
+assert r.usage.prompt_tokens > 0 and 0 <= r.usage.completion_tokens <= max_tokens, r.usage
+assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+print("chat:", json.dumps(c.message.content))
+
+# Streaming, greedy with the same seed: the same text as the non-streamed reply.
+stream = client.chat.completions.create(model="sparrow", messages=msgs, max_tokens=max_tokens,
+                                        temperature=0, seed=1, stream=True,
+                                        stream_options={"include_usage": True})
+parts, finish, usage = [], None, None
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for ch in chunk.choices:
+        if ch.delta.content:
+            parts.append(ch.delta.content)
+        if ch.finish_reason:
+            finish = ch.finish_reason
+assert finish in ("stop", "length"), finish
+assert usage is not None and usage.completion_tokens == r.usage.completion_tokens, usage
+assert "".join(parts) == c.message.content, ("".join(parts), c.message.content)
+print("stream:", len(parts), "chunks")
+
+# JSON mode.
+for seed in range(3):
+    j = client.chat.completions.create(
+        model="sparrow", max_tokens=max_tokens * 2, temperature=1.0, seed=seed,
+        messages=[{"role": "user", "content": "Describe a sparrow as JSON."}],
+        response_format={"type": "json_object"})
+    v = json.loads(j.choices[0].message.content)
+    assert isinstance(v, dict), v
+    print("json:", j.choices[0].message.content)
+
+# Plain completions, stop strings, models.
+t = client.completions.create(model="sparrow", prompt="The sparrow is", max_tokens=max_tokens,
+                              temperature=0.7, seed=3, stop=["\n\n"])
+assert t.object == "text_completion" and "\n\n" not in t.choices[0].text, t
+m = client.models.list()
+assert len(m.data) == 1 and m.data[0].id, m
+print("ok")

@@ -1,0 +1,442 @@
+//! `sparrow serve` end to end on a loopback port: the official `openai` Python package
+//! (installed here with pip), curl for bad requests, concurrency (queue full → 503,
+//! disconnect → cancellation), and a bounded load test that reports requests/s and latency.
+
+use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+fn tmp() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("sparrow-serve-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn synthetic_model() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = tmp().join("synthetic.gguf");
+        let spec = SyntheticSpec {
+            context_length: 4096,
+            ..Default::default()
+        };
+        std::fs::write(&p, synthetic_gguf(&spec)).unwrap();
+        p
+    })
+    .clone()
+}
+
+fn qwen() -> PathBuf {
+    let dir = std::env::var("SPARROW_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/sparrow/models")
+        });
+    let p = dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch_models.py qwen",
+        p.display()
+    );
+    p
+}
+
+/// A running server, killed (by its own pid) when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(model: &Path, extra: &[&str]) -> Server {
+        let mut args = vec![
+            "serve",
+            "-m",
+            model.to_str().unwrap(),
+            "--port",
+            "0",
+            "-t",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sparrow"))
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines
+                .next()
+                .expect("server exited before listening")
+                .unwrap();
+            if let Some(a) = line.split("listening on http://").nth(1) {
+                break a.trim().to_string();
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Server { child, addr }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Minimal HTTP/1.1 client: (status, body).
+fn http(addr: &str, method: &str, path: &str, key: Option<&str>, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
+    let auth = key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    let status = resp[9..12].parse().unwrap();
+    let (head, rest) = resp.split_once("\r\n\r\n").unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+fn curl(args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn error_message(body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    v["error"]["message"].as_str().unwrap().to_string()
+}
+
+fn pip_openai() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let ok = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "openai"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "python3 -m pip install --quiet openai failed");
+    });
+}
+
+fn run_openai(server: &Server, key: &str, max_tokens: usize) {
+    pip_openai();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args([
+            &format!("{}/v1", server.url()),
+            key,
+            &max_tokens.to_string(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "openai client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.trim_end().ends_with("ok"));
+}
+
+const CHAT: &str = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}"#;
+
+#[test]
+fn openai_client_and_curl_on_synthetic_model() {
+    let s = Server::start(
+        &synthetic_model(),
+        &["--api-key", "sekret", "--max-prompt-tokens", "200"],
+    );
+    run_openai(&s, "sekret", 16);
+
+    let url = |p: &str| format!("{}{p}", s.url());
+    let auth = "Authorization: Bearer sekret";
+    let json = "Content-Type: application/json";
+    // Missing and wrong API key.
+    let (code, body) = curl(&[
+        "-X",
+        "POST",
+        &url("/v1/chat/completions"),
+        "-H",
+        json,
+        "-d",
+        CHAT,
+    ]);
+    assert_eq!(code, 401, "{body}");
+    assert!(error_message(&body).contains("API key"));
+    let (code, _) = curl(&["-H", "Authorization: Bearer nope", &url("/v1/models")]);
+    assert_eq!(code, 401);
+    // /health needs no key.
+    let (code, body) = curl(&[&url("/health")]);
+    assert_eq!((code, body.contains("ok")), (200, true));
+    // Invalid bodies.
+    for (bad, needle) in [
+        ("{\"messages\": [", "not valid JSON"),
+        ("[1,2]", "JSON object"),
+        ("{\"messages\": []}", "must not be empty"),
+        (
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 100000}",
+            "limit",
+        ),
+        (
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": \"hot\"}",
+            "temperature",
+        ),
+        ("\u{1}garbage", "not valid JSON"),
+    ] {
+        let (code, body) = curl(&[
+            "-X",
+            "POST",
+            &url("/v1/chat/completions"),
+            "-H",
+            auth,
+            "-H",
+            json,
+            "-d",
+            bad,
+        ]);
+        assert_eq!(code, 400, "{bad}: {body}");
+        assert!(error_message(&body).contains(needle), "{bad}: {body}");
+    }
+    // Over-long prompt.
+    let long = format!(
+        "{{\"prompt\": \"{}\", \"max_tokens\": 4}}",
+        "word ".repeat(300)
+    );
+    let (code, body) = curl(&[
+        "-X",
+        "POST",
+        &url("/v1/completions"),
+        "-H",
+        auth,
+        "-H",
+        json,
+        "-d",
+        &long,
+    ]);
+    assert_eq!(code, 400, "{body}");
+    let msg = error_message(&body);
+    assert!(msg.contains("limit of 200"), "{msg}");
+    // Unknown endpoint, metrics.
+    let (code, _) = curl(&["-H", auth, &url("/v2/nothing")]);
+    assert_eq!(code, 404);
+    let (code, body) = curl(&["-H", auth, &url("/metrics")]);
+    assert_eq!(code, 200);
+    for m in [
+        "sparrow_requests_total{code=\"400\"}",
+        "sparrow_generated_tokens_total",
+        "sparrow_queue_depth 0",
+        "sparrow_prompt_tokens_per_second",
+    ] {
+        assert!(body.contains(m), "metrics lack {m}:\n{body}");
+    }
+}
+
+#[test]
+fn hostile_http_bodies_never_break_the_server() {
+    let s = Server::start(&synthetic_model(), &[]);
+    let mut seed = 7u64;
+    let base = r#"{"messages":[{"role":"user","content":"hi \u00e9"}],"max_tokens":4,"stop":["x"],"response_format":{"type":"json_object"}}"#;
+    for i in 0..150 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut b = base.as_bytes().to_vec();
+        let at = (seed >> 33) as usize % b.len();
+        match i % 3 {
+            0 => b.truncate(at),
+            1 => b[at] = (seed >> 20) as u8 & 0x7f,
+            _ => b.insert(at, b"{[\"\\,:"[(seed >> 13) as usize % 6]),
+        }
+        let body = String::from_utf8_lossy(&b).into_owned();
+        let path = if i % 2 == 0 {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let (code, resp) = http(&s.addr, "POST", path, None, &body);
+        assert!(code == 200 || code == 400, "{code} for {body:?}: {resp}");
+        if code == 400 {
+            assert!(!error_message(&resp).is_empty());
+        }
+    }
+    let (code, _) = http(&s.addr, "GET", "/health", None, "");
+    assert_eq!(code, 200);
+}
+
+#[test]
+fn full_queue_is_503_and_disconnect_cancels() {
+    let s = Server::start(
+        &synthetic_model(),
+        &["--parallel", "1", "--queue-size", "1"],
+    );
+    let long = r#"{"prompt": "count:", "max_tokens": 2000, "temperature": 0, "ignore_eos": true}"#;
+    let addr = s.addr.clone();
+    let handles: Vec<_> = (0..6)
+        .map(|_| {
+            let a = addr.clone();
+            std::thread::spawn(move || http(&a, "POST", "/v1/completions", None, long))
+        })
+        .collect();
+    let results: Vec<(u16, String)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let codes: Vec<u16> = results.iter().map(|r| r.0).collect();
+    for (code, body) in &results {
+        if *code == 503 {
+            assert!(error_message(body).contains("busy"), "{body}");
+        } else {
+            let v: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(v["usage"]["completion_tokens"], 2000, "{body}");
+        }
+    }
+    assert!(codes.contains(&503), "{codes:?}");
+    assert!(codes.contains(&200), "{codes:?}");
+    assert!(codes.iter().all(|c| *c == 200 || *c == 503), "{codes:?}");
+
+    // A streaming client that goes away: the request is cancelled.
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    let body = r#"{"prompt": "count:", "max_tokens": 2000, "stream": true, "ignore_eos": true}"#;
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut first = [0u8; 64];
+    let _ = c.read(&mut first).unwrap();
+    drop(c);
+    let t = Instant::now();
+    loop {
+        let (_, m) = http(&s.addr, "GET", "/metrics", None, "");
+        if m.lines()
+            .any(|l| l.starts_with("sparrow_cancelled_total") && !l.ends_with(" 0"))
+        {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no cancellation seen:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Bounded load test: `CLIENTS` threads × `PER_CLIENT` requests, each response checked.
+#[test]
+fn load_test_synthetic() {
+    const CLIENTS: usize = 8;
+    const PER_CLIENT: usize = 6;
+    let s = Server::start(
+        &synthetic_model(),
+        &["--parallel", "4", "--queue-size", "16"],
+    );
+    let start = Instant::now();
+    let handles: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let a = s.addr.clone();
+            std::thread::spawn(move || {
+                let mut lat = Vec::new();
+                for r in 0..PER_CLIENT {
+                    let body = format!(
+                        r#"{{"messages": [{{"role": "system", "content": "shared system prompt for every client"}}, {{"role": "user", "content": "client {c} request {r}"}}], "max_tokens": 32, "seed": {r}, "temperature": 0.8{}}}"#,
+                        if r % 3 == 0 { r#", "response_format": {"type": "json_object"}"# } else { "" }
+                    );
+                    let t = Instant::now();
+                    let (code, resp) = http(&a, "POST", "/v1/chat/completions", None, &body);
+                    lat.push(t.elapsed());
+                    assert_eq!(code, 200, "{resp}");
+                    let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+                    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+                    let n = v["usage"]["completion_tokens"].as_u64().unwrap();
+                    assert!(n <= 32);
+                    if r % 3 == 0 {
+                        serde_json::from_str::<serde_json::Value>(content).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+                    }
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut lat: Vec<Duration> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    let total = start.elapsed();
+    lat.sort();
+    let pct = |p: f64| lat[((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1];
+    eprintln!(
+        "load test: {} requests from {CLIENTS} clients in {:.2} s: {:.1} req/s, p50 {:.0} ms, p95 {:.0} ms",
+        lat.len(),
+        total.as_secs_f64(),
+        lat.len() as f64 / total.as_secs_f64(),
+        pct(0.5).as_secs_f64() * 1e3,
+        pct(0.95).as_secs_f64() * 1e3
+    );
+    let (code, _) = http(&s.addr, "GET", "/health", None, "");
+    assert_eq!(code, 200);
+    let (_, m) = http(&s.addr, "GET", "/metrics", None, "");
+    assert!(
+        m.contains("sparrow_queue_depth 0") && m.contains("sparrow_active_requests 0"),
+        "{m}"
+    );
+    let cached: f64 = m
+        .lines()
+        .find(|l| l.starts_with("sparrow_prompt_tokens_cached_total"))
+        .and_then(|l| l.split(' ').nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        cached > 0.0,
+        "the shared system prompt was never reused:\n{m}"
+    );
+}
+
+#[test]
+fn openai_client_on_real_model() {
+    let s = Server::start(&qwen(), &["--api-key", "k", "-c", "1024"]);
+    run_openai(&s, "k", 6);
+}

@@ -1,0 +1,390 @@
+//! Prompt cache files: the KV state after a prompt prefix, saved so a later run with the same
+//! prefix skips its prefill (llama.cpp's `--prompt-cache`, PicoLLM's KV persistence).
+//!
+//! Layout (all integers little-endian):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 8 | magic `SPRWKVC\n` |
+//! | 4 | format version ([`VERSION`]) |
+//! | 32 | model fingerprint: SHA-256 of the GGUF's header, metadata and tensor table |
+//! | 1 + 3 | cache type (0 = f16, 1 = f32), 3 zero bytes |
+//! | 4 + 4 | layers, KV width (kv heads × head size) |
+//! | 4 | n, the number of prefix tokens |
+//! | 4·n | the prefix token ids |
+//! | … | per layer: keys of positions 0..n, then values, raw elements of the cache type |
+//! | 32 | SHA-256 of everything above |
+//!
+//! Loading checks, in order: length, magic, version, fingerprint, cache type and shape, the
+//! exact size, then the checksum; each failure is a [`PromptCacheError`] that says what is
+//! wrong, and callers fall back to a normal prefill.
+
+use crate::kv_cache::KvType;
+use crate::model::{Model, State};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+
+/// File magic.
+pub const MAGIC: &[u8; 8] = b"SPRWKVC\n";
+/// Format version written and accepted.
+pub const VERSION: u32 = 1;
+const HEADER: usize = 8 + 4 + 32 + 4 + 4 + 4 + 4;
+
+/// Why a prompt cache file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptCacheError {
+    #[error("prompt cache {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("prompt cache is truncated ({len} bytes, need at least {need})")]
+    Truncated { len: usize, need: usize },
+    #[error("not a sparrow prompt cache file (bad magic)")]
+    BadMagic,
+    #[error("prompt cache format version {found} is not supported (this sparrow reads version {VERSION})")]
+    Version { found: u32 },
+    #[error("prompt cache was made with a different model (fingerprint mismatch)")]
+    OtherModel,
+    #[error("prompt cache holds a {file} KV cache but this run uses {want}")]
+    CacheType { file: String, want: String },
+    #[error("prompt cache shape ({layers} layers × {width}) does not match the model ({want_layers} layers × {want_width})")]
+    Shape {
+        layers: usize,
+        width: usize,
+        want_layers: usize,
+        want_width: usize,
+    },
+    #[error("prompt cache has {tokens} tokens but the context holds only {n_ctx}")]
+    TooLong { tokens: usize, n_ctx: usize },
+    #[error("prompt cache size is wrong ({len} bytes, expected {want}): truncated or corrupted")]
+    Size { len: usize, want: usize },
+    #[error("prompt cache checksum mismatch: the file is corrupted")]
+    Checksum,
+    #[error("prompt cache: {0}")]
+    Other(String),
+}
+
+/// SHA-256 of the model file's header, metadata and tensor table (everything before the
+/// tensor data), plus the first 256 bytes of every tensor's data so that two files with the
+/// same shapes but different weights differ too.
+pub fn model_fingerprint(model: &Model) -> [u8; 32] {
+    let f = model.file();
+    let end = (f.data_offset() as usize).min(f.bytes().len());
+    let mut h = Sha256::new();
+    h.update(&f.bytes()[..end]);
+    for t in f.tensors() {
+        let d = f.tensor_data(t);
+        h.update(&d[..d.len().min(256)]);
+    }
+    h.finalize().into()
+}
+
+fn type_code(t: KvType) -> u8 {
+    match t {
+        KvType::F16 => 0,
+        KvType::F32 => 1,
+    }
+}
+
+fn type_name(code: u8) -> String {
+    match code {
+        0 => "f16".into(),
+        1 => "f32".into(),
+        c => format!("unknown (code {c})"),
+    }
+}
+
+/// A validated prompt cache: the prefix tokens and their keys and values.
+pub struct PromptCache {
+    pub tokens: Vec<u32>,
+    kv_type: KvType,
+    n_layer: usize,
+    kv_dim: usize,
+    kv: Vec<u8>,
+}
+
+/// Length of the common prefix of two token lists.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Serialize the first `tokens.len()` positions of `state` (which must hold them).
+pub fn encode(
+    fingerprint: &[u8; 32],
+    state: &State,
+    tokens: &[u32],
+) -> Result<Vec<u8>, PromptCacheError> {
+    let n = tokens.len();
+    if n > state.n_past() {
+        return Err(PromptCacheError::Other(format!(
+            "the state holds {} positions, fewer than the {n} tokens to save",
+            state.n_past()
+        )));
+    }
+    let kv = &state.kv;
+    let mut out = Vec::with_capacity(HEADER + 4 * n + kv.prefix_bytes(n) + 32);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(fingerprint);
+    out.extend_from_slice(&[type_code(kv.kv_type()), 0, 0, 0]);
+    out.extend_from_slice(&(kv.n_layer() as u32).to_le_bytes());
+    out.extend_from_slice(&(kv.kv_dim() as u32).to_le_bytes());
+    out.extend_from_slice(&(n as u32).to_le_bytes());
+    for t in tokens {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+    out.extend_from_slice(&kv.export_prefix(n));
+    let sum: [u8; 32] = Sha256::digest(&out).into();
+    out.extend_from_slice(&sum);
+    Ok(out)
+}
+
+/// Write a prompt cache file for the first `tokens.len()` positions of `state` (atomically:
+/// a temporary file renamed over `path`).
+pub fn save(
+    path: &Path,
+    model: &Model,
+    state: &State,
+    tokens: &[u32],
+) -> Result<(), PromptCacheError> {
+    let bytes = encode(&model_fingerprint(model), state, tokens)?;
+    let io = |source| PromptCacheError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let tmp = path.with_extension("tmp-sparrow");
+    std::fs::write(&tmp, &bytes).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Parse and validate a prompt cache image for a model with `fingerprint`, a state with
+/// cache type `kv_type`, `n_layer` layers of width `kv_dim` and `n_ctx` positions.
+pub fn decode(
+    bytes: &[u8],
+    fingerprint: &[u8; 32],
+    kv_type: KvType,
+    n_layer: usize,
+    kv_dim: usize,
+    n_ctx: usize,
+) -> Result<PromptCache, PromptCacheError> {
+    if bytes.len() < 8 || &bytes[..8] != MAGIC {
+        if bytes.len() < 8 && MAGIC.starts_with(bytes) {
+            return Err(PromptCacheError::Truncated {
+                len: bytes.len(),
+                need: HEADER + 32,
+            });
+        }
+        return Err(PromptCacheError::BadMagic);
+    }
+    if bytes.len() < 12 {
+        return Err(PromptCacheError::Truncated {
+            len: bytes.len(),
+            need: HEADER + 32,
+        });
+    }
+    let version = u32_at(bytes, 8);
+    if version != VERSION {
+        return Err(PromptCacheError::Version { found: version });
+    }
+    if bytes.len() < HEADER + 32 {
+        return Err(PromptCacheError::Truncated {
+            len: bytes.len(),
+            need: HEADER + 32,
+        });
+    }
+    if &bytes[12..44] != fingerprint {
+        return Err(PromptCacheError::OtherModel);
+    }
+    let code = bytes[44];
+    if code != type_code(kv_type) {
+        return Err(PromptCacheError::CacheType {
+            file: type_name(code),
+            want: type_name(type_code(kv_type)),
+        });
+    }
+    let (layers, width, n) = (
+        u32_at(bytes, 48) as usize,
+        u32_at(bytes, 52) as usize,
+        u32_at(bytes, 56) as usize,
+    );
+    if layers != n_layer || width != kv_dim {
+        return Err(PromptCacheError::Shape {
+            layers,
+            width,
+            want_layers: n_layer,
+            want_width: kv_dim,
+        });
+    }
+    if n > n_ctx {
+        return Err(PromptCacheError::TooLong { tokens: n, n_ctx });
+    }
+    let elem = if kv_type == KvType::F16 { 2 } else { 4 };
+    // n ≤ n_ctx and the shape matches the model, so these products are bounded.
+    let kv_len = 2 * layers * n * width * elem;
+    let want = HEADER + 4 * n + kv_len + 32;
+    if bytes.len() != want {
+        return Err(PromptCacheError::Size {
+            len: bytes.len(),
+            want,
+        });
+    }
+    let body = &bytes[..want - 32];
+    let sum: [u8; 32] = Sha256::digest(body).into();
+    if sum[..] != bytes[want - 32..] {
+        return Err(PromptCacheError::Checksum);
+    }
+    let tokens = (0..n).map(|i| u32_at(bytes, HEADER + 4 * i)).collect();
+    Ok(PromptCache {
+        tokens,
+        kv_type,
+        n_layer: layers,
+        kv_dim: width,
+        kv: body[HEADER + 4 * n..].to_vec(),
+    })
+}
+
+/// Read and validate `path` for `model` and `state` (cache type and size).
+pub fn load(path: &Path, model: &Model, state: &State) -> Result<PromptCache, PromptCacheError> {
+    let bytes = std::fs::read(path).map_err(|source| PromptCacheError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let kv = &state.kv;
+    decode(
+        &bytes,
+        &model_fingerprint(model),
+        kv.kv_type(),
+        kv.n_layer(),
+        kv.kv_dim(),
+        state.n_ctx(),
+    )
+}
+
+impl PromptCache {
+    /// Number of cached tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when the cache holds no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Put the first `n` cached positions into `state` (replacing whatever it held) and set
+    /// its position to `n`.
+    pub fn restore(&self, state: &mut State, n: usize) -> Result<(), PromptCacheError> {
+        let total = self.tokens.len();
+        if n > total {
+            return Err(PromptCacheError::Other(format!(
+                "cannot restore {n} of {total} tokens"
+            )));
+        }
+        if state.kv.kv_type() != self.kv_type
+            || state.kv.n_layer() != self.n_layer
+            || state.kv.kv_dim() != self.kv_dim
+        {
+            return Err(PromptCacheError::Other(
+                "state does not match the cache".into(),
+            ));
+        }
+        let elem = state.kv.elem_bytes();
+        let (full, part) = (total * self.kv_dim * elem, n * self.kv_dim * elem);
+        let mut sel = Vec::with_capacity(2 * self.n_layer * part);
+        for chunk in self.kv.chunks_exact(full.max(1)).take(2 * self.n_layer) {
+            sel.extend_from_slice(&chunk[..part]);
+        }
+        if full == 0 {
+            sel.clear();
+        }
+        state
+            .kv
+            .import_prefix(n, &sel)
+            .map_err(PromptCacheError::Other)?;
+        state
+            .set_n_past(n)
+            .map_err(|e| PromptCacheError::Other(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synthetic::{synthetic_gguf, SyntheticSpec};
+    use crate::Logits;
+    use sparrow_gguf::GgufFile;
+    use std::sync::Arc;
+
+    fn model(seed: u64) -> Model {
+        let bytes = synthetic_gguf(&SyntheticSpec {
+            seed,
+            ..Default::default()
+        });
+        Model::from_gguf(Arc::new(GgufFile::from_bytes(bytes).unwrap())).unwrap()
+    }
+
+    #[test]
+    fn round_trip_and_hostile_images() {
+        let m = model(1);
+        let fp = model_fingerprint(&m);
+        let mut st = m.new_state(64, KvType::F16).unwrap();
+        let toks: Vec<u32> = (0..10).map(|i| i * 7 % 256).collect();
+        m.forward(&mut st, &toks, Logits::None).unwrap();
+        let img = encode(&fp, &st, &toks).unwrap();
+        let (l, w) = (st.kv.n_layer(), st.kv.kv_dim());
+        let pc = decode(&img, &fp, KvType::F16, l, w, 64).unwrap();
+        assert_eq!(pc.tokens, toks);
+        let mut st2 = m.new_state(64, KvType::F16).unwrap();
+        pc.restore(&mut st2, 6).unwrap();
+        assert_eq!(st2.n_past(), 6);
+        assert_eq!(st2.kv.export_prefix(6), st.kv.export_prefix(6));
+
+        let err = |b: &[u8]| {
+            decode(b, &fp, KvType::F16, l, w, 64)
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        for cut in [0, 5, 11, 40, HEADER + 10, img.len() - 1] {
+            let e = err(&img[..cut]);
+            assert!(e.contains("truncated"), "{cut}: {e}");
+        }
+        let mut bad = img.clone();
+        bad[HEADER + 50] ^= 1;
+        assert!(err(&bad).contains("checksum"));
+        let mut bad = img.clone();
+        bad[0] = b'X';
+        assert!(err(&bad).contains("magic"));
+        let mut bad = img.clone();
+        bad[8] = 9;
+        assert!(err(&bad).contains("version 9"));
+        let other = model_fingerprint(&model(2));
+        assert_ne!(
+            other, fp,
+            "a different model must have a different fingerprint"
+        );
+        assert!(decode(&img, &other, KvType::F16, l, w, 64)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("different model"));
+        assert!(decode(&img, &fp, KvType::F32, l, w, 64)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("f16"));
+        assert!(decode(&img, &fp, KvType::F16, l, w, 5)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("context"));
+        let mut big = img.clone();
+        big[56..60].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(!err(&big).is_empty());
+    }
+}
