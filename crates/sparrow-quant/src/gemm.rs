@@ -6,19 +6,29 @@
 //!
 //! 1. The activations of every token are quantized once (Q8_0 or Q8_K, exactly as the
 //!    per-row path does) and regrouped per scale group `G` (32 elements for the legacy
-//!    formats, 16 for the k-quants): quants, the f32 scale `dx`, `-128 * sum(quants)` and
+//!    formats, 16 for the k-quants): quants, the f32 scale `dx`, `-off * sum(quants)` and
 //!    `dx * sum(quants)`.
 //! 2. The weight rows are decoded [`PANEL`] (32) rows at a time to signed integers plus one
 //!    f32 factor `dw` (and, for formats with minimums, an offset `mw`) per group, so that
 //!    `w_i = dw * s_i + mw`, and stored interleaved: for every 4 consecutive columns, the 4
-//!    bytes of row 0, then row 1, ... (each as `s + 128`, unsigned). One 64-byte register
-//!    then holds 4 columns of 16 rows.
-//! 3. A micro-kernel runs every token of the batch through the decoded panel, 4 tokens at a
-//!    time: per 4 columns, one 32-bit broadcast of each token's 4 activation bytes and one
-//!    `vpdpbusd` per 16 rows accumulate 16 rows' integer dots at once; per group, one
-//!    conversion and two float operations apply `dw * dx` to all 16 rows. The `+128` added
-//!    to the weights is removed exactly by starting each group's integer sum at
-//!    `-128 * sum(x)`.
+//!    bytes of row 0, then row 1, ... (each as `s + off`, unsigned, with the format's
+//!    smallest `off` that makes it non-negative: 0 for Q4_K, 16 for Q5_0, 32 for Q6_K, 128
+//!    for the 8-bit formats; see [`layout`]). One 64-byte register then holds 4 columns of
+//!    16 rows, one 32-byte register 4 columns of 8 rows.
+//! 3. A micro-kernel runs every token of the batch through the decoded panel, a few tokens
+//!    at a time: per 4 columns, one 32-bit broadcast of each token's 4 activation bytes
+//!    and one multiply-accumulate per register of rows accumulate 8 or 16 rows' integer
+//!    dots at once; per group, one conversion and two float operations apply `dw * dx` to
+//!    all of them. The `+off` added to the weights is removed exactly by starting each
+//!    group's integer sum at `-off * sum(x)`.
+//!    * AVX-512 VNNI (`x86::gemm::panel_avx512`, from [`MIN_TOKENS`] tokens): `vpdpbusd`
+//!      on 16 rows, 32 rows times 4 tokens per pass.
+//!    * AVX2 (`x86::gemm::panel_avx2`, from [`MIN_TOKENS_AVX2`] tokens): `vpmaddubsw`
+//!      (unsigned weights times signed activations, pairs summed in saturating i16) on 8
+//!      rows, several steps summed in i16 as far as `qmax` of the format proves exact, then
+//!      `vpmaddwd` against ones into i32; the 8-bit formats (`qmax` 255) take the sign
+//!      trick `|s| * (x * sign s)` instead. 16 rows times 4 tokens (3 when a group needs
+//!      two i16 flushes) per pass, over 512-column chunks of the panel.
 //!
 //! Each weight byte is thus unpacked once per batch rather than once per token, and the
 //! per-group float work is shared by 16 rows. The integer part of every group equals the
@@ -33,8 +43,14 @@ use crate::{GgmlType, QMatrix, SimdLevel};
 /// Rows decoded together (two 16-lane registers).
 pub(crate) const PANEL: usize = 32;
 
-/// Fewest tokens for which decoding panels pays off against the per-row kernels.
+/// Fewest tokens for which decoding panels pays off against the per-row kernels, with the
+/// AVX-512 VNNI micro-kernel.
 pub(crate) const MIN_TOKENS: usize = 6;
+
+/// As [`MIN_TOKENS`] for the AVX2 micro-kernel, whose per-row kernels are relatively
+/// cheaper against the (scalar) panel decoding: measured on Zen 3, the panels win from
+/// about 8 tokens for Q5_0 and 12 for Q4_K / Q6_K.
+pub(crate) const MIN_TOKENS_AVX2: usize = 16;
 
 /// How a weight format maps onto groups.
 #[derive(Clone, Copy, Debug)]
@@ -45,22 +61,38 @@ pub(crate) struct Layout {
     pub(crate) mins: bool,
     /// Legacy (Q8_0 activations) or k-quant (Q8_K activations).
     pub(crate) legacy: bool,
+    /// The panel stores `s + off`, which lies in `0..=qmax` (see [`Panel`]).
+    pub(crate) off: u8,
+    /// The largest stored value `s + off`: at most 128 except for the 8-bit formats
+    /// (Q8_0, Q8_K: `off = 128`, `qmax = 255`).
+    pub(crate) qmax: u8,
 }
 
 /// The panel layout of `ty`, if it has one (every quantized format with an int8 kernel).
 pub(crate) fn layout(ty: GgmlType) -> Option<Layout> {
     use GgmlType::*;
-    let (legacy, mins) = match ty {
-        Q4_0 | Q5_0 | Q8_0 => (true, false),
-        Q4_1 | Q5_1 => (true, true),
-        Q3_K | Q6_K | Q8_K => (false, false),
-        Q2_K | Q4_K | Q5_K => (false, true),
+    // (legacy, mins, off, qmax): `s` ranges over `-off ..= qmax - off` (see `q8::legacy_ints`
+    // and `q8::k_ints`).
+    let (legacy, mins, off, qmax) = match ty {
+        Q4_0 => (true, false, 8, 15),
+        Q5_0 => (true, false, 16, 31),
+        Q8_0 => (true, false, 128, 255),
+        Q4_1 => (true, true, 0, 15),
+        Q5_1 => (true, true, 0, 31),
+        Q2_K => (false, true, 0, 3),
+        Q3_K => (false, false, 4, 7),
+        Q4_K => (false, true, 0, 15),
+        Q5_K => (false, true, 0, 31),
+        Q6_K => (false, false, 32, 63),
+        Q8_K => (false, false, 128, 255),
         _ => return None,
     };
     Some(Layout {
         g: if legacy { 32 } else { 16 },
         mins,
         legacy,
+        off,
+        qmax,
     })
 }
 
@@ -75,7 +107,7 @@ pub(crate) struct BatchActs {
     pub(crate) qs: Vec<u8>,
     /// Activation scale per group.
     pub(crate) dx: Vec<f32>,
-    /// `-128 * sum(quants)` per group.
+    /// `-off * sum(quants)` per group (`off` of the weight [`Layout`]).
     pub(crate) negc: Vec<i32>,
     /// `dx * sum(quants)` per group.
     pub(crate) xs: Vec<f32>,
@@ -104,7 +136,7 @@ impl BatchActs {
                 |(a0, ak), ((((qs, dx), negc), sx), x)| {
                     let mut put = |gi: usize, d: f32, sum: i32| {
                         dx[gi] = d;
-                        negc[gi] = -128 * sum;
+                        negc[gi] = -(lay.off as i32) * sum;
                         sx[gi] = d * sum as f32;
                     };
                     if lay.legacy {
@@ -135,7 +167,8 @@ impl BatchActs {
 /// [`PANEL`] weight rows decoded for the micro-kernel (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct Panel {
-    /// `s + 128` per weight; 4 columns of row 0, of row 1, ..., then the next 4 columns.
+    /// `s + off` per weight (unsigned, `off` of the [`Layout`]); 4 columns of row 0, of
+    /// row 1, ..., then the next 4 columns.
     pub(crate) q: Vec<u8>,
     /// `dw` per group: [`PANEL`] rows per group.
     pub(crate) dw: Vec<f32>,
@@ -158,7 +191,7 @@ impl Panel {
             if r0 + r >= m.rows() {
                 // padding rows of the last panel: zero weights
                 for j in 0..cols / 4 {
-                    self.q[(j * PANEL + r) * 4..][..4].fill(0x80);
+                    self.q[(j * PANEL + r) * 4..][..4].fill(lay.off);
                 }
                 for gi in 0..groups {
                     self.dw[gi * PANEL + r] = 0.0;
@@ -172,7 +205,7 @@ impl Panel {
             if lay.legacy {
                 for (bi, b) in row.chunks_exact(bb).enumerate() {
                     let w = legacy_ints(ty, b);
-                    put_q(&mut self.q, r, bi * 32, &w.q);
+                    put_q(&mut self.q, lay.off, r, bi * 32, &w.q);
                     self.dw[bi * PANEL + r] = w.d;
                     if lay.mins {
                         self.mw[bi * PANEL + r] = w.m;
@@ -181,7 +214,7 @@ impl Panel {
             } else {
                 for (bi, b) in row.chunks_exact(bb).enumerate() {
                     let k = k_ints(ty, b);
-                    put_q(&mut self.q, r, bi * 256, &k.q);
+                    put_q(&mut self.q, lay.off, r, bi * 256, &k.q);
                     for g in 0..16 {
                         let gi = bi * 16 + g;
                         self.dw[gi * PANEL + r] = k.d * k.sc[g] as f32;
@@ -196,14 +229,14 @@ impl Panel {
 }
 
 /// Stores the signed quants `q` of row `r`, starting at column `c0`, into the interleaved
-/// panel (offset by 128).
+/// panel (offset by `off`, wrapping: `-128 + 128` is 0).
 #[inline]
-fn put_q(panel: &mut [u8], r: usize, c0: usize, q: &[i8]) {
+fn put_q(panel: &mut [u8], off: u8, r: usize, c0: usize, q: &[i8]) {
     for (j, c4) in q.chunks_exact(4).enumerate() {
         let base = ((c0 / 4 + j) * PANEL + r) * 4;
         let dst = &mut panel[base..base + 4];
         for (d, &s) in dst.iter_mut().zip(c4) {
-            *d = (s as u8) ^ 0x80;
+            *d = (s as u8).wrapping_add(off);
         }
     }
 }
@@ -235,11 +268,17 @@ pub(crate) fn panel_scalar(lay: Layout, p: &Panel, a: &BatchActs, n: usize, res:
 /// row `r` of the panel.
 type PanelKernel = fn(Layout, &Panel, &BatchActs, usize, &mut [f32]);
 
-/// The panel micro-kernel of `level`, if it has one.
-fn panel_kernel(level: SimdLevel) -> Option<PanelKernel> {
+/// The panel micro-kernel of `level`, if it has one, and the fewest tokens it is used for.
+fn panel_kernel(level: SimdLevel) -> Option<(PanelKernel, usize)> {
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 if level.is_supported() => Some(crate::x86::gemm::panel_avx512),
+        SimdLevel::Avx512 if level.is_supported() => {
+            Some((crate::x86::gemm::panel_avx512, MIN_TOKENS))
+        }
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 if level.is_supported() => {
+            Some((crate::x86::gemm::panel_avx2, MIN_TOKENS_AVX2))
+        }
         _ => None,
     }
 }
@@ -254,10 +293,10 @@ pub(crate) fn matmul_panels(
     n: usize,
     out: &mut [f32],
 ) -> bool {
-    let (Some(lay), Some(kernel)) = (layout(m.ty()), panel_kernel(level)) else {
+    let (Some(lay), Some((kernel, min_tokens))) = (layout(m.ty()), panel_kernel(level)) else {
         return false;
     };
-    if n < MIN_TOKENS || m.cols() == 0 {
+    if n < min_tokens || m.cols() == 0 {
         return false;
     }
     run_panels(lay, kernel, m, xs, n, out);

@@ -314,66 +314,124 @@ fn activation_quantizers_follow_ggml() {
         .all(|&v| v == 0.0));
 }
 
+/// Checks `matmul` at every supported level (through the panel kernels where the level
+/// has one and the batch is big enough) and the portable panel reference against the
+/// scalar int8 kernel row by row. The integer sums are exact; the f32 work per group
+/// differs in order, so the tolerance is the int8-vs-int8 one with one term per scale
+/// group (16 elements).
+fn check_batched(ty: GgmlType, m: &sparrow_quant::QMatrix<'_>, xs: &[f32], what: &str) {
+    use sparrow_quant::{gemm::matmul_panels_scalar, matmul_at_level};
+    let slow = Kernels::scalar(ty).unwrap().dot_q8.unwrap();
+    let (rows, cols) = (m.rows(), m.cols());
+    let n_tokens = xs.len() / cols;
+    let tol = |r: usize, t: usize| {
+        let x = &xs[t * cols..(t + 1) * cols];
+        let xdq = if slow.act_type() == GgmlType::Q8_0 {
+            Q8_0Acts::new(x).dequantize()
+        } else {
+            Q8KActs::new(x).dequantize()
+        };
+        4.0 * ((cols / 16) as f64 + 16.0) * EPS * split_magnitude(ty, m.row(r), &xdq)
+    };
+    let want: Vec<f64> = (0..n_tokens * rows)
+        .map(|i| {
+            let (t, r) = (i / rows, i % rows);
+            slow.quantize_and_dot(m.row(r), &xs[t * cols..(t + 1) * cols]) as f64
+        })
+        .collect();
+    let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
+    for level in SimdLevel::supported() {
+        let mut out = vec![f32::NAN; n_tokens * rows];
+        matmul_at_level(level, m, xs, &mut out).unwrap();
+        runs.push((format!("{level:?}"), out));
+    }
+    let mut out = vec![f32::NAN; n_tokens * rows];
+    assert!(matmul_panels_scalar(m, xs, &mut out));
+    runs.push(("panel reference".into(), out));
+    for (name, out) in &runs {
+        for (i, &got) in out.iter().enumerate() {
+            let (t, r) = (i / rows, i % rows);
+            let d = (got as f64 - want[i]).abs();
+            assert!(
+                d <= tol(r, t),
+                "{ty} {what} {name} n={n_tokens} {rows}x{cols} row {r} token {t}: \
+                 {got:e} vs {:e}, tol {:e}",
+                want[i],
+                tol(r, t)
+            );
+        }
+    }
+}
+
 /// Batched products (`matmul`, which decodes weight panels once per batch where a level
-/// has a panel kernel) at every level, and the portable panel reference, against the
-/// scalar int8 kernel row by row. Shapes cover a partial last panel (37 rows), token tiles
-/// of 4 plus a remainder (9 tokens) and the small-batch fallback (2 tokens). The integer
-/// sums are exact; the f32 work per group differs in order, so the tolerance is the
-/// int8-vs-int8 one with one term per scale group (16 elements).
+/// has a panel kernel: AVX2 and AVX-512) at every level, and the portable panel reference,
+/// against the scalar int8 kernel row by row. Shapes cover a partial last panel (37 rows),
+/// rows wider than one column chunk of the AVX2 kernel (512), batches from 16 tokens (the
+/// AVX2 threshold) that are exact multiples of the AVX2 tiles (4 tokens, 3 for Q5_0 / Q5_1
+/// / Q6_K) or leave every remainder, 9 tokens (AVX-512 panels, AVX2 per-row kernels) and
+/// the small-batch fallback (2 tokens); blocks carry edge scales (see `edge_row`).
 #[test]
 fn batched_matmul_matches_scalar_int8_for_every_format_and_level() {
-    use sparrow_quant::{gemm::matmul_panels_scalar, matmul_at_level, QMatrix};
+    use sparrow_quant::QMatrix;
     let mut rng = Rng::new(24);
     for &ty in SUPPORTED {
-        let Some(slow) = Kernels::scalar(ty).unwrap().dot_q8 else {
+        if Kernels::scalar(ty).unwrap().dot_q8.is_none() {
             continue;
-        };
-        let cols = 2 * ty.block_elems().max(32) * if ty.block_elems() == 32 { 3 } else { 1 };
-        let rows = 37;
-        let mut data = Vec::new();
-        for _ in 0..rows {
-            data.extend(edge_row(&mut rng, ty, cols));
         }
-        let m = QMatrix::new(ty, &data, rows, cols).unwrap();
-        for n_tokens in [9, 2] {
-            let xs: Vec<f32> = (0..n_tokens)
-                .flat_map(|_| activations(&mut rng, cols))
-                .collect();
-            let tol = |r: usize, t: usize| {
-                let x = &xs[t * cols..(t + 1) * cols];
-                let xdq = if slow.act_type() == GgmlType::Q8_0 {
-                    Q8_0Acts::new(x).dequantize()
-                } else {
-                    Q8KActs::new(x).dequantize()
-                };
-                4.0 * ((cols / 16) as f64 + 16.0) * EPS * split_magnitude(ty, m.row(r), &xdq)
-            };
-            let want: Vec<f64> = (0..n_tokens * rows)
-                .map(|i| {
-                    let (t, r) = (i / rows, i % rows);
-                    slow.quantize_and_dot(m.row(r), &xs[t * cols..(t + 1) * cols]) as f64
-                })
-                .collect();
-            let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
-            for level in SimdLevel::supported() {
-                let mut out = vec![f32::NAN; n_tokens * rows];
-                matmul_at_level(level, &m, &xs, &mut out).unwrap();
-                runs.push((format!("{level:?}"), out));
+        let narrow = 2 * ty.block_elems().max(32) * if ty.block_elems() == 32 { 3 } else { 1 };
+        let wide = if ty.block_elems() == 32 {
+            32 * 19
+        } else {
+            3 * 256
+        };
+        for cols in [narrow, wide] {
+            let rows = 37;
+            let mut data = Vec::new();
+            for _ in 0..rows {
+                data.extend(edge_row(&mut rng, ty, cols));
             }
-            let mut out = vec![f32::NAN; n_tokens * rows];
-            assert!(matmul_panels_scalar(&m, &xs, &mut out));
-            runs.push(("panel reference".into(), out));
-            for (name, out) in &runs {
-                for (i, &got) in out.iter().enumerate() {
-                    let (t, r) = (i / rows, i % rows);
-                    let d = (got as f64 - want[i]).abs();
-                    assert!(
-                        d <= tol(r, t),
-                        "{ty} {name} n={n_tokens} row {r} token {t}: {got:e} vs {:e}, tol {:e}",
-                        want[i],
-                        tol(r, t)
-                    );
+            let m = QMatrix::new(ty, &data, rows, cols).unwrap();
+            for n_tokens in [16, 17, 18, 19, 9, 2] {
+                let xs: Vec<f32> = (0..n_tokens)
+                    .flat_map(|_| activations(&mut rng, cols))
+                    .collect();
+                check_batched(ty, &m, &xs, "random");
+            }
+        }
+    }
+}
+
+/// The panel kernels at the extremes of every format's quants, where AVX2's saturating
+/// `vpmaddubsw` and its i16 partial sums would overflow if the bounds were wrong: every
+/// quant byte set to one pattern (all bits set gives each format's largest stored value,
+/// `0x80` Q8's -128), unit scales, and activations that quantize to +-127 throughout.
+#[test]
+fn batched_matmul_is_exact_at_extreme_quants() {
+    use sparrow_quant::QMatrix;
+    for &ty in SUPPORTED {
+        if Kernels::scalar(ty).unwrap().dot_q8.is_none() {
+            continue;
+        }
+        let cols = 2 * 256;
+        let rows = 40;
+        for fill in [0xFFu8, 0x00, 0x80, 0x7F, 0x77] {
+            let mut data = vec![fill; ty.bytes_for(cols as u64).unwrap() * rows];
+            for b in data.chunks_exact_mut(ty.block_bytes()) {
+                for &(off, is_f32) in scale_fields(ty) {
+                    if is_f32 {
+                        b[off..off + 4].copy_from_slice(&1.0f32.to_le_bytes());
+                    } else {
+                        b[off..off + 2].copy_from_slice(&0x3C00u16.to_le_bytes());
+                    }
                 }
+            }
+            let m = QMatrix::new(ty, &data, rows, cols).unwrap();
+            for sign in [1.0f32, -1.0] {
+                let n_tokens = 19;
+                let xs: Vec<f32> = (0..n_tokens * cols)
+                    .map(|i| if i % 97 == 5 { -sign } else { sign })
+                    .collect();
+                check_batched(ty, &m, &xs, &format!("fill {fill:#x} sign {sign}"));
             }
         }
     }
