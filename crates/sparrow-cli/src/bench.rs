@@ -135,7 +135,7 @@ fn run_test(
     let mut state = model
         .new_state(n_ctx, a.cache_type)
         .map_err(|e| e.to_string())?;
-    state.set_attention(a.attn.choice()?.build()?);
+    state.set_attention(a.attn.choice()?.build(model.config.n_layer)?);
     // One untimed warm-up pass pages the weights in and spins up the threads.
     fill(
         model,

@@ -87,7 +87,8 @@ impl ModelArgs {
 /// Which attention backend to run (`--attn`), shared by every command that runs the model.
 #[derive(clap::Args, Clone, Debug)]
 pub struct AttnArgs {
-    /// Attention policy: full (exact) or streaming (sinks + recent window).
+    /// Attention policy: full (exact), streaming (sinks + recent window) or quest
+    /// (decode reads the best-scoring pages within a token budget).
     #[arg(long = "attn", default_value = "full")]
     pub attn: String,
     /// Streaming: number of sink tokens kept.
@@ -96,17 +97,42 @@ pub struct AttnArgs {
     /// Streaming: number of recent tokens kept.
     #[arg(long = "attn-window", default_value_t = 2000)]
     pub window: usize,
+    /// Quest: tokens read per decode step (pages chosen + the last, incomplete page).
+    #[arg(long = "quest-budget", default_value_t = 1024)]
+    pub quest_budget: usize,
+    /// Quest: tokens per page.
+    #[arg(long = "quest-page", default_value_t = 16)]
+    pub quest_page: usize,
+    /// Layers that keep exact attention under a sparse policy (comma-separated; empty for
+    /// none). Quest's authors keep layers 0 and 1 dense.
+    #[arg(long = "dense-layers", default_value = "0,1", value_delimiter = ',')]
+    pub dense_layers: Vec<String>,
 }
 
 impl AttnArgs {
     /// The choice as the engine takes it; unknown names are refused here, before any work.
     pub fn choice(&self) -> Result<sparrow::attention::AttentionChoice, String> {
+        let dense_layers = self
+            .dense_layers
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<usize>()
+                    .map_err(|_| format!("--dense-layers: '{s}' is not a layer number"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let c = sparrow::attention::AttentionChoice {
             name: self.attn.clone(),
             sinks: self.sinks,
             window: self.window,
+            quest: sparrow::quest::QuestSettings {
+                page: self.quest_page,
+                budget: self.quest_budget,
+                dense_layers,
+            },
         };
-        c.build()?;
+        c.build(0)?;
         Ok(c)
     }
 }

@@ -417,7 +417,17 @@ fn load_test_synthetic() {
     );
     let (code, _) = http(&s.addr, "GET", "/health", None, "");
     assert_eq!(code, 200);
-    let (_, m) = http(&s.addr, "GET", "/metrics", None, "");
+    // The gauges follow the scheduler thread, which may still be retiring the last request
+    // when its client has read the final byte: give it a moment before calling it stuck.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let (_, m) = http(&s.addr, "GET", "/metrics", None, "");
+        let idle = m.contains("sparrow_queue_depth 0") && m.contains("sparrow_active_requests 0");
+        if idle || Instant::now() > deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(
         m.contains("sparrow_queue_depth 0") && m.contains("sparrow_active_requests 0"),
         "{m}"

@@ -2,7 +2,9 @@
 //! [`AttentionBackend`]; today that is exact dense attention, and the sparse policies plug in
 //! here without the model changing.
 
-use crate::kv_cache::KvCache;
+use crate::attention_simd::{convert_tile, pv, scores, softmax_tile, Level};
+use crate::kv_cache::{KvCache, KvRows, KvType};
+use crate::quest::{QuestAttention, QuestSettings};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -31,19 +33,136 @@ pub trait AttentionBackend: Send + Sync {
         pos0: usize,
         out: &mut [f32],
     );
+
+    /// The cache positions from `pos` on are about to be rewritten (a rewind, a restored or
+    /// reused prefix): forget any per-position state kept for them.
+    fn forget_from(&self, _pos: usize) {}
+
+    /// Fraction of the `n_ctx` cached positions one decode query reads (1.0 for exact
+    /// attention): the selectivity a policy reports.
+    fn fraction_read(&self, _n_ctx: usize) -> f64 {
+        1.0
+    }
 }
 
-/// Exact causal attention. Positions are processed in tiles: each tile of keys and values is
-/// converted from the cache's element type once and shared by all query heads of a GQA
-/// group, with a one-pass online softmax so no score row of the full length is kept.
+/// Exact causal attention, flash-style: a block of query rows (every head of a GQA group for
+/// a few consecutive tokens) walks the keys in tiles, each K/V row read once per block
+/// straight from the cache (f16 rows converted with F16C), scores and values accumulated
+/// with a one-pass online softmax. Long key ranges are split across threads and the pieces
+/// merged exactly by their log-sum-exp. Kernels: [`crate::attention_simd`].
 pub struct DenseAttention;
 
-/// Positions per tile.
-const TILE: usize = 128;
+/// Keys per tile.
+const TILE: usize = 64;
+/// Query rows (tokens × group heads) a block aims for.
+const BLOCK_ROWS: usize = 56;
+/// Fewest keys a split piece of a long range gets.
+const MIN_PIECE: usize = 256;
+
+/// The online-softmax state of one block of query rows over some keys: running maximum `m`
+/// and denominator `l` per row, unnormalised outputs `o` (`rows × head_dim`).
+struct Partial {
+    m: Vec<f32>,
+    l: Vec<f32>,
+    o: Vec<f32>,
+}
+
+/// One task: the query rows of tokens `tokens` (indices into the batch) for `kv_head`, over
+/// the key positions in `keys`.
+struct Unit {
+    tokens: Range<usize>,
+    kv_head: usize,
+    keys: Vec<Range<usize>>,
+}
+
+/// Attention of the query rows of `unit` over its keys. Row `r` is head `r % group` of the
+/// group of token `unit.tokens.start + r / group`; each token only sees the keys of its own
+/// entry in `visible` (indexed by batch position), the others are masked.
+#[allow(clippy::too_many_arguments)]
+fn attend_unit(
+    level: Level,
+    shape: AttnShape,
+    cache: &KvCache,
+    layer: usize,
+    q: &[f32],
+    unit: &Unit,
+    visible: &[Vec<Range<usize>>],
+) -> Partial {
+    let hd = shape.head_dim;
+    let group = shape.n_head / shape.n_head_kv;
+    let q_dim = shape.n_head * hd;
+    let kv_dim = cache.kv_dim();
+    let head_off = unit.kv_head * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let rows = unit.tokens.len() * group;
+    let rw = rows.div_ceil(8) * 8;
+
+    // Queries transposed (`qt[d * rw + r]`); padding rows stay zero and are never output.
+    let mut qt = vec![0.0f32; hd * rw];
+    for r in 0..rows {
+        let token = unit.tokens.start + r / group;
+        let head = unit.kv_head * group + r % group;
+        let qr = &q[token * q_dim + head * hd..][..hd];
+        for (d, &x) in qr.iter().enumerate() {
+            qt[d * rw + r] = x;
+        }
+    }
+    let mut part = Partial {
+        m: vec![f32::NEG_INFINITY; rw],
+        l: vec![0.0; rw],
+        o: vec![0.0; rows * hd],
+    };
+    let mut corr = vec![0.0f32; rw];
+    let mut s = vec![0.0f32; TILE * rw];
+    let mut ktile = Vec::new();
+    let mut vtile = Vec::new();
+    if cache.kv_type() == KvType::F16 {
+        ktile = vec![0.0f32; TILE * hd];
+        vtile = vec![0.0f32; TILE * hd];
+    }
+
+    for range in &unit.keys {
+        for start in range.clone().step_by(TILE) {
+            let n = TILE.min(range.end - start);
+            let s = &mut s[..n * rw];
+            let (k, k_stride) = rows_of(
+                level,
+                cache.key_rows(layer, start, n),
+                head_off,
+                kv_dim,
+                hd,
+                n,
+                &mut ktile,
+            );
+            scores(level, k, k_stride, n, hd, &qt, rw, scale, s);
+            mask(&unit.tokens, visible, start, n, group, rw, s);
+            softmax_tile(level, s, n, rw, &mut part.m, &mut part.l, &mut corr);
+            for (r, &c) in corr[..rows].iter().enumerate() {
+                if c != 1.0 {
+                    part.o[r * hd..(r + 1) * hd]
+                        .iter_mut()
+                        .for_each(|a| *a *= c);
+                }
+            }
+            let (v, v_stride) = rows_of(
+                level,
+                cache.value_rows(layer, start, n),
+                head_off,
+                kv_dim,
+                hd,
+                n,
+                &mut vtile,
+            );
+            pv(level, s, rw, rows, v, v_stride, n, hd, &mut part.o);
+        }
+    }
+    part
+}
 
 /// Attention of one token's query heads sharing `kv_head` over the cache positions in
-/// `ranges` (ascending, disjoint), writing `group × head_dim` outputs.
-fn attend_group(
+/// `ranges` (ascending, disjoint), writing `group × head_dim` outputs; `q_row` is the
+/// token's whole query row. Runs on the calling thread.
+pub(crate) fn attend_group(
     shape: AttnShape,
     cache: &KvCache,
     layer: usize,
@@ -53,77 +172,116 @@ fn attend_group(
     out_group: &mut [f32],
 ) {
     let hd = shape.head_dim;
-    let group = shape.n_head / shape.n_head_kv;
-    let kv_dim = cache.kv_dim();
-    let scale = 1.0 / (hd as f32).sqrt();
-    let q_group = &q_row[kv_head * group * hd..(kv_head + 1) * group * hd];
+    let unit = Unit {
+        tokens: 0..1,
+        kv_head,
+        keys: ranges.to_vec(),
+    };
+    let visible = [ranges.to_vec()];
+    let part = attend_unit(Level::active(), shape, cache, layer, q_row, &unit, &visible);
+    for (r, dst) in out_group.chunks_exact_mut(hd).enumerate() {
+        if part.m[r] == f32::NEG_INFINITY {
+            dst.fill(0.0);
+            continue;
+        }
+        let inv = 1.0 / part.l[r];
+        dst.iter_mut()
+            .zip(&part.o[r * hd..(r + 1) * hd])
+            .for_each(|(d, &a)| *d = a * inv);
+    }
+}
 
-    let mut ktile = vec![0.0f32; TILE * kv_dim];
-    let mut vtile = vec![0.0f32; TILE * kv_dim];
-    let mut scores = vec![0.0f32; TILE];
-    let mut max = vec![f32::NEG_INFINITY; group];
-    let mut denom = vec![0.0f32; group];
-    out_group.fill(0.0);
+/// One kv head's `n` rows of a tile as f32 with their stride: borrowed from an f32 cache,
+/// converted into `buf` from an f16 one.
+fn rows_of<'a>(
+    level: Level,
+    rows: KvRows<'a>,
+    head_off: usize,
+    kv_dim: usize,
+    hd: usize,
+    n: usize,
+    buf: &'a mut [f32],
+) -> (&'a [f32], usize) {
+    match rows {
+        KvRows::F32(x) => (&x[head_off..], kv_dim),
+        KvRows::F16(x) => {
+            convert_tile(level, &x[head_off..], kv_dim, n, hd, buf);
+            (&buf[..n * hd], hd)
+        }
+    }
+}
 
-    for range in ranges {
-        let mut start = range.start;
-        while start < range.end {
-            let len = TILE.min(range.end - start);
-            cache.read_keys(layer, start, &mut ktile[..len * kv_dim]);
-            cache.read_values(layer, start, &mut vtile[..len * kv_dim]);
-            for h in 0..group {
-                let q = &q_group[h * hd..(h + 1) * hd];
-                let mut tile_max = f32::NEG_INFINITY;
-                for (t, s) in scores[..len].iter_mut().enumerate() {
-                    let k = &ktile[t * kv_dim + kv_head * hd..][..hd];
-                    *s = dot(q, k) * scale;
-                    tile_max = tile_max.max(*s);
-                }
-                let new_max = max[h].max(tile_max);
-                let acc = &mut out_group[h * hd..(h + 1) * hd];
-                let correction = (max[h] - new_max).exp();
-                if correction != 1.0 {
-                    denom[h] *= correction;
-                    acc.iter_mut().for_each(|a| *a *= correction);
-                }
-                max[h] = new_max;
-                for (t, &s) in scores[..len].iter().enumerate() {
-                    let p = (s - new_max).exp();
-                    denom[h] += p;
-                    let v = &vtile[t * kv_dim + kv_head * hd..][..hd];
-                    acc.iter_mut().zip(v).for_each(|(a, &x)| *a += p * x);
-                }
+/// Set to `-inf` the scores of keys `start..start + n` that a token of the block does not
+/// see (causal diagonal, or a policy's gaps).
+fn mask(
+    tokens: &Range<usize>,
+    visible: &[Vec<Range<usize>>],
+    start: usize,
+    n: usize,
+    group: usize,
+    rw: usize,
+    s: &mut [f32],
+) {
+    let end = start + n;
+    for (j, token) in tokens.clone().enumerate() {
+        let vis = &visible[token];
+        let seen: usize = vis
+            .iter()
+            .map(|r| r.end.min(end).saturating_sub(r.start.max(start)))
+            .sum();
+        if seen == n {
+            continue;
+        }
+        for t in 0..n {
+            if !vis.iter().any(|r| r.contains(&(start + t))) {
+                s[t * rw + j * group..][..group].fill(f32::NEG_INFINITY);
             }
-            start += len;
         }
-    }
-    for h in 0..group {
-        let inv = 1.0 / denom[h];
-        out_group[h * hd..(h + 1) * hd]
-            .iter_mut()
-            .for_each(|a| *a *= inv);
     }
 }
 
-/// Plain f32 dot product (the compiler vectorises this loop shape).
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for j in 0..8 {
-            acc[j] += a[c * 8 + j] * b[c * 8 + j];
+/// Sorted union of ranges.
+fn union(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    ranges.retain(|r| !r.is_empty());
+    ranges.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<usize>> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        match out.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => out.push(r),
         }
     }
-    let mut s: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
-    }
-    s
+    out
 }
 
-/// Run `attend_group` for every (token, kv head) of a batch in parallel, with the key
-/// ranges `ranges_for(position)` gives for each token's position.
+/// Cut `keys` (sorted, disjoint) into `pieces` runs of about equal key counts, on tile
+/// boundaries.
+fn split_keys(keys: &[Range<usize>], pieces: usize) -> Vec<Vec<Range<usize>>> {
+    let total: usize = keys.iter().map(|r| r.len()).sum();
+    if pieces <= 1 || total == 0 {
+        return vec![keys.to_vec()];
+    }
+    let per = total.div_ceil(pieces).div_ceil(TILE) * TILE;
+    let mut out = vec![Vec::new()];
+    let mut room = per;
+    for r in keys {
+        let mut start = r.start;
+        while start < r.end {
+            if room == 0 {
+                out.push(Vec::new());
+                room = per;
+            }
+            let take = room.min(r.end - start);
+            out.last_mut().unwrap().push(start..start + take);
+            start += take;
+            room -= take;
+        }
+    }
+    out
+}
+
+/// Run dense attention for every token of a batch, with the key ranges `ranges_for(position)`
+/// gives for each token's position.
 fn attend_batch(
     shape: AttnShape,
     cache: &KvCache,
@@ -133,18 +291,121 @@ fn attend_batch(
     out: &mut [f32],
     ranges_for: impl Fn(usize) -> Vec<Range<usize>> + Sync,
 ) {
-    let q_dim = shape.n_head * shape.head_dim;
-    let group_width = q_dim / shape.n_head_kv;
-    // One task per (token, kv head): each converts its key/value tiles once.
-    out.par_chunks_mut(group_width)
-        .enumerate()
-        .for_each(|(task, out_group)| {
-            let token = task / shape.n_head_kv;
-            let kv_head = task % shape.n_head_kv;
-            let q_row = &q[token * q_dim..(token + 1) * q_dim];
-            let ranges = ranges_for(pos0 + token);
-            attend_group(shape, cache, layer, q_row, kv_head, &ranges, out_group);
-        });
+    attend_batch_with(
+        Level::active(),
+        rayon::current_num_threads(),
+        shape,
+        cache,
+        layer,
+        q,
+        pos0,
+        out,
+        ranges_for,
+    );
+}
+
+/// [`attend_batch`] at a given kernel level, splitting key ranges for `threads` workers.
+#[allow(clippy::too_many_arguments)]
+fn attend_batch_with(
+    level: Level,
+    threads: usize,
+    shape: AttnShape,
+    cache: &KvCache,
+    layer: usize,
+    q: &[f32],
+    pos0: usize,
+    out: &mut [f32],
+    ranges_for: impl Fn(usize) -> Vec<Range<usize>> + Sync,
+) {
+    let hd = shape.head_dim;
+    let q_dim = shape.n_head * hd;
+    let group = shape.n_head / shape.n_head_kv;
+    let n = q.len() / q_dim;
+    if n == 0 {
+        return;
+    }
+    let visible: Vec<Vec<Range<usize>>> = (0..n).map(|i| ranges_for(pos0 + i)).collect();
+    let block = (BLOCK_ROWS / group).max(1);
+    let n_blocks = n.div_ceil(block);
+
+    // Units ordered by (block, kv head, piece); a (block, kv head) with few siblings gets its
+    // keys split so that every thread has several tasks.
+    let base = n_blocks * shape.n_head_kv;
+    let target = 4 * threads.max(1);
+    let mut units = Vec::new();
+    for b in 0..n_blocks {
+        let tokens = b * block..((b + 1) * block).min(n);
+        let keys = union(visible[tokens.clone()].concat());
+        let total: usize = keys.iter().map(|r| r.len()).sum();
+        let pieces = if base >= target {
+            1
+        } else {
+            target.div_ceil(base).min(total / MIN_PIECE).max(1)
+        };
+        let split = split_keys(&keys, pieces);
+        for kv_head in 0..shape.n_head_kv {
+            for piece in &split {
+                units.push(Unit {
+                    tokens: tokens.clone(),
+                    kv_head,
+                    keys: piece.clone(),
+                });
+            }
+        }
+    }
+    let parts: Vec<Partial> = units
+        .par_iter()
+        .map(|u| attend_unit(level, shape, cache, layer, q, u, &visible))
+        .collect();
+
+    // Merge the pieces of each (block, kv head) by log-sum-exp and normalise.
+    let mut i = 0;
+    while i < units.len() {
+        let mut j = i + 1;
+        while j < units.len()
+            && units[j].tokens == units[i].tokens
+            && units[j].kv_head == units[i].kv_head
+        {
+            j += 1;
+        }
+        let unit = &units[i];
+        let pieces = &parts[i..j];
+        for r in 0..unit.tokens.len() * group {
+            let token = unit.tokens.start + r / group;
+            let head = unit.kv_head * group + r % group;
+            let dst = &mut out[token * q_dim + head * hd..][..hd];
+            let mx = pieces
+                .iter()
+                .map(|p| p.m[r])
+                .fold(f32::NEG_INFINITY, f32::max);
+            if mx == f32::NEG_INFINITY {
+                dst.fill(0.0);
+                continue;
+            }
+            if let [p] = pieces {
+                let inv = 1.0 / p.l[r];
+                dst.iter_mut()
+                    .zip(&p.o[r * hd..(r + 1) * hd])
+                    .for_each(|(d, &a)| *d = a * inv);
+                continue;
+            }
+            dst.fill(0.0);
+            let mut l = 0.0f32;
+            for p in pieces {
+                let w = (p.m[r] - mx).exp();
+                if w == 0.0 {
+                    continue;
+                }
+                l += w * p.l[r];
+                dst.iter_mut()
+                    .zip(&p.o[r * hd..(r + 1) * hd])
+                    .for_each(|(d, &a)| *d += w * a);
+            }
+            let inv = 1.0 / l;
+            dst.iter_mut().for_each(|d| *d *= inv);
+        }
+        i = j;
+    }
 }
 
 impl AttentionBackend for DenseAttention {
@@ -210,17 +471,30 @@ impl AttentionBackend for StreamingAttention {
     ) {
         attend_batch(shape, cache, layer, q, pos0, out, |pos| self.ranges(pos));
     }
+
+    fn fraction_read(&self, n_ctx: usize) -> f64 {
+        if n_ctx == 0 {
+            return 1.0;
+        }
+        let read: usize = self.ranges(n_ctx - 1).iter().map(|r| r.len()).sum();
+        read as f64 / n_ctx as f64
+    }
 }
+
+/// Names accepted by [`AttentionChoice::build`].
+pub const POLICY_NAMES: &str = "full, streaming, quest";
 
 /// Settings that choose an attention backend by name (`--attn`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionChoice {
-    /// `full` or `streaming`.
+    /// `full`, `streaming` or `quest`.
     pub name: String,
     /// Streaming: sink tokens kept.
     pub sinks: usize,
     /// Streaming: recent tokens kept.
     pub window: usize,
+    /// Quest: page size, token budget and dense layers.
+    pub quest: QuestSettings,
 }
 
 impl Default for AttentionChoice {
@@ -230,13 +504,14 @@ impl Default for AttentionChoice {
             name: "full".into(),
             sinks: 4,
             window: 2000,
+            quest: QuestSettings::default(),
         }
     }
 }
 
 impl AttentionChoice {
-    /// Build the backend, or explain which names exist.
-    pub fn build(&self) -> Result<Box<dyn AttentionBackend>, String> {
+    /// Build the backend for a model of `n_layer` layers, or explain which names exist.
+    pub fn build(&self, n_layer: usize) -> Result<Box<dyn AttentionBackend>, String> {
         match self.name.as_str() {
             "full" => Ok(Box::new(DenseAttention)),
             "streaming" => {
@@ -248,8 +523,9 @@ impl AttentionChoice {
                     window: self.window,
                 }))
             }
+            "quest" => Ok(Box::new(QuestAttention::new(self.quest.clone(), n_layer)?)),
             other => Err(format!(
-                "unknown attention policy '{other}' (available: full, streaming)"
+                "unknown attention policy '{other}' (available: {POLICY_NAMES})"
             )),
         }
     }
@@ -258,7 +534,6 @@ impl AttentionChoice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::KvType;
 
     /// Naive f64 causal attention as the reference.
     fn reference(
@@ -327,18 +602,26 @@ mod tests {
         };
         assert_eq!(no_sinks.ranges(9), vec![7..10]);
         assert!(AttentionChoice {
-            name: "quest".into(),
+            name: "h3o".into(),
             ..Default::default()
         }
-        .build()
-        .is_err());
+        .build(2)
+        .err()
+        .unwrap()
+        .contains("available: full, streaming, quest"));
         assert!(AttentionChoice {
             name: "streaming".into(),
             window: 0,
             ..Default::default()
         }
-        .build()
+        .build(2)
         .is_err());
+        let mut bad_budget = AttentionChoice {
+            name: "quest".into(),
+            ..Default::default()
+        };
+        bad_budget.quest.budget = 3;
+        assert!(bad_budget.build(2).err().unwrap().contains("budget 3"));
     }
 
     #[test]
@@ -395,5 +678,138 @@ mod tests {
             }
         }
         assert!(out.iter().zip(&sout).any(|(a, b)| (a - b).abs() > 1e-3));
+    }
+
+    /// Every level, both cache types, head sizes with tails, MHA and GQA groups, batches of
+    /// several blocks and forced key splits: equal to the f64 reference, and the SIMD
+    /// levels equal to the scalar one.
+    #[test]
+    fn levels_cache_types_and_splits_match() {
+        let mut seed = 99u64;
+        let mut rnd = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        };
+        let shapes = [(14, 2, 64), (4, 4, 20), (8, 2, 13), (6, 1, 72)];
+        for &(n_head, n_head_kv, head_dim) in &shapes {
+            let shape = AttnShape {
+                n_head,
+                n_head_kv,
+                head_dim,
+            };
+            let kv_dim = n_head_kv * head_dim;
+            let q_dim = n_head * head_dim;
+            let depth = 700;
+            let keys: Vec<Vec<f32>> = (0..depth)
+                .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
+                .collect();
+            let vals: Vec<Vec<f32>> = (0..depth)
+                .map(|_| (0..kv_dim).map(|_| rnd()).collect())
+                .collect();
+            for ty in [KvType::F32, KvType::F16] {
+                let mut cache = KvCache::new(ty, 2, depth, kv_dim);
+                // What the cache holds (f16-rounded for an f16 cache), for the reference.
+                let (mut hk, mut hv) = (keys.clone(), vals.clone());
+                for t in 0..depth {
+                    cache.write(1, t, &keys[t], &vals[t]);
+                    cache.read_keys(1, t, &mut hk[t]);
+                    cache.read_values(1, t, &mut hv[t]);
+                }
+                for &n in &[1usize, 3, 19] {
+                    let pos0 = depth - n;
+                    let q: Vec<f32> = (0..n * q_dim).map(|_| rnd()).collect();
+                    let mut want = vec![0.0; n * q_dim];
+                    attend_batch_with(
+                        Level::Scalar,
+                        1,
+                        shape,
+                        &cache,
+                        1,
+                        &q,
+                        pos0,
+                        &mut want,
+                        |p| std::iter::once(0..p + 1).collect(),
+                    );
+                    for i in 0..n {
+                        let r = reference(shape, &hk, &hv, &q[i * q_dim..][..q_dim], pos0 + i);
+                        for (a, b) in want[i * q_dim..][..q_dim].iter().zip(&r) {
+                            assert!((a - b).abs() < 2e-5, "{a} vs {b}");
+                        }
+                    }
+                    for level in Level::supported() {
+                        for threads in [1, 2, 16] {
+                            let mut got = vec![0.0; n * q_dim];
+                            attend_batch_with(
+                                level,
+                                threads,
+                                shape,
+                                &cache,
+                                1,
+                                &q,
+                                pos0,
+                                &mut got,
+                                |p| std::iter::once(0..p + 1).collect(),
+                            );
+                            for (a, b) in got.iter().zip(&want) {
+                                assert!(
+                                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                                    "{level:?} {threads} {ty:?} {shape:?} n {n}: {a} vs {b}"
+                                );
+                            }
+                        }
+                    }
+                    // Per-token key ranges with a gap (sinks + a window that slides within
+                    // the batch): masked in the middle of tiles, equal to the reference over
+                    // exactly those keys at every level and split.
+                    let streaming = StreamingAttention {
+                        sinks: 5,
+                        window: 150,
+                    };
+                    for level in Level::supported() {
+                        for threads in [1, 16] {
+                            let mut got = vec![0.0; n * q_dim];
+                            attend_batch_with(
+                                level,
+                                threads,
+                                shape,
+                                &cache,
+                                1,
+                                &q,
+                                pos0,
+                                &mut got,
+                                |p| streaming.ranges(p),
+                            );
+                            for i in 0..n {
+                                let visible: Vec<usize> =
+                                    streaming.ranges(pos0 + i).into_iter().flatten().collect();
+                                let qi = &q[i * q_dim..][..q_dim];
+                                let r = reference_over(shape, &hk, &hv, qi, &visible);
+                                for (a, b) in got[i * q_dim..][..q_dim].iter().zip(&r) {
+                                    assert!((a - b).abs() < 2e-5, "{level:?} {a} vs {b}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn key_splits_cover_each_key_once() {
+        let keys = vec![0..5, 100..300, 301..1000];
+        for pieces in 1..9 {
+            let split = split_keys(&keys, pieces);
+            assert!(split.len() <= pieces.max(1));
+            let flat: Vec<usize> = split.into_iter().flatten().flatten().collect();
+            let want: Vec<usize> = keys.iter().cloned().flatten().collect();
+            assert_eq!(flat, want);
+        }
+        assert_eq!(
+            union(vec![5..9, 0..3, 2..4, 9..9, 10..12]),
+            vec![0..4, 5..9, 10..12]
+        );
     }
 }

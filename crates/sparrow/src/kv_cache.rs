@@ -29,6 +29,13 @@ impl std::str::FromStr for KvType {
     }
 }
 
+/// A run of cache rows borrowed in the cache's element type.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    F16(&'a [f16]),
+    F32(&'a [f32]),
+}
+
 enum Store {
     F16(Vec<f16>),
     F32(Vec<f32>),
@@ -46,6 +53,13 @@ impl Store {
         match self {
             Store::F16(v) => v[at..at + src.len()].convert_from_f32_slice(src),
             Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+        }
+    }
+
+    fn rows(&self, r: std::ops::Range<usize>) -> KvRows<'_> {
+        match self {
+            Store::F16(v) => KvRows::F16(&v[r]),
+            Store::F32(v) => KvRows::F32(&v[r]),
         }
     }
 
@@ -126,6 +140,26 @@ impl KvCache {
     pub fn read_values(&self, layer: usize, start: usize, dst: &mut [f32]) {
         let at = self.offset(layer, start);
         self.v.read(at, dst);
+    }
+
+    /// Keys of positions `start..start + n` of `layer`, borrowed in the cache's element type
+    /// (`n × kv_dim` elements, position-major): attention reads them without a copy.
+    pub fn key_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
+        self.k.rows(self.span(layer, start, n))
+    }
+
+    /// Values of positions `start..start + n` of `layer`, like [`KvCache::key_rows`].
+    pub fn value_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
+        self.v.rows(self.span(layer, start, n))
+    }
+
+    fn span(&self, layer: usize, start: usize, n: usize) -> std::ops::Range<usize> {
+        assert!(
+            layer < self.n_layer && start + n <= self.n_ctx,
+            "KV index out of range"
+        );
+        let at = (layer * self.n_ctx + start) * self.kv_dim;
+        at..at + n * self.kv_dim
     }
 
     /// Bytes held for keys and values.

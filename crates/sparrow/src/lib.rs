@@ -2,6 +2,7 @@
 //! a KV cache behind an attention seam, samples, and renders chat templates.
 
 pub mod attention;
+pub mod attention_simd;
 pub mod chat;
 pub mod engine;
 pub mod error;
@@ -12,6 +13,7 @@ pub mod kv_cache;
 pub mod model;
 pub mod perplexity;
 pub mod prompt_cache;
+pub mod quest;
 pub mod sampler;
 pub mod synthetic;
 pub mod tokenizer;

@@ -1,6 +1,6 @@
 //! JSON-constrained generation end to end: sampled completions at temperature 1.0 always
-//! parse with serde_json, on the synthetic model (100 completions) and the real Qwen2.5
-//! (a few short ones).
+//! parse with serde_json, on the synthetic model and on the real Qwen2.5 (100 completions
+//! each, of varied token budgets, so many are closed by the budget rather than by EOS).
 
 mod common;
 
@@ -89,20 +89,25 @@ fn real_model_json_completions_parse() {
     let engine = Engine::load(common::qwen_path()).unwrap();
     let tmpl = engine.chat_template.as_ref().unwrap();
     let vocab = Arc::new(JsonVocab::new(&engine.tokenizer));
-    let prompt = tmpl
-        .render(
-            &[sparrow::ChatMessage::new(
-                "user",
-                "Describe a sparrow as a JSON object.",
-            )],
-            true,
-        )
-        .unwrap();
-    for seed in 0..3 {
-        let out = complete(&engine, &vocab, &prompt, seed, 12, Root::Object);
-        eprintln!("seed {seed}: {out}");
-        let v: serde_json::Value =
-            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"));
-        assert!(v.is_object());
+    let asks = [
+        "Describe a sparrow as a JSON object.",
+        "List three cities with their populations, as JSON.",
+        "Give a JSON config for a web server with nested settings.",
+        "Return a JSON object with a quoted string, a number, a list and null.",
+    ];
+    let mut distinct = std::collections::HashSet::new();
+    for seed in 0..100u64 {
+        let ask = asks[seed as usize % asks.len()];
+        let prompt = tmpl
+            .render(&[sparrow::ChatMessage::new("user", ask)], true)
+            .unwrap();
+        let n = 4 + (seed as usize * 7) % 17;
+        let out = complete(&engine, &vocab, &prompt, seed, n, Root::Object);
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("seed {seed} ({n} tokens): {e}: {out:?}"));
+        assert!(v.is_object(), "seed {seed}: {out}");
+        distinct.insert(out);
     }
+    // Temperature 1.0 must actually sample: the completions are not all one text.
+    assert!(distinct.len() > 50, "only {} distinct completions", distinct.len());
 }

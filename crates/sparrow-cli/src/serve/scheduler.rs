@@ -230,6 +230,7 @@ impl Worker {
             while i < active.len() {
                 if self.step(&mut active[i]) {
                     let a = active.swap_remove(i);
+                    self.metrics.active.store(active.len(), Ordering::Relaxed);
                     self.slots[a.slot].last_used = self.clock;
                     // swap_remove moved the last request here; keep round-robin order fair by
                     // not skipping it.

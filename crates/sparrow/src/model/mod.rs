@@ -91,11 +91,13 @@ impl State {
 
     /// Forget everything; the next forward starts at position 0.
     pub fn reset(&mut self) {
+        self.attention.forget_from(0);
         self.n_past = 0;
     }
 
     /// Drop positions beyond `n` (keep a shared prefix, discard the rest).
     pub fn truncate(&mut self, n: usize) {
+        self.attention.forget_from(n);
         self.n_past = self.n_past.min(n);
     }
 }
@@ -110,6 +112,8 @@ impl State {
                 n_ctx: self.n_ctx(),
             });
         }
+        // The cache's contents were replaced from outside: nothing known about them holds.
+        self.attention.forget_from(0);
         self.n_past = n;
         Ok(())
     }

@@ -1,0 +1,84 @@
+//! Times dense attention on the Qwen2.5-0.5B shape (14 q heads, 2 kv heads, head size 64)
+//! at a given depth: one decode query and a 64-token prefill batch, per layer call.
+//!
+//! `cargo run --release -p sparrow --example attn_timing -- [depth] [threads] [f16|f32]`
+
+use sparrow::attention::{AttentionBackend, AttnShape, DenseAttention};
+use sparrow::{KvCache, KvType};
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let depth: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(4096);
+    let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let ty: KvType = args
+        .get(3)
+        .map(|s| s.parse().unwrap())
+        .unwrap_or(KvType::F16);
+    let shape = AttnShape {
+        n_head: 14,
+        n_head_kv: 2,
+        head_dim: 64,
+    };
+    let kv_dim = 128;
+    let q_dim = 14 * 64;
+    let batch = 64;
+    let n_ctx = depth + batch;
+    let mut seed = 1u64;
+    let mut rnd = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    };
+    let mut cache = KvCache::new(ty, 1, n_ctx, kv_dim);
+    for t in 0..n_ctx {
+        let k: Vec<f32> = (0..kv_dim).map(|_| rnd()).collect();
+        let v: Vec<f32> = (0..kv_dim).map(|_| rnd()).collect();
+        cache.write(0, t, &k, &v);
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let q: Vec<f32> = (0..batch * q_dim).map(|_| rnd()).collect();
+    let mut out = vec![0.0; batch * q_dim];
+    pool.install(|| {
+        for (name, n, reps) in [("decode", 1usize, 400usize), ("prefill64", batch, 30)] {
+            if std::env::var("ATTN_ONLY").is_ok_and(|o| o != name) {
+                continue;
+            }
+            let pos0 = depth + batch - n;
+            DenseAttention.attend(
+                shape,
+                &cache,
+                0,
+                &q[..n * q_dim],
+                pos0,
+                &mut out[..n * q_dim],
+            );
+            let mut times: Vec<f64> = (0..reps)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    DenseAttention.attend(
+                        shape,
+                        &cache,
+                        0,
+                        &q[..n * q_dim],
+                        pos0,
+                        &mut out[..n * q_dim],
+                    );
+                    t0.elapsed().as_secs_f64()
+                })
+                .collect();
+            times.sort_by(f64::total_cmp);
+            let (min, med) = (times[0], times[reps / 2]);
+            println!(
+                "{name}: min {:.3} ms, median {:.3} ms per layer call; x24 layers: min {:.1} ms",
+                min * 1e3,
+                med * 1e3,
+                min * 24e3
+            );
+        }
+    });
+}

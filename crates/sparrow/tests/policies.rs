@@ -1,0 +1,121 @@
+//! Attention policies through the engine on a synthetic model: exact where they claim to
+//! be, active where they claim to save work, and consistent across rewinds.
+
+use sparrow::attention::AttentionChoice;
+use sparrow::quest::QuestSettings;
+use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
+use sparrow::{KvType, Logits, Model, State};
+use sparrow_gguf::GgufFile;
+use std::sync::Arc;
+
+fn model() -> Model {
+    let spec = SyntheticSpec {
+        context_length: 512,
+        seed: 11,
+        ..Default::default()
+    };
+    Model::from_gguf(Arc::new(GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap())).unwrap()
+}
+
+fn tokens(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 7) % 250 + 3)
+        .collect()
+}
+
+fn state(m: &Model, choice: &AttentionChoice) -> State {
+    let mut s = m.new_state(512, KvType::F16).unwrap();
+    s.set_attention(choice.build(m.config.n_layer).unwrap());
+    s
+}
+
+fn quest(page: usize, budget: usize) -> AttentionChoice {
+    AttentionChoice {
+        name: "quest".into(),
+        quest: QuestSettings {
+            page,
+            budget,
+            dense_layers: vec![],
+        },
+        ..Default::default()
+    }
+}
+
+/// Prefill `prompt`, then feed `steps` one token at a time; the logits of every decode step.
+fn decode_logits(m: &Model, s: &mut State, prompt: &[u32], steps: &[u32]) -> Vec<Vec<f32>> {
+    m.forward(s, prompt, Logits::None).unwrap();
+    steps
+        .iter()
+        .map(|&t| m.forward(s, &[t], Logits::Last).unwrap().to_vec())
+        .collect()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn full_policy_equals_the_default_state() {
+    let m = model();
+    let (p, d) = (tokens(150, 1), tokens(12, 2));
+    let mut plain = m.new_state(512, KvType::F16).unwrap();
+    let want = decode_logits(&m, &mut plain, &p, &d);
+    let got = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
+    assert_eq!(want, got);
+}
+
+#[test]
+fn quest_with_a_budget_covering_the_context_equals_full() {
+    let m = model();
+    let (p, d) = (tokens(200, 3), tokens(16, 4));
+    let want = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
+    let got = decode_logits(&m, &mut state(&m, &quest(16, 512)), &p, &d);
+    assert_eq!(want, got);
+}
+
+#[test]
+fn quest_with_a_small_budget_reads_less_and_changes_the_output() {
+    let m = model();
+    let (p, d) = (tokens(300, 5), tokens(8, 6));
+    let full = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
+    let mut s = state(&m, &quest(8, 64));
+    let sparse = decode_logits(&m, &mut s, &p, &d);
+    assert!(s.attention().fraction_read(308) < 0.25);
+    assert!(sparse.iter().flatten().all(|x| x.is_finite()));
+    let worst = full
+        .iter()
+        .zip(&sparse)
+        .map(|(a, b)| max_diff(a, b))
+        .fold(0.0, f32::max);
+    assert!(worst > 0.0, "a 64-token budget over 300 positions changed nothing");
+}
+
+#[test]
+fn quest_after_a_rewind_equals_a_fresh_sequence() {
+    let m = model();
+    let (a, b, d) = (tokens(180, 7), tokens(90, 8), tokens(6, 9));
+    // Fill the cache with `a`, decode, then rewind to the first 64 tokens and continue
+    // with `b`: pages summarised from `a`'s later tokens must not survive.
+    let mut reused = state(&m, &quest(8, 48));
+    decode_logits(&m, &mut reused, &a, &d);
+    reused.truncate(64);
+    let got = decode_logits(&m, &mut reused, &b, &d);
+    let fresh_prompt: Vec<u32> = a[..64].iter().chain(&b).copied().collect();
+    let want = decode_logits(&m, &mut state(&m, &quest(8, 48)), &fresh_prompt, &d);
+    assert_eq!(want, got);
+}
+
+#[test]
+fn bad_policy_settings_list_what_is_valid() {
+    let unknown = AttentionChoice {
+        name: "sparsest".into(),
+        ..Default::default()
+    };
+    let e = unknown.build(2).err().unwrap();
+    assert!(e.contains("sparsest") && e.contains("full, streaming, quest"), "{e}");
+    let e = quest(16, 4).build(2).err().unwrap();
+    assert!(e.contains("budget 4"), "{e}");
+}
