@@ -436,3 +436,41 @@ fn batched_matmul_is_exact_at_extreme_quants() {
         }
     }
 }
+
+/// `matvec` (rows split into parallel chunks of ~32 KiB) against the scalar int8 kernel row
+/// by row, for small row counts and one that spans two chunks.
+#[test]
+fn matvec_row_blocks_match_scalar_int8() {
+    use sparrow_quant::{matvec, QMatrix};
+    let mut rng = Rng::new(26);
+    for &ty in SUPPORTED {
+        let Some(slow) = Kernels::scalar(ty).unwrap().dot_q8 else {
+            continue;
+        };
+        let cols = if ty.block_elems() == 32 { 32 * 7 } else { 256 };
+        for rows in [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 301] {
+            let mut data = Vec::new();
+            for _ in 0..rows {
+                data.extend(edge_row(&mut rng, ty, cols));
+            }
+            let m = QMatrix::new(ty, &data, rows, cols).unwrap();
+            let x = activations(&mut rng, cols);
+            let mut out = vec![f32::NAN; rows];
+            matvec(&m, &x, &mut out).unwrap();
+            let xdq = if slow.act_type() == GgmlType::Q8_0 {
+                Q8_0Acts::new(&x).dequantize()
+            } else {
+                Q8KActs::new(&x).dequantize()
+            };
+            let nb = cols / ty.block_elems();
+            for (r, &got) in out.iter().enumerate() {
+                let want = slow.quantize_and_dot(m.row(r), &x) as f64;
+                let tol = 2.0 * (nb as f64 + 16.0) * EPS * split_magnitude(ty, m.row(r), &xdq);
+                assert!(
+                    (got as f64 - want).abs() <= tol,
+                    "{ty} {rows}x{cols} row {r}: matvec {got:e} vs scalar int8 {want:e}, tol {tol:e}"
+                );
+            }
+        }
+    }
+}
