@@ -153,7 +153,8 @@ impl QuestAttention {
         let mut chosen: Vec<usize> = if slots == 0 {
             Vec::new()
         } else {
-            scored.select_nth_unstable_by(slots - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            scored
+                .select_nth_unstable_by(slots - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             scored[..slots].iter().map(|&(_, p)| p).collect()
         };
         chosen.sort_unstable();

@@ -109,5 +109,9 @@ fn real_model_json_completions_parse() {
         distinct.insert(out);
     }
     // Temperature 1.0 must actually sample: the completions are not all one text.
-    assert!(distinct.len() > 50, "only {} distinct completions", distinct.len());
+    assert!(
+        distinct.len() > 50,
+        "only {} distinct completions",
+        distinct.len()
+    );
 }

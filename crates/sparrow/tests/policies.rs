@@ -14,7 +14,10 @@ fn model() -> Model {
         seed: 11,
         ..Default::default()
     };
-    Model::from_gguf(Arc::new(GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap())).unwrap()
+    Model::from_gguf(Arc::new(
+        GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap(),
+    ))
+    .unwrap()
 }
 
 fn tokens(n: usize, seed: u32) -> Vec<u32> {
@@ -90,7 +93,10 @@ fn quest_with_a_small_budget_reads_less_and_changes_the_output() {
         .zip(&sparse)
         .map(|(a, b)| max_diff(a, b))
         .fold(0.0, f32::max);
-    assert!(worst > 0.0, "a 64-token budget over 300 positions changed nothing");
+    assert!(
+        worst > 0.0,
+        "a 64-token budget over 300 positions changed nothing"
+    );
 }
 
 #[test]
@@ -115,7 +121,10 @@ fn bad_policy_settings_list_what_is_valid() {
         ..Default::default()
     };
     let e = unknown.build(2).err().unwrap();
-    assert!(e.contains("sparsest") && e.contains("full, streaming, quest"), "{e}");
+    assert!(
+        e.contains("sparsest") && e.contains("full, streaming, quest"),
+        "{e}"
+    );
     let e = quest(16, 4).build(2).err().unwrap();
     assert!(e.contains("budget 4"), "{e}");
 }

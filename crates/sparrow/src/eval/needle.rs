@@ -207,7 +207,11 @@ pub fn run_cell(
     };
     let ids = engine.tokenizer.encode(&prompt, true, true);
     let mut state = engine.model.new_state(ids.len() + 32, kv)?;
-    state.set_attention(attention.build(engine.model.config.n_layer).map_err(Error::Other)?);
+    state.set_attention(
+        attention
+            .build(engine.model.config.n_layer)
+            .map_err(Error::Other)?,
+    );
     let mut sampler = Sampler::new(SamplerConfig::greedy());
     let mut answer = String::new();
     let stats = generate(
