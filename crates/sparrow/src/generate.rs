@@ -100,8 +100,31 @@ pub fn generate(
     sampler: &mut Sampler,
     opts: &GenerateOptions,
     progress: impl FnMut(usize, usize),
-    mut on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
+    on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
 ) -> Result<GenerationStats> {
+    let (mut stats, logits) = start(model, state, prompt, sampler, opts, progress)?;
+    let limit = opts.n_predict.unwrap_or(usize::MAX);
+    let pick = |sampler: &mut Sampler, logits: &mut Vec<f32>, _left: usize| sampler.sample(logits);
+    let ends = TokenLoop {
+        limit,
+        stop_at_eog: !opts.ignore_eos,
+    };
+    ends.run(
+        model, tokenizer, state, sampler, logits, &mut stats, pick, on_token,
+    )?;
+    Ok(stats)
+}
+
+/// Checks the prompt, prefills it (timed) and lets the sampler see it: the start that plain
+/// and constrained generation share. Returns the stats so far and the last logits.
+pub(crate) fn start(
+    model: &Model,
+    state: &mut State,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    opts: &GenerateOptions,
+    progress: impl FnMut(usize, usize),
+) -> Result<(GenerationStats, Vec<f32>)> {
     if prompt.is_empty() {
         return Err(Error::Other("the prompt is empty".into()));
     }
@@ -110,39 +133,65 @@ pub fn generate(
         ..Default::default()
     };
     let t0 = Instant::now();
-    let mut logits = prefill(model, state, prompt, opts.batch_size, progress)?.to_vec();
+    let logits = prefill(model, state, prompt, opts.batch_size, progress)?.to_vec();
     stats.prompt_time = t0.elapsed();
     sampler.accept(prompt);
+    Ok((stats, logits))
+}
 
-    let t1 = Instant::now();
-    let mut decoder = StreamDecoder::new();
-    let limit = opts.n_predict.unwrap_or(usize::MAX);
-    stats.stop = StopReason::Length;
-    while stats.n_generated < limit {
-        let id = sampler.sample(&mut logits);
-        if !opts.ignore_eos && tokenizer.is_eog(id) {
-            stats.stop = StopReason::EndOfGeneration;
-            break;
+/// When the token loop ends (besides a cancelled stream or a full context).
+pub(crate) struct TokenLoop {
+    /// Most tokens to generate.
+    pub(crate) limit: usize,
+    /// Whether an end-of-generation token ends the loop (it is then not emitted).
+    pub(crate) stop_at_eog: bool,
+}
+
+impl TokenLoop {
+    /// Sample with `pick(sampler, logits, tokens_left)`, stream text through `on_token`,
+    /// feed each token back, until a stop condition; records counts, time and the reason
+    /// in `stats`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run(
+        &self,
+        model: &Model,
+        tokenizer: &Tokenizer,
+        state: &mut State,
+        sampler: &mut Sampler,
+        mut logits: Vec<f32>,
+        stats: &mut GenerationStats,
+        mut pick: impl FnMut(&mut Sampler, &mut Vec<f32>, usize) -> u32,
+        mut on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let t1 = Instant::now();
+        let mut decoder = StreamDecoder::new();
+        stats.stop = StopReason::Length;
+        while stats.n_generated < self.limit {
+            let id = pick(sampler, &mut logits, self.limit - stats.n_generated);
+            if self.stop_at_eog && tokenizer.is_eog(id) {
+                stats.stop = StopReason::EndOfGeneration;
+                break;
+            }
+            stats.n_generated += 1;
+            let text = decoder.push(tokenizer, id);
+            if on_token(Some(id), &text).is_break() {
+                stats.stop = StopReason::Cancelled;
+                break;
+            }
+            if stats.n_generated == self.limit {
+                break;
+            }
+            if state.n_past() >= state.n_ctx() {
+                stats.stop = StopReason::ContextFull;
+                break;
+            }
+            logits.copy_from_slice(model.forward(state, &[id], Logits::Last)?);
         }
-        stats.n_generated += 1;
-        let text = decoder.push(tokenizer, id);
-        if on_token(Some(id), &text).is_break() {
-            stats.stop = StopReason::Cancelled;
-            break;
+        let rest = decoder.flush();
+        if !rest.is_empty() {
+            let _ = on_token(None, &rest);
         }
-        if stats.n_generated == limit {
-            break;
-        }
-        if state.n_past() >= state.n_ctx() {
-            stats.stop = StopReason::ContextFull;
-            break;
-        }
-        logits.copy_from_slice(model.forward(state, &[id], Logits::Last)?);
+        stats.gen_time = t1.elapsed();
+        Ok(())
     }
-    let rest = decoder.flush();
-    if !rest.is_empty() {
-        let _ = on_token(None, &rest);
-    }
-    stats.gen_time = t1.elapsed();
-    Ok(stats)
 }

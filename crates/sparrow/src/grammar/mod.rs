@@ -15,15 +15,15 @@
 pub mod json;
 
 use crate::error::Result;
-use crate::model::{Logits, Model, State};
+use crate::generate::TokenLoop;
+use crate::model::{Model, State};
 use crate::sampler::Sampler;
-use crate::tokenizer::{StreamDecoder, TokenType, Tokenizer};
-use crate::{GenerateOptions, GenerationStats, StopReason};
+use crate::tokenizer::{TokenType, Tokenizer};
+use crate::{GenerateOptions, GenerationStats};
 pub use json::{JsonState, Root};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 /// Most bytes' worth of completion distance one byte can add (see [`JsonState::distance`]):
 /// `\uD8` adds 5 (the low surrogate must follow).
@@ -349,50 +349,22 @@ pub fn generate_json(
     opts: &GenerateOptions,
     constraint: &mut JsonConstraint,
     progress: impl FnMut(usize, usize),
-    mut on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
+    on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
 ) -> Result<GenerationStats> {
-    if prompt.is_empty() {
-        return Err(crate::Error::Other("the prompt is empty".into()));
-    }
-    let mut stats = GenerationStats {
-        n_prompt: prompt.len(),
-        ..Default::default()
-    };
-    let t0 = Instant::now();
-    let mut logits = crate::prefill(model, state, prompt, opts.batch_size, progress)?.to_vec();
-    stats.prompt_time = t0.elapsed();
-    sampler.accept(prompt);
-    let t1 = Instant::now();
-    let mut decoder = StreamDecoder::new();
+    let (mut stats, logits) =
+        crate::generate::start(model, state, prompt, sampler, opts, progress)?;
     let room = state.n_ctx().saturating_sub(state.n_past()) + 1;
-    let limit = opts.n_predict.unwrap_or(usize::MAX).min(room);
-    stats.stop = StopReason::Length;
-    while stats.n_generated < limit {
-        let id = constraint.sample(sampler, &mut logits, Some(limit - stats.n_generated));
-        if tokenizer.is_eog(id) {
-            stats.stop = StopReason::EndOfGeneration;
-            break;
-        }
-        stats.n_generated += 1;
-        let text = decoder.push(tokenizer, id);
-        if on_token(Some(id), &text).is_break() {
-            stats.stop = StopReason::Cancelled;
-            break;
-        }
-        if stats.n_generated == limit {
-            break;
-        }
-        if state.n_past() >= state.n_ctx() {
-            stats.stop = StopReason::ContextFull;
-            break;
-        }
-        logits.copy_from_slice(model.forward(state, &[id], Logits::Last)?);
-    }
-    let rest = decoder.flush();
-    if !rest.is_empty() {
-        let _ = on_token(None, &rest);
-    }
-    stats.gen_time = t1.elapsed();
+    let ends = TokenLoop {
+        limit: opts.n_predict.unwrap_or(usize::MAX).min(room),
+        // The grammar allows end of generation only once the value is complete.
+        stop_at_eog: true,
+    };
+    let pick = |sampler: &mut Sampler, logits: &mut Vec<f32>, left: usize| {
+        constraint.sample(sampler, logits, Some(left))
+    };
+    ends.run(
+        model, tokenizer, state, sampler, logits, &mut stats, pick, on_token,
+    )?;
     Ok(stats)
 }
 
