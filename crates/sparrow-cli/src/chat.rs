@@ -4,10 +4,10 @@
 //! generated and returns to the prompt; `/exit` or Ctrl-D ends the session, `/reset` clears
 //! the history.
 
-use crate::ModelArgs;
+use crate::{ModelArgs, SamplingArgs};
 use sparrow::grammar::{generate_json, JsonConstraint, JsonVocab, Root};
 use sparrow::prompt_cache::common_prefix;
-use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
+use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, Sampler};
 use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,21 +30,8 @@ pub struct ChatArgs {
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// Sampling temperature (0: greedy).
-    #[arg(long = "temp", default_value_t = 0.8)]
-    temp: f32,
-    /// Top-k (0: off).
-    #[arg(long = "top-k", default_value_t = 40)]
-    top_k: usize,
-    /// Top-p (1.0: off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    top_p: f32,
-    /// Min-p (0.0: off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    min_p: f32,
-    /// RNG seed (-1: random).
-    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
-    seed: i64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Replies are JSON objects (constrained sampling).
     #[arg(long = "json")]
     json: bool,
@@ -53,22 +40,7 @@ pub struct ChatArgs {
 static STOP: AtomicBool = AtomicBool::new(false);
 
 pub fn chat(a: ChatArgs) -> Result<(), String> {
-    let cfg = SamplerConfig {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        seed: if a.seed < 0 {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-        } else {
-            a.seed as u64
-        },
-        ..SamplerConfig::default()
-    };
-    cfg.validate()?;
+    let cfg = a.sampling.config()?;
     crate::run::init_threads(a.threads)?;
     let path = a.model.resolve()?;
     let engine = Engine::load(&path).map_err(|e| e.to_string())?;

@@ -137,6 +137,56 @@ impl AttnArgs {
     }
 }
 
+/// Sampling flags (llama.cpp's names and defaults), shared by `run` and `chat`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Sampling temperature (0: greedy).
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k sampling (0: off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (nucleus) sampling (1.0: off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p sampling (0.0: off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1.0: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the repetition penalty looks back over.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// RNG seed (-1: random).
+    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
+    pub seed: i64,
+}
+
+impl SamplingArgs {
+    /// The sampler settings, checked; a negative seed draws one from the clock.
+    pub fn config(&self) -> Result<sparrow::SamplerConfig, String> {
+        let cfg = sparrow::SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: if self.seed < 0 {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0)
+            } else {
+                self.seed as u64
+            },
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
 /// The prompt: `-p TEXT` or `-f FILE` (exactly one), shared by every command that reads text.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PromptArgs {

@@ -1,8 +1,8 @@
 //! `sparrow run`: generate from a prompt, streaming to stdout, statistics to stderr.
 
-use crate::{AttnArgs, ModelArgs, PromptArgs};
+use crate::{AttnArgs, ModelArgs, PromptArgs, SamplingArgs};
 use indicatif::{ProgressBar, ProgressStyle};
-use sparrow::{ChatMessage, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
+use sparrow::{ChatMessage, Engine, GenerateOptions, KvType, Sampler};
 use std::io::{IsTerminal, Write};
 use std::ops::ControlFlow;
 
@@ -27,27 +27,8 @@ pub struct RunArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
-    /// Sampling temperature (0: greedy).
-    #[arg(long = "temp", default_value_t = 0.8)]
-    temp: f32,
-    /// Top-k sampling (0: off).
-    #[arg(long = "top-k", default_value_t = 40)]
-    top_k: usize,
-    /// Top-p (nucleus) sampling (1.0: off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
-    top_p: f32,
-    /// Min-p sampling (0.0: off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
-    min_p: f32,
-    /// Repetition penalty (1.0: off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
-    repeat_penalty: f32,
-    /// Tokens the repetition penalty looks back over.
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
-    repeat_last_n: usize,
-    /// RNG seed (-1: random).
-    #[arg(short = 's', long = "seed", default_value_t = -1, allow_negative_numbers = true)]
-    seed: i64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long = "chat", alias = "conversation")]
     chat: bool,
@@ -100,23 +81,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
     if a.cache_type_k != a.cache_type_v {
         return Err("different key and value cache types are not supported yet".into());
     }
-    let sampler_cfg = SamplerConfig {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        repeat_last_n: a.repeat_last_n,
-        seed: if a.seed < 0 {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-        } else {
-            a.seed as u64
-        },
-    };
-    sampler_cfg.validate()?;
+    let sampler_cfg = a.sampling.config()?;
     let attention = a.attn.choice()?;
     let text = a.prompt.text()?;
     let threads = init_threads(a.threads)?;

@@ -117,6 +117,15 @@ impl QuestAttention {
         pages.pages = complete;
     }
 
+    /// For a context of `n` positions: how many pages are complete, and how many of them
+    /// the budget leaves room for next to the incomplete last page.
+    fn read_plan(&self, n: usize) -> (usize, usize) {
+        let page = self.settings.page;
+        let complete = n / page;
+        let tail = n - complete * page;
+        (complete, self.settings.budget.saturating_sub(tail) / page)
+    }
+
     /// The key ranges the query heads of `kv_head` (rows `q_group`, `group × head_dim`) read
     /// at a context of `n` positions: the best-scoring complete pages within the budget, in
     /// ascending order and merged where adjacent, then the incomplete last page.
@@ -129,9 +138,9 @@ impl QuestAttention {
         n: usize,
     ) -> Vec<Range<usize>> {
         let page = self.settings.page;
-        let complete = (n / page).min(pages.pages);
+        let (complete, slots) = self.read_plan(n);
+        debug_assert!(pages.pages >= complete, "pages are sealed before selection");
         let tail_start = complete * page;
-        let slots = self.settings.budget.saturating_sub(n - tail_start) / page;
         if slots >= complete {
             return std::iter::once(0..n).collect();
         }
@@ -199,10 +208,10 @@ impl AttentionBackend for QuestAttention {
         // A poisoned lock only means another thread panicked mid-update; the summaries are
         // rebuilt from the cache below, so take them as they are.
         let mut pages = slot.lock().unwrap_or_else(|e| e.into_inner());
-        let page = self.settings.page;
-        if pages.pages * page > pos0 {
-            // Positions at and after `pos0` were rewritten: their pages are stale.
-            pages.pages = pos0 / page;
+        if pages.pages * self.settings.page > pos0 {
+            // Positions from `pos0` on are being written again (e.g. after a forward pass
+            // that failed midway, which no rewind call announces): their pages are stale.
+            pages.pages = pos0 / self.settings.page;
         }
         self.seal_pages(&mut pages, cache, layer, pos0 + n);
         if n != 1 || self.settings.dense_layers.contains(&layer) {
@@ -234,10 +243,8 @@ impl AttentionBackend for QuestAttention {
             return 1.0;
         }
         let page = self.settings.page;
-        let tail = n_ctx % page;
-        let complete = n_ctx / page;
-        let slots = (self.settings.budget.saturating_sub(tail) / page).min(complete);
-        (slots * page + tail) as f64 / n_ctx as f64
+        let (complete, slots) = self.read_plan(n_ctx);
+        (slots.min(complete) * page + n_ctx % page) as f64 / n_ctx as f64
     }
 }
 

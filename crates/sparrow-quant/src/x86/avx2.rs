@@ -45,7 +45,7 @@ pub(super) fn ld16(p: &[u8]) -> __m128i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ld8f(p: &[f32]) -> __m256 {
+pub(super) fn ld8f(p: &[f32]) -> __m256 {
     let p: &[f32; 8] = p.first_chunk().expect("8 floats");
     // SAFETY: `p` is 8 readable f32; `loadu` has no alignment requirement.
     unsafe { _mm256_loadu_ps(p.as_ptr()) }

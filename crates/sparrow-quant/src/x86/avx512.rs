@@ -16,7 +16,7 @@ use crate::q8::{Q8_0Slice, Q8_0_BLOCK};
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn ld16f(p: &[f32]) -> __m512 {
+pub(super) fn ld16f(p: &[f32]) -> __m512 {
     let p: &[f32; 16] = p.first_chunk().expect("16 floats");
     // SAFETY: `p` is 16 readable f32; `loadu` has no alignment requirement.
     unsafe { _mm512_loadu_ps(p.as_ptr()) }

@@ -7,6 +7,8 @@
 
 use core::arch::x86_64::*;
 
+use super::avx2::{ld32, ld8f};
+use super::avx512::ld16f;
 use crate::gemm::{BatchActs, Layout, Panel, PANEL};
 
 #[inline]
@@ -15,14 +17,6 @@ fn ld64(p: &[u8]) -> __m512i {
     let p: &[u8; 64] = p.first_chunk().expect("64 bytes");
     // SAFETY: `p` is 64 readable bytes; `loadu` has no alignment requirement.
     unsafe { _mm512_loadu_si512(p.as_ptr().cast()) }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn ld16f(p: &[f32]) -> __m512 {
-    let p: &[f32; 16] = p.first_chunk().expect("16 floats");
-    // SAFETY: `p` is 16 readable f32; `loadu` has no alignment requirement.
-    unsafe { _mm512_loadu_ps(p.as_ptr()) }
 }
 
 #[inline]
@@ -159,26 +153,10 @@ mod mode {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ld8f(p: &[f32]) -> __m256 {
-    let p: &[f32; 8] = p.first_chunk().expect("8 floats");
-    // SAFETY: `p` is 8 readable f32; `loadu` has no alignment requirement.
-    unsafe { _mm256_loadu_ps(p.as_ptr()) }
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
 fn st8f(p: &mut [f32], v: __m256) {
     let p: &mut [f32; 8] = p.first_chunk_mut().expect("8 floats");
     // SAFETY: `p` is 8 writable f32; `storeu` has no alignment requirement.
     unsafe { _mm256_storeu_ps(p.as_mut_ptr(), v) }
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn ld32(p: &[u8]) -> __m256i {
-    let p: &[u8; 32] = p.first_chunk().expect("32 bytes");
-    // SAFETY: `p` is 32 readable bytes; `loadu` has no alignment requirement.
-    unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
 }
 
 /// Tokens `t0 .. t0 + T`, rows `R0 .. R0 + 16` of the panel, groups `g0 .. g1`: adds to
