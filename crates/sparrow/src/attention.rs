@@ -3,9 +3,11 @@
 //! here without the model changing.
 
 use crate::attention_simd::{convert_tile, pv, scores, softmax_tile, Level};
+use crate::kv_blocks::DEFAULT_BLOCK;
 use crate::kv_cache::{KvCache, KvRows, KvType};
-use crate::quest::{QuestAttention, QuestSettings};
+pub use crate::policy::{AttentionChoice, POLICY_NAMES};
 use rayon::prelude::*;
+use sparrow_attn::policy::KeysView;
 use std::ops::Range;
 
 /// Shapes the backend needs to interpret queries and cache rows.
@@ -42,6 +44,46 @@ pub trait AttentionBackend: Send + Sync {
     /// attention): the selectivity a policy reports.
     fn fraction_read(&self, _n_ctx: usize) -> f64 {
         1.0
+    }
+
+    /// Whether the policy may be used for prompt processing (batches of several tokens).
+    fn supports_prefill(&self) -> bool {
+        true
+    }
+
+    /// Whether the policy may be used for generation (one token at a time).
+    fn supports_decode(&self) -> bool {
+        true
+    }
+
+    /// True when the policy itself chooses which KV blocks a query reads (Quest), so a
+    /// tiered store would only need to load those blocks.
+    fn requires_block_selection(&self) -> bool {
+        false
+    }
+
+    /// Positions per KV block: the store is paged (and blocks sealed) at this size.
+    fn block_size(&self) -> usize {
+        DEFAULT_BLOCK
+    }
+
+    /// Block `block` of `layer` (positions `block * block_size ..`) has just been completely
+    /// written and is sealed: `keys` holds its keys in f32. Blocks are sealed in order; a
+    /// block may be sealed again after a rewind ([`Self::forget_from`]).
+    fn on_block_sealed(&self, _layer: usize, _block: usize, _keys: KeysView<'_>) {}
+
+    /// The cache positions each KV head's query group reads when the single query row `q`
+    /// at position `pos` of `layer` attends (one list of ascending ranges per KV head), for
+    /// evaluation (selectivity, attention mass captured). Default: everything up to `pos`.
+    fn read_set(
+        &self,
+        shape: AttnShape,
+        _cache: &KvCache,
+        _layer: usize,
+        _q: &[f32],
+        pos: usize,
+    ) -> Vec<Vec<Range<usize>>> {
+        vec![std::iter::once(0..pos + 1).collect(); shape.n_head_kv]
     }
 }
 
@@ -282,7 +324,7 @@ fn split_keys(keys: &[Range<usize>], pieces: usize) -> Vec<Vec<Range<usize>>> {
 
 /// Run dense attention for every token of a batch, with the key ranges `ranges_for(position)`
 /// gives for each token's position.
-fn attend_batch(
+pub(crate) fn attend_batch(
     shape: AttnShape,
     cache: &KvCache,
     layer: usize,
@@ -479,55 +521,16 @@ impl AttentionBackend for StreamingAttention {
         let read: usize = self.ranges(n_ctx - 1).iter().map(|r| r.len()).sum();
         read as f64 / n_ctx as f64
     }
-}
 
-/// Names accepted by [`AttentionChoice::build`].
-pub const POLICY_NAMES: &str = "full, streaming, quest";
-
-/// Settings that choose an attention backend by name (`--attn`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct AttentionChoice {
-    /// `full`, `streaming` or `quest`.
-    pub name: String,
-    /// Streaming: sink tokens kept.
-    pub sinks: usize,
-    /// Streaming: recent tokens kept.
-    pub window: usize,
-    /// Quest: page size, token budget and dense layers.
-    pub quest: QuestSettings,
-}
-
-impl Default for AttentionChoice {
-    fn default() -> Self {
-        // StreamingLLM's defaults: 4 sinks and a 2000-token recent window.
-        AttentionChoice {
-            name: "full".into(),
-            sinks: 4,
-            window: 2000,
-            quest: QuestSettings::default(),
-        }
-    }
-}
-
-impl AttentionChoice {
-    /// Build the backend for a model of `n_layer` layers, or explain which names exist.
-    pub fn build(&self, n_layer: usize) -> Result<Box<dyn AttentionBackend>, String> {
-        match self.name.as_str() {
-            "full" => Ok(Box::new(DenseAttention)),
-            "streaming" => {
-                if self.window == 0 {
-                    return Err("streaming attention needs a window of at least 1 token".into());
-                }
-                Ok(Box::new(StreamingAttention {
-                    sinks: self.sinks,
-                    window: self.window,
-                }))
-            }
-            "quest" => Ok(Box::new(QuestAttention::new(self.quest.clone(), n_layer)?)),
-            other => Err(format!(
-                "unknown attention policy '{other}' (available: {POLICY_NAMES})"
-            )),
-        }
+    fn read_set(
+        &self,
+        shape: AttnShape,
+        _cache: &KvCache,
+        _layer: usize,
+        _q: &[f32],
+        pos: usize,
+    ) -> Vec<Vec<Range<usize>>> {
+        vec![self.ranges(pos); shape.n_head_kv]
     }
 }
 
@@ -601,27 +604,6 @@ mod tests {
             window: 3,
         };
         assert_eq!(no_sinks.ranges(9), vec![7..10]);
-        assert!(AttentionChoice {
-            name: "h3o".into(),
-            ..Default::default()
-        }
-        .build(2)
-        .err()
-        .unwrap()
-        .contains("available: full, streaming, quest"));
-        assert!(AttentionChoice {
-            name: "streaming".into(),
-            window: 0,
-            ..Default::default()
-        }
-        .build(2)
-        .is_err());
-        let mut bad_budget = AttentionChoice {
-            name: "quest".into(),
-            ..Default::default()
-        };
-        bad_budget.quest.budget = 3;
-        assert!(bad_budget.build(2).err().unwrap().contains("budget 3"));
     }
 
     #[test]

@@ -17,7 +17,7 @@
 use crate::attention::{attend_group, AttentionBackend, AttnShape, DenseAttention};
 use crate::kv_cache::KvCache;
 use rayon::prelude::*;
-use sparrow_attn::policy::upper_bound_score;
+use sparrow_attn::policy::{upper_bound_score, KeysView};
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -228,6 +228,85 @@ impl AttentionBackend for QuestAttention {
                 let ranges = self.select(&pages, shape, kv_head, q_group, ctx);
                 attend_group(shape, cache, layer, q, kv_head, &ranges, out_group);
             });
+    }
+
+    fn supports_prefill(&self) -> bool {
+        false
+    }
+
+    fn read_set(
+        &self,
+        shape: AttnShape,
+        cache: &KvCache,
+        layer: usize,
+        q: &[f32],
+        pos: usize,
+    ) -> Vec<Vec<Range<usize>>> {
+        let full = vec![std::iter::once(0..pos + 1).collect(); shape.n_head_kv];
+        let Some(slot) = self.layers.get(layer) else {
+            return full;
+        };
+        if self.settings.dense_layers.contains(&layer) {
+            return full;
+        }
+        let mut pages = slot.lock().unwrap_or_else(|e| e.into_inner());
+        self.seal_pages(&mut pages, cache, layer, pos + 1);
+        let group_width = shape.n_head * shape.head_dim / shape.n_head_kv;
+        (0..shape.n_head_kv)
+            .map(|h| {
+                let q_group = &q[h * group_width..(h + 1) * group_width];
+                self.select(&pages, shape, h, q_group, pos + 1)
+            })
+            .collect()
+    }
+
+    fn requires_block_selection(&self) -> bool {
+        true
+    }
+
+    fn block_size(&self) -> usize {
+        self.settings.page
+    }
+
+    /// Record the sealed page's per-head key bounds while its keys are at hand.
+    fn on_block_sealed(&self, layer: usize, block: usize, keys: KeysView<'_>) {
+        let Some(slot) = self.layers.get(layer) else {
+            return;
+        };
+        if keys.rows() != self.settings.page {
+            return; // paged at another size: `attend` builds the bounds from the cache
+        }
+        let mut pages = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if block > pages.pages {
+            return; // an earlier page is missing: `attend` catches up from the cache
+        }
+        let kv_dim = keys.kv_heads() * keys.head_dim();
+        pages.pages = block + 1;
+        pages.min.resize((block + 1) * kv_dim, 0.0);
+        pages.max.resize((block + 1) * kv_dim, 0.0);
+        let hd = keys.head_dim();
+        let lo = &mut pages.min[block * kv_dim..(block + 1) * kv_dim];
+        lo.fill(f32::INFINITY);
+        for r in 0..keys.rows() {
+            for h in 0..keys.kv_heads() {
+                let k = keys.key(r, h);
+                lo[h * hd..(h + 1) * hd]
+                    .iter_mut()
+                    .zip(k)
+                    .for_each(|(l, &x)| *l = l.min(x));
+            }
+        }
+        let hi = &mut pages.max[block * kv_dim..(block + 1) * kv_dim];
+        hi.fill(f32::NEG_INFINITY);
+        for r in 0..keys.rows() {
+            for h in 0..keys.kv_heads() {
+                let k = keys.key(r, h);
+                hi[h * hd..(h + 1) * hd]
+                    .iter_mut()
+                    .zip(k)
+                    .for_each(|(m, &x)| *m = m.max(x));
+            }
+        }
     }
 
     fn forget_from(&self, pos: usize) {

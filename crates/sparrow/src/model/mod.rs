@@ -8,6 +8,7 @@ pub mod weights;
 
 use crate::attention::{AttentionBackend, AttnShape, DenseAttention};
 use crate::error::{Error, Result};
+use crate::kv_blocks::BlockTable;
 use crate::kv_cache::{KvCache, KvType};
 pub use config::{Architecture, ModelConfig, RopeLayout};
 use rope::RopeTable;
@@ -42,6 +43,8 @@ pub enum Logits {
 pub struct State {
     pub kv: KvCache,
     attention: Box<dyn AttentionBackend>,
+    /// Which fixed-size blocks of each layer are sealed (the paged view of `kv`).
+    blocks: BlockTable,
     rope: Arc<RopeTable>,
     n_past: usize,
     vocab: usize,
@@ -74,7 +77,10 @@ impl State {
     }
 
     /// Replace the attention backend (e.g. with a sparse policy) for what follows.
+    /// The new backend's block size pages the cache; blocks already complete are sealed for
+    /// it at the next forward pass.
     pub fn set_attention(&mut self, backend: Box<dyn AttentionBackend>) {
+        self.blocks = BlockTable::new(backend.block_size(), self.kv.n_layer());
         self.attention = backend;
     }
 
@@ -92,12 +98,14 @@ impl State {
     /// Forget everything; the next forward starts at position 0.
     pub fn reset(&mut self) {
         self.attention.forget_from(0);
+        self.blocks.forget_from(0);
         self.n_past = 0;
     }
 
     /// Drop positions beyond `n` (keep a shared prefix, discard the rest).
     pub fn truncate(&mut self, n: usize) {
         self.attention.forget_from(n);
+        self.blocks.forget_from(n);
         self.n_past = self.n_past.min(n);
     }
 }
@@ -114,6 +122,7 @@ impl State {
         }
         // The cache's contents were replaced from outside: nothing known about them holds.
         self.attention.forget_from(0);
+        self.blocks.forget_from(0);
         self.n_past = n;
         Ok(())
     }
@@ -174,6 +183,7 @@ impl Model {
         Ok(State {
             kv: KvCache::new(kv_type, c.n_layer, n_ctx, c.kv_dim()),
             attention: Box::new(DenseAttention),
+            blocks: BlockTable::new(DenseAttention.block_size(), c.n_layer),
             rope: Arc::new(rope),
             n_past: 0,
             vocab: c.vocab_size,
@@ -266,6 +276,12 @@ impl Model {
                     &s.v[i * kvd..(i + 1) * kvd],
                 );
             }
+            // Positions below `pos0` may have been rewritten since their block was sealed
+            // (a forward pass that failed midway): reseal from there.
+            state.blocks.forget_layer_from(l, pos0);
+            state
+                .blocks
+                .seal(shape, &state.kv, l, pos0 + n, state.attention.as_ref());
             state
                 .attention
                 .attend(shape, &state.kv, l, &s.q, pos0, &mut s.att);

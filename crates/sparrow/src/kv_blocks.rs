@@ -1,0 +1,92 @@
+//! The paged view of the KV cache: each layer's positions are cut into fixed-size blocks
+//! (block `b` holds positions `b * size .. (b + 1) * size`). A block is *sealed* once every
+//! position in it has been written; sealing hands its keys to the attention policy
+//! ([`AttentionBackend::on_block_sealed`]) while they are hot, which is where block summaries
+//! (Quest's min/max keys, landmark means) are built.
+//!
+//! The storage itself stays one contiguous, lazily backed buffer per layer
+//! ([`KvCache`]): the attention kernels read runs of positions in 64-key tiles, and a block
+//! table would only add an indirection until blocks move out of RAM. The block table here is
+//! the bookkeeping a tiered store would extend.
+
+use crate::attention::{AttentionBackend, AttnShape};
+use crate::kv_cache::KvCache;
+use sparrow_attn::policy::KeysView;
+
+/// Block size used when a policy has no preference.
+pub const DEFAULT_BLOCK: usize = 16;
+
+/// Sealed-block bookkeeping for every layer of one sequence.
+#[derive(Clone, Debug)]
+pub struct BlockTable {
+    size: usize,
+    /// Per layer: blocks `0..sealed[l]` are sealed.
+    sealed: Vec<usize>,
+    /// Scratch for one block's keys in f32.
+    keys: Vec<f32>,
+}
+
+impl BlockTable {
+    /// A table of `size`-position blocks (0 is read as 1) for `n_layer` layers.
+    pub fn new(size: usize, n_layer: usize) -> Self {
+        BlockTable {
+            size: size.max(1),
+            sealed: vec![0; n_layer],
+            keys: Vec::new(),
+        }
+    }
+
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.size
+    }
+
+    /// Number of sealed blocks of `layer`.
+    pub fn sealed(&self, layer: usize) -> usize {
+        self.sealed.get(layer).copied().unwrap_or(0)
+    }
+
+    /// Positions from `pos` on will be rewritten: unseal every block that holds one of them.
+    pub fn forget_from(&mut self, pos: usize) {
+        let keep = pos / self.size;
+        self.sealed.iter_mut().for_each(|s| *s = (*s).min(keep));
+    }
+
+    /// [`Self::forget_from`] for one layer.
+    pub fn forget_layer_from(&mut self, layer: usize, pos: usize) {
+        let keep = pos / self.size;
+        if let Some(s) = self.sealed.get_mut(layer) {
+            *s = (*s).min(keep);
+        }
+    }
+
+    /// Positions `0..filled` of `layer` are written: seal every block now complete, in order,
+    /// telling `policy` about each.
+    pub fn seal(
+        &mut self,
+        shape: AttnShape,
+        cache: &KvCache,
+        layer: usize,
+        filled: usize,
+        policy: &dyn AttentionBackend,
+    ) {
+        let Some(sealed) = self.sealed.get(layer).copied() else {
+            return;
+        };
+        let complete = filled.min(cache.n_ctx()) / self.size;
+        if complete <= sealed {
+            return;
+        }
+        let kv_dim = shape.n_head_kv * shape.head_dim;
+        debug_assert_eq!(kv_dim, cache.kv_dim());
+        self.keys.resize(self.size * kv_dim, 0.0);
+        for block in sealed..complete {
+            cache.read_keys(layer, block * self.size, &mut self.keys);
+            if let Ok(view) = KeysView::new(&self.keys, self.size, shape.n_head_kv, shape.head_dim)
+            {
+                policy.on_block_sealed(layer, block, view);
+            }
+        }
+        self.sealed[layer] = complete;
+    }
+}
