@@ -4,11 +4,13 @@
 //! single-token decode steps. With `-d D` the context first holds D tokens (not timed).
 //! Each test is repeated `-r` times on a fresh context; tok/s is averaged over repetitions
 //! with its standard deviation, as llama-bench reports it. Tokens are pseudo-random ids, as
-//! in llama-bench: the content does not change the cost.
+//! in llama-bench: the content does not change the cost. `--attn full,quest` measures
+//! several policies in one run, side by side on the same context.
 
 use crate::{AttnArgs, ModelArgs};
 use serde::Serialize;
-use sparrow::{KvType, Logits, Model, State};
+use sparrow::attention::AttentionChoice;
+use sparrow::{KvType, KvTypes, Logits, Model, State};
 use std::time::Instant;
 
 /// Arguments of `sparrow bench`.
@@ -51,7 +53,7 @@ pub struct BenchArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
-    /// KV cache type (f16 or f32).
+    /// KV cache type for keys: f16, f32 or q8_0.
     #[arg(
         long = "cache-type-k",
         short = 'k',
@@ -59,6 +61,14 @@ pub struct BenchArgs {
         default_value = "f16"
     )]
     cache_type: KvType,
+    /// KV cache type for values: f16, f32 or q8_0.
+    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
+    cache_type_v: KvType,
+    /// Attention used to fill the `-d` context (untimed). Decode cost does not depend on the
+    /// cached values, so a cheap fill (`streaming`) makes 32K rows take minutes, not a
+    /// quarter of an hour; rows timing prefill at depth are unaffected too.
+    #[arg(long = "fill-attn", default_value = "full")]
+    fill_attn: String,
     /// Print llama-bench-compatible JSON instead of a markdown table.
     #[arg(long = "json")]
     json: bool,
@@ -76,6 +86,7 @@ struct BenchRow {
     n_threads: usize,
     n_batch: usize,
     type_k: String,
+    type_v: String,
     attention: String,
     n_prompt: usize,
     n_gen: usize,
@@ -122,20 +133,24 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Time one test: returns nanoseconds per repetition.
+/// Time one test for every policy in `policies`: returns, per policy, nanoseconds per
+/// repetition. The `depth` context is filled once per repetition (untimed) and shared by the policies: each starts from the same cache, with its block
+/// summaries built by an untimed warm-up step, so rows at depth differ only in attention.
+/// The fill runs `--fill-attn` (default exact).
 fn run_test(
     model: &Model,
     a: &BenchArgs,
+    policies: &[AttentionChoice],
     n_prompt: usize,
     n_gen: usize,
     depth: usize,
-) -> Result<Vec<u64>, String> {
+) -> Result<Vec<Vec<u64>>, String> {
     let vocab = model.config.vocab_size;
+    let n_layer = model.config.n_layer;
     let n_ctx = depth + n_prompt + n_gen + 1;
     let mut state = model
-        .new_state(n_ctx, a.cache_type)
+        .new_state(n_ctx, KvTypes::new(a.cache_type, a.cache_type_v))
         .map_err(|e| e.to_string())?;
-    state.set_attention(a.attn.choice()?.build(model.config.n_layer)?);
     // One untimed warm-up pass pages the weights in and spins up the threads.
     fill(
         model,
@@ -143,26 +158,46 @@ fn run_test(
         &tokens(n_prompt.clamp(1, 16), vocab, 7),
         a.batch_size,
     )?;
-    let mut samples = Vec::with_capacity(a.repetitions);
+    let fill_choice = a.attn.choice_for(&a.fill_attn)?;
+    let mut samples = vec![Vec::with_capacity(a.repetitions); policies.len()];
+    let progress = depth >= 8192;
     for rep in 0..a.repetitions {
+        state.set_attention(fill_choice.build(n_layer)?);
         state.reset();
+        if progress {
+            eprintln!(
+                "bench: filling {depth} tokens of context (repetition {})",
+                rep + 1
+            );
+        }
         fill(model, &mut state, &tokens(depth, vocab, 11), a.batch_size)?;
-        let start = Instant::now();
-        if n_prompt > 0 {
-            fill(
-                model,
-                &mut state,
-                &tokens(n_prompt, vocab, 100 + rep as u64),
-                a.batch_size,
-            )?;
+        for (p, choice) in policies.iter().enumerate() {
+            state.set_attention(choice.build(n_layer)?);
+            // Untimed: one decode step seals the context's blocks for this policy.
+            if depth > 0 {
+                model
+                    .forward(&mut state, &tokens(1, vocab, 5), Logits::Last)
+                    .map_err(|e| e.to_string())?;
+                state.truncate(depth);
+            }
+            let start = Instant::now();
+            if n_prompt > 0 {
+                fill(
+                    model,
+                    &mut state,
+                    &tokens(n_prompt, vocab, 100 + rep as u64),
+                    a.batch_size,
+                )?;
+            }
+            let gen = tokens(n_gen, vocab, 200 + rep as u64);
+            for t in gen {
+                model
+                    .forward(&mut state, &[t], Logits::Last)
+                    .map_err(|e| e.to_string())?;
+            }
+            samples[p].push(start.elapsed().as_nanos() as u64);
+            state.truncate(depth);
         }
-        let gen = tokens(n_gen, vocab, 200 + rep as u64);
-        for t in gen {
-            model
-                .forward(&mut state, &[t], Logits::Last)
-                .map_err(|e| e.to_string())?;
-        }
-        samples.push(start.elapsed().as_nanos() as u64);
     }
     Ok(samples)
 }
@@ -175,7 +210,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
     if !json && a.output != "md" {
         return Err(format!("unknown output format '{}' (md or json)", a.output));
     }
-    a.attn.choice()?;
+    let policies = a.attn.choices()?;
     let path = a.model.resolve()?;
     let model = Model::load(&path).map_err(|e| e.to_string())?;
     let threads = if a.threads.is_empty() {
@@ -220,56 +255,59 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
             .build()
             .map_err(|e| format!("cannot start {t} threads: {e}"))?;
         for &(p, g, d) in &tests {
-            let samples = pool.install(|| run_test(&model, &a, p, g, d))?;
-            let n = (p + g) as f64;
-            let ts: Vec<f64> = samples.iter().map(|&ns| n / (ns as f64 * 1e-9)).collect();
-            let ns: Vec<f64> = samples.iter().map(|&s| s as f64).collect();
-            let (avg_ts, stddev_ts) = mean_std(&ts);
-            let (avg_ns, stddev_ns) = mean_std(&ns);
-            let row = BenchRow {
-                model_filename: file_name.clone(),
-                model_type: model_type.clone(),
-                model_size: model.file().file_len(),
-                n_threads: t,
-                n_batch: a.batch_size,
-                type_k: format!("{:?}", a.cache_type).to_lowercase(),
-                attention: a.attn.attn.clone(),
-                n_prompt: p,
-                n_gen: g,
-                n_depth: d,
-                build_simd: simd.clone(),
-                avg_ns: avg_ns as u64,
-                stddev_ns: stddev_ns as u64,
-                avg_ts,
-                stddev_ts,
-                samples_ns: samples,
-                samples_ts: ts,
-            };
-            if !json {
-                let test = if p > 0 {
-                    format!("pp{p}")
-                } else {
-                    format!("tg{g}")
-                };
-                let test = if d > 0 {
-                    format!("{test} @ d{d}")
-                } else {
-                    test
-                };
-                println!(
-                    "| {} | {:.0} MiB | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
-                    row.model_type,
-                    row.model_size as f64 / (1024.0 * 1024.0),
-                    t,
-                    row.build_simd,
-                    row.type_k,
-                    row.attention,
-                    test,
+            let per_policy = pool.install(|| run_test(&model, &a, &policies, p, g, d))?;
+            for (choice, samples) in policies.iter().zip(per_policy) {
+                let n = (p + g) as f64;
+                let ts: Vec<f64> = samples.iter().map(|&ns| n / (ns as f64 * 1e-9)).collect();
+                let ns: Vec<f64> = samples.iter().map(|&s| s as f64).collect();
+                let (avg_ts, stddev_ts) = mean_std(&ts);
+                let (avg_ns, stddev_ns) = mean_std(&ns);
+                let row = BenchRow {
+                    model_filename: file_name.clone(),
+                    model_type: model_type.clone(),
+                    model_size: model.file().file_len(),
+                    n_threads: t,
+                    n_batch: a.batch_size,
+                    type_k: format!("{:?}", a.cache_type).to_lowercase(),
+                    type_v: a.cache_type_v.name().into(),
+                    attention: choice.label(),
+                    n_prompt: p,
+                    n_gen: g,
+                    n_depth: d,
+                    build_simd: simd.clone(),
+                    avg_ns: avg_ns as u64,
+                    stddev_ns: stddev_ns as u64,
                     avg_ts,
-                    stddev_ts
-                );
+                    stddev_ts,
+                    samples_ns: samples,
+                    samples_ts: ts,
+                };
+                if !json {
+                    let test = if p > 0 {
+                        format!("pp{p}")
+                    } else {
+                        format!("tg{g}")
+                    };
+                    let test = if d > 0 {
+                        format!("{test} @ d{d}")
+                    } else {
+                        test
+                    };
+                    println!(
+                        "| {} | {:.0} MiB | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                        row.model_type,
+                        row.model_size as f64 / (1024.0 * 1024.0),
+                        t,
+                        row.build_simd,
+                        row.type_k,
+                        row.attention,
+                        test,
+                        avg_ts,
+                        stddev_ts
+                    );
+                }
+                rows.push(row);
             }
-            rows.push(row);
         }
     }
     if json {

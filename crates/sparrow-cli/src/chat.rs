@@ -7,7 +7,7 @@
 use crate::{ModelArgs, SamplingArgs};
 use sparrow::grammar::{generate_json, JsonConstraint, JsonVocab, Root};
 use sparrow::prompt_cache::common_prefix;
-use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, Sampler};
+use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, KvTypes, Sampler};
 use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +30,17 @@ pub struct ChatArgs {
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
+    /// KV cache type for keys: f16, f32 or q8_0.
+    #[arg(
+        long = "cache-type-k",
+        short = 'k',
+        alias = "ctk",
+        default_value = "f16"
+    )]
+    cache_type_k: KvType,
+    /// KV cache type for values: f16, f32 or q8_0.
+    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
+    cache_type_v: KvType,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Replies are JSON objects (constrained sampling).
@@ -50,7 +61,7 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
         .ok_or("this model has no chat template; use `sparrow run`")?;
     let mut state = engine
         .model
-        .new_state(a.ctx_size, KvType::F16)
+        .new_state(a.ctx_size, KvTypes::new(a.cache_type_k, a.cache_type_v))
         .map_err(|e| e.to_string())?;
     ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst))
         .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;

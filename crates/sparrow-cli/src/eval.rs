@@ -1,15 +1,28 @@
-//! `sparrow eval needle`: needle-in-a-haystack accuracy over a grid of lengths × depths.
+//! `sparrow eval needle`: needle-in-a-haystack accuracy over a grid of lengths × depths
+//! (optionally drawn as a heatmap PNG). `sparrow eval attention`: how closely each
+//! attention policy follows exact attention on the real activations of a prompt.
 
 use crate::run::init_threads;
 use crate::{AttnArgs, ModelArgs};
-use sparrow::eval::needle::{load_haystack, run_cell, CellSettings, NeedleResult};
-use sparrow::{Engine, KvType};
+use indicatif::{ProgressBar, ProgressStyle};
+use sparrow::attention::AttentionChoice;
+use sparrow::eval::attention::{capture, evaluate, text_tokens, Phase, PolicyReport, Summary};
+use sparrow::eval::needle::{load_haystack, run_cell_policies, NeedleResult};
+use sparrow::{Engine, KvType, KvTypes};
+use std::io::IsTerminal;
+
+// The heatmap writer lives beside this file; only `eval needle` uses it.
+#[path = "heatmap.rs"]
+mod heatmap;
 
 /// Evaluations.
 #[derive(clap::Subcommand, Debug)]
 pub enum EvalCommand {
     /// Needle in a haystack over context lengths × needle depths.
     Needle(NeedleArgs),
+    /// Each attention policy against exact attention on a real prompt's activations:
+    /// selectivity, relative L2 error of the output, attention mass captured.
+    Attention(AttentionArgs),
 }
 
 /// Arguments of `sparrow eval needle`.
@@ -39,7 +52,60 @@ pub struct NeedleArgs {
     /// Seed for the needles (each cell gets its own needle derived from it).
     #[arg(long = "seed", default_value_t = 1)]
     seed: u64,
+    /// Needles per cell (each with its own number and key); a cell's accuracy is the
+    /// fraction found.
+    #[arg(long = "repeats", default_value_t = 1)]
+    repeats: usize,
     /// Write every cell's result as JSON to this file.
+    #[arg(long = "json")]
+    json: Option<std::path::PathBuf>,
+    /// Draw the accuracy grid (length × depth) as a PNG heatmap to this file.
+    #[arg(long = "heatmap")]
+    heatmap: Option<std::path::PathBuf>,
+    /// Threads (default: all available cores).
+    #[arg(short = 't', long = "threads")]
+    threads: Option<usize>,
+    /// Prompt tokens per forward pass.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    batch_size: usize,
+    /// KV cache type for keys: f16, f32 or q8_0.
+    #[arg(
+        long = "cache-type-k",
+        short = 'k',
+        alias = "ctk",
+        default_value = "f16"
+    )]
+    cache_type: KvType,
+    /// KV cache type for values: f16, f32 or q8_0.
+    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
+    cache_type_v: KvType,
+}
+
+/// Arguments of `sparrow eval attention`.
+#[derive(clap::Args, Debug)]
+pub struct AttentionArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Policies to measure: `--attn full,streaming,quest` (with their settings flags).
+    #[command(flatten)]
+    attn: AttnArgs,
+    /// Text file whose first tokens form the prompt.
+    #[arg(short = 'f', long = "file")]
+    file: Option<std::path::PathBuf>,
+    /// Folder of .txt files (read in file-name order, as `eval needle` does) instead of -f.
+    #[arg(long = "haystack")]
+    haystack: Option<std::path::PathBuf>,
+    /// Prompt length N in tokens: N - 1 are prefilled, the last is the decode query.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 2048)]
+    n_tokens: usize,
+    /// Query rows of the last prefill batch measured for policies that do not decode
+    /// (minference).
+    #[arg(long = "prefill-rows", default_value_t = sparrow::eval::attention::DEFAULT_TAIL)]
+    prefill_rows: usize,
+    /// Also print one row per layer.
+    #[arg(long = "per-layer")]
+    per_layer: bool,
+    /// Write every policy's per-layer, per-head results as JSON to this file.
     #[arg(long = "json")]
     json: Option<std::path::PathBuf>,
     /// Threads (default: all available cores).
@@ -48,7 +114,7 @@ pub struct NeedleArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
-    /// KV cache type (f16 or f32).
+    /// KV cache type for keys: f16, f32 or q8_0.
     #[arg(
         long = "cache-type-k",
         short = 'k',
@@ -56,11 +122,15 @@ pub struct NeedleArgs {
         default_value = "f16"
     )]
     cache_type: KvType,
+    /// KV cache type for values: f16, f32 or q8_0.
+    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
+    cache_type_v: KvType,
 }
 
 pub fn eval(cmd: EvalCommand) -> Result<(), String> {
     match cmd {
         EvalCommand::Needle(a) => needle(a),
+        EvalCommand::Attention(a) => attention(a),
     }
 }
 
@@ -71,63 +141,345 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
     if a.lengths.iter().any(|&l| l < 64) {
         return Err("--lengths: each length must be at least 64 tokens".into());
     }
-    let settings = CellSettings {
-        kv: a.cache_type,
-        batch_size: a.batch_size,
-        attention: a.attn.choice()?,
-    };
+    if a.repeats == 0 {
+        return Err("--repeats must be at least 1".into());
+    }
+    let choices = a.attn.choices()?;
+    let kv = KvTypes::new(a.cache_type, a.cache_type_v);
     init_threads(a.threads)?;
     let haystack = load_haystack(&a.haystack).map_err(|e| e.to_string())?;
     let engine = Engine::load(a.model.resolve()?).map_err(|e| e.to_string())?;
-    let mut results: Vec<NeedleResult> = Vec::new();
-    let total = a.lengths.len() * a.depths.len();
+    // results[policy] in length-major, then depth, then repeat order.
+    let mut results: Vec<Vec<NeedleResult>> = vec![Vec::new(); choices.len()];
+    let cells = a.lengths.len() * a.depths.len();
+    let total = cells * a.repeats;
+    let mut done = 0;
     for (li, &length) in a.lengths.iter().enumerate() {
         for (di, &depth) in a.depths.iter().enumerate() {
             let cell = li * a.depths.len() + di;
-            let r = run_cell(
-                &engine,
-                &haystack,
-                length,
-                depth,
-                a.seed.wrapping_add(cell as u64),
-                &settings,
-            )
-            .map_err(|e| e.to_string())?;
-            eprintln!(
-                "[{}/{total}] length {length} depth {depth:.2}: {} (expected {}, got {:?})",
-                cell + 1,
-                if r.found { "found" } else { "MISSED" },
-                r.needle.value,
-                r.answer.trim()
-            );
-            results.push(r);
+            for r in 0..a.repeats {
+                // Repeat 0 keeps the seeds of a single-needle run.
+                let seed = a.seed.wrapping_add((cell + r * cells) as u64);
+                let cell_results = run_cell_policies(
+                    &engine,
+                    &haystack,
+                    length,
+                    depth,
+                    seed,
+                    kv,
+                    a.batch_size,
+                    &choices,
+                )
+                .map_err(|e| e.to_string())?;
+                done += 1;
+                for (p, res) in cell_results.into_iter().enumerate() {
+                    eprintln!(
+                        "[{done}/{total}] length {length} depth {depth:.2} {}: {} (expected {}, got {:?})",
+                        res.attention,
+                        if res.found { "found" } else { "MISSED" },
+                        res.needle.value,
+                        res.answer.trim()
+                    );
+                    results[p].push(res);
+                }
+            }
         }
     }
-    print_table(&a.lengths, &a.depths, &results);
+    for (choice, res) in choices.iter().zip(&results) {
+        let acc = accuracy_grid(a.lengths.len(), a.depths.len(), a.repeats, res);
+        let title = format!("needle accuracy: {}", describe_choice(choice));
+        if choices.len() > 1 {
+            println!("\n{title}\n");
+        }
+        print_table(&a.lengths, &a.depths, a.repeats, &acc, res);
+        if let Some(path) = &a.heatmap {
+            let path = if choices.len() > 1 {
+                policy_path(path, &choice.label())
+            } else {
+                path.clone()
+            };
+            heatmap::write(&path, &title, &a.lengths, &a.depths, &acc)?;
+            eprintln!("heatmap written to {}", path.display());
+        }
+    }
     if let Some(path) = &a.json {
-        let json = serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?;
+        let all: Vec<&NeedleResult> = results.iter().flatten().collect();
+        let json = serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?;
         std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(())
 }
 
-fn print_table(lengths: &[usize], depths: &[f64], results: &[NeedleResult]) {
+/// `heat.png` → `heat-quest.png`: one file per policy when several are measured.
+fn policy_path(path: &std::path::Path, label: &str) -> std::path::PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}-{label}.{}", ext.to_string_lossy()),
+        None => format!("{stem}-{label}"),
+    };
+    path.with_file_name(name)
+}
+
+/// `acc[d][l]`: fraction of the needles found at depth `d`, length `l` (results are in
+/// length-major, then depth, then repeat order).
+fn accuracy_grid(
+    n_lengths: usize,
+    n_depths: usize,
+    repeats: usize,
+    results: &[NeedleResult],
+) -> Vec<Vec<f64>> {
+    (0..n_depths)
+        .map(|d| {
+            (0..n_lengths)
+                .map(|l| {
+                    let at = (l * n_depths + d) * repeats;
+                    let cell = &results[at..at + repeats];
+                    cell.iter().filter(|r| r.found).count() as f64 / repeats as f64
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A policy and the settings that matter for it, e.g. `quest (page 16, budget 1024,
+/// dense_layers [0, 1])`, for titles.
+fn describe_choice(c: &AttentionChoice) -> String {
+    // Settings structs print as `Name { a: 1, b: 2 }`: keep the fields.
+    let fields = |debug: String| {
+        let inner = debug
+            .split_once(" { ")
+            .map(|(_, rest)| rest.trim_end_matches(" }").to_string())
+            .unwrap_or(debug);
+        inner.replace(": ", " ")
+    };
+    let Ok((prefill, decode)) = c.phase_names() else {
+        return c.name.clone();
+    };
+    let mut names = vec![prefill.clone()];
+    if decode != prefill {
+        names.push(decode.clone());
+    }
+    let parts: Vec<String> = names
+        .iter()
+        .filter(|n| n.as_str() != "full")
+        .map(|n| {
+            let settings = match n.as_str() {
+                "streaming" => format!("sinks {}, window {}", c.sinks, c.window),
+                "quest" => fields(format!("{:?}", c.quest)),
+                "ladder" => fields(format!("{:?}", c.ladder)),
+                "minference" => fields(format!("{:?}", c.minference)),
+                "h2o" => fields(format!("{:?}", c.h2o)),
+                _ => String::new(),
+            };
+            let phase = match (n == &prefill, n == &decode) {
+                (true, false) => " prefill",
+                (false, true) => " decode",
+                _ => "",
+            };
+            format!("{n}{phase} ({settings})")
+        })
+        .collect();
+    if parts.is_empty() {
+        "full".into()
+    } else {
+        parts.join(" + ")
+    }
+}
+
+fn print_table(
+    lengths: &[usize],
+    depths: &[f64],
+    repeats: usize,
+    acc: &[Vec<f64>],
+    results: &[NeedleResult],
+) {
     let header: Vec<String> = depths.iter().map(|d| format!("{d:.2}")).collect();
     println!("| length \\ depth | {} | accuracy |", header.join(" | "));
     println!("| ---: |{} ---: |", " :---: |".repeat(depths.len()));
     for (li, length) in lengths.iter().enumerate() {
-        let row = &results[li * depths.len()..(li + 1) * depths.len()];
-        let marks: Vec<&str> = row
-            .iter()
-            .map(|r| if r.found { "✓" } else { "✗" })
+        let marks: Vec<String> = (0..depths.len())
+            .map(|d| {
+                let a = acc[d][li];
+                if repeats > 1 {
+                    format!("{a:.2}")
+                } else if a >= 1.0 {
+                    "✓".to_string()
+                } else {
+                    "✗".to_string()
+                }
+            })
             .collect();
-        let acc = row.iter().filter(|r| r.found).count() as f64 / row.len() as f64;
-        println!("| {length} | {} | {:.0}% |", marks.join(" | "), acc * 100.0);
+        let row = (0..depths.len()).map(|d| acc[d][li]).sum::<f64>() / depths.len() as f64;
+        println!("| {length} | {} | {:.0}% |", marks.join(" | "), row * 100.0);
     }
     let all = results.iter().filter(|r| r.found).count() as f64 / results.len().max(1) as f64;
     println!(
-        "\noverall accuracy: {:.1}% of {} cells",
+        "\noverall accuracy: {:.1}% of {} needles",
         all * 100.0,
         results.len()
     );
+}
+
+fn attention(a: AttentionArgs) -> Result<(), String> {
+    let choices = a.attn.choices()?;
+    if a.n_tokens < 2 {
+        return Err("-c/--ctx-size: the prompt needs at least 2 tokens".into());
+    }
+    if a.prefill_rows == 0 {
+        return Err("--prefill-rows must be at least 1".into());
+    }
+    let (text, source) = match (&a.file, &a.haystack) {
+        (Some(_), Some(_)) => return Err("give either -f/--file or --haystack, not both".into()),
+        (None, None) => return Err("no text: pass -f FILE or --haystack DIR".into()),
+        (Some(f), None) => (
+            std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read text file {}: {e}", f.display()))?,
+            f.display().to_string(),
+        ),
+        (None, Some(d)) => (
+            load_haystack(d).map_err(|e| e.to_string())?,
+            d.display().to_string(),
+        ),
+    };
+    init_threads(a.threads)?;
+    let model_path = a.model.resolve()?;
+    let engine = Engine::load(&model_path).map_err(|e| e.to_string())?;
+    let n = a.n_tokens;
+    let max_ctx = engine.model.config.n_ctx_train;
+    if n > max_ctx {
+        eprintln!("warning: {n} tokens is beyond the model's trained context of {max_ctx}");
+    }
+    let tokens = text_tokens(&engine.tokenizer, &text, n).map_err(|e| e.to_string())?;
+    let tail = a.prefill_rows.min(n);
+
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = ProgressBar::new(n as u64);
+        b.set_style(
+            ProgressStyle::with_template(
+                "prefill {bar:40} {pos}/{len} tokens ({per_sec}, eta {eta})",
+            )
+            .expect("valid template"),
+        );
+        b
+    });
+    let started = std::time::Instant::now();
+    let mut last_note = 0;
+    let cap = capture(
+        &engine.model,
+        &tokens,
+        KvTypes::new(a.cache_type, a.cache_type_v),
+        a.batch_size,
+        tail,
+        |done, total| match &bar {
+            Some(b) => b.set_position(done as u64),
+            None if done == total || done >= last_note + 4096 => {
+                eprintln!("prefill: {done}/{total} tokens");
+                last_note = done;
+            }
+            None => {}
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    eprintln!(
+        "prefilled {n} tokens in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut reports = Vec::new();
+    for c in &choices {
+        reports.push(evaluate(&cap, c).map_err(|e| e.to_string())?);
+    }
+    let cfg = &engine.model.config;
+    println!(
+        "attention policies against exact attention: N = {n} tokens of {source}, \
+         {} layers × {} query heads ({} KV heads), decode query at position {}",
+        cfg.n_layer,
+        cfg.n_head,
+        cfg.n_head_kv,
+        n - 1
+    );
+    println!();
+    print_attention_summary(&reports);
+    if a.per_layer {
+        for r in &reports {
+            print_per_layer(r);
+        }
+    }
+    if let Some(path) = &a.json {
+        let json = serde_json::json!({
+            "model": model_path.display().to_string(),
+            "text": source,
+            "n_ctx": n,
+            "n_layer": cfg.n_layer,
+            "n_head": cfg.n_head,
+            "n_head_kv": cfg.n_head_kv,
+            "head_dim": cfg.head_dim,
+            "kv_type": format!("{:?}", a.cache_type),
+            "prefill_rows": tail,
+            "policies": reports
+                .iter()
+                .zip(&choices)
+                .map(|(r, c)| {
+                    let mut v = serde_json::to_value(r).expect("reports serialize");
+                    v["settings"] = serde_json::Value::String(describe_choice(c));
+                    v
+                })
+                .collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("results written to {}", path.display());
+    }
+    Ok(())
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("n/a".into(), |x| format!("{x:.digits$}"))
+}
+
+fn summary_cells(s: &Summary) -> String {
+    format!(
+        "{} | {:.2e} | {:.2e} | {} | {}",
+        opt(s.mean_selectivity, 4),
+        s.mean_rel_l2,
+        s.max_rel_l2,
+        opt(s.mean_mass, 6),
+        opt(s.min_mass, 6)
+    )
+}
+
+fn print_attention_summary(reports: &[PolicyReport]) {
+    println!(
+        "| policy | measured on | fraction_read | selectivity (mean) | rel-L2 (mean) | rel-L2 (max) | mass (mean) | mass (min) |"
+    );
+    println!("| :--- | :--- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in reports {
+        let on = match r.phase {
+            Phase::Decode => "decode (1 query)".to_string(),
+            Phase::Prefill => format!("prefill (last {} rows)", r.rows),
+        };
+        println!(
+            "| {} | {on} | {:.4} | {} |",
+            r.policy,
+            r.fraction_read,
+            summary_cells(&r.summary)
+        );
+    }
+}
+
+fn print_per_layer(r: &PolicyReport) {
+    println!("\n{} per layer:", r.policy);
+    println!(
+        "| layer | selectivity (mean) | rel-L2 (mean) | rel-L2 (max) | mass (mean) | mass (min) |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+    for l in &r.layers {
+        println!("| {} | {} |", l.layer, summary_cells(&l.summary));
+    }
 }

@@ -87,10 +87,23 @@ impl ModelArgs {
 /// Which attention backend to run (`--attn`), shared by every command that runs the model.
 #[derive(clap::Args, Clone, Debug)]
 pub struct AttnArgs {
-    /// Attention policy: full (exact), streaming (sinks + recent window) or quest
-    /// (decode reads the best-scoring pages within a token budget).
+    /// Attention policy: full (exact), streaming (sinks + recent window), ladder (window +
+    /// sinks + log-stride + block landmarks), quest (decode: best pages within a budget),
+    /// minference (prefill: vertical-slash pattern), h2o (decode: heavy hitters + recent).
+    /// A phase the policy does not support runs `full`. `sparrow bench` takes a
+    /// comma-separated list and measures each.
     #[arg(long = "attn", default_value = "full")]
     pub attn: String,
+    /// Policy for prompt processing only (overrides --attn for prefill).
+    #[arg(long = "attn-prefill")]
+    pub attn_prefill: Option<String>,
+    /// Policy for generation only (overrides --attn for decode).
+    #[arg(long = "attn-decode")]
+    pub attn_decode: Option<String>,
+    /// Positions per KV block: the cache is paged and sealed at this size, and it is
+    /// Quest's page and the ladder's landmark block.
+    #[arg(long = "kv-block", alias = "quest-page", default_value_t = 16)]
+    pub kv_block: usize,
     /// Streaming: number of sink tokens kept.
     #[arg(long = "attn-sinks", default_value_t = 4)]
     pub sinks: usize,
@@ -100,38 +113,77 @@ pub struct AttnArgs {
     /// Quest: tokens read per decode step (pages chosen + the last, incomplete page).
     #[arg(long = "quest-budget", default_value_t = 1024)]
     pub quest_budget: usize,
-    /// Quest: tokens per page.
-    #[arg(long = "quest-page", default_value_t = 16)]
-    pub quest_page: usize,
+    /// Ladder: recent tokens every query reads.
+    #[arg(long = "ladder-window", default_value_t = 256)]
+    pub ladder_window: usize,
+    /// Ladder: sink tokens every query reads.
+    #[arg(long = "ladder-sinks", default_value_t = 4)]
+    pub ladder_sinks: usize,
+    /// MInference: keys read per prompt token, as a fraction of its context (0..=1).
+    #[arg(long = "minference-budget", default_value_t = 0.3)]
+    pub minference_budget: f64,
+    /// H2O: heavy hitters kept, as a fraction of the context (0..=1).
+    #[arg(long = "h2o-heavy", default_value_t = 0.1)]
+    pub h2o_heavy: f64,
+    /// H2O: recent tokens kept, as a fraction of the context (0..=1).
+    #[arg(long = "h2o-recent", default_value_t = 0.1)]
+    pub h2o_recent: f64,
     /// Layers that keep exact attention under a sparse policy (comma-separated; empty for
-    /// none). Quest's authors keep layers 0 and 1 dense.
-    #[arg(long = "dense-layers", default_value = "0,1", value_delimiter = ',')]
-    pub dense_layers: Vec<String>,
+    /// none). Default: each policy's own (Quest's authors keep layers 0 and 1 dense; the
+    /// others none).
+    #[arg(long = "dense-layers", value_delimiter = ',')]
+    pub dense_layers: Option<Vec<String>>,
 }
 
 impl AttnArgs {
-    /// The choice as the engine takes it; unknown names are refused here, before any work.
+    /// The choice as the engine takes it; unknown names and bad settings are refused here,
+    /// before any work.
     pub fn choice(&self) -> Result<sparrow::attention::AttentionChoice, String> {
-        let dense_layers = self
-            .dense_layers
-            .iter()
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty())
-            .map(|s| {
-                s.parse::<usize>()
-                    .map_err(|_| format!("--dense-layers: '{s}' is not a layer number"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let c = sparrow::attention::AttentionChoice {
-            name: self.attn.clone(),
-            sinks: self.sinks,
-            window: self.window,
-            quest: sparrow::quest::QuestSettings {
-                page: self.quest_page,
-                budget: self.quest_budget,
-                dense_layers,
-            },
-        };
+        self.choice_named(&self.attn)
+    }
+
+    /// One choice per comma-separated name of `--attn` (for `sparrow bench`).
+    pub fn choices(&self) -> Result<Vec<sparrow::attention::AttentionChoice>, String> {
+        self.attn
+            .split(',')
+            .map(|n| self.choice_named(n.trim()))
+            .collect()
+    }
+
+    /// The choice of policy `name` with this command's settings.
+    pub fn choice_for(&self, name: &str) -> Result<sparrow::attention::AttentionChoice, String> {
+        self.choice_named(name)
+    }
+
+    fn choice_named(&self, name: &str) -> Result<sparrow::attention::AttentionChoice, String> {
+        let mut c = sparrow::attention::AttentionChoice::named(name);
+        c.prefill = self.attn_prefill.clone();
+        c.decode = self.attn_decode.clone();
+        c.sinks = self.sinks;
+        c.window = self.window;
+        c.quest.page = self.kv_block;
+        c.quest.budget = self.quest_budget;
+        c.ladder.block = self.kv_block;
+        c.ladder.window = self.ladder_window;
+        c.ladder.sinks = self.ladder_sinks;
+        c.minference.budget = self.minference_budget;
+        c.h2o.heavy = self.h2o_heavy;
+        c.h2o.recent = self.h2o_recent;
+        if let Some(list) = &self.dense_layers {
+            let layers = list
+                .iter()
+                .map(|s| s.trim())
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    s.parse::<usize>()
+                        .map_err(|_| format!("--dense-layers: '{s}' is not a layer number"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            c.quest.dense_layers = layers.clone();
+            c.ladder.dense_layers = layers.clone();
+            c.minference.dense_layers = layers.clone();
+            c.h2o.dense_layers = layers;
+        }
         c.build(0)?;
         Ok(c)
     }

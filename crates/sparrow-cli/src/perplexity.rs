@@ -2,8 +2,8 @@
 
 use crate::run::init_threads;
 use crate::{AttnArgs, ModelArgs};
-use sparrow::perplexity::{score_chunk, Perplexity};
-use sparrow::{Engine, KvType};
+use sparrow::perplexity::{score_chunk_with, Perplexity};
+use sparrow::{Engine, KvType, KvTypes};
 use std::io::Write;
 use std::time::Instant;
 
@@ -26,10 +26,14 @@ pub struct PerplexityArgs {
     /// Tokens per forward pass (bounds the logits held in memory).
     #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
     batch_size: usize,
+    /// Score only the last N tokens of each chunk, feeding them one at a time, so decode-phase
+    /// policies (quest, h2o) are what is measured (default: llama.cpp's second half, batched).
+    #[arg(long = "decode")]
+    decode: Option<usize>,
     /// Threads (default: all available cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// KV cache type (f16 or f32).
+    /// KV cache type for keys: f16, f32 or q8_0.
     #[arg(
         long = "cache-type-k",
         short = 'k',
@@ -37,6 +41,9 @@ pub struct PerplexityArgs {
         default_value = "f16"
     )]
     cache_type: KvType,
+    /// KV cache type for values: f16, f32 or q8_0.
+    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
+    cache_type_v: KvType,
 }
 
 pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
@@ -61,22 +68,28 @@ pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
         ));
     }
     let bos = if tok.adds_bos() { tok.bos() } else { None };
+    let scored = match a.decode {
+        Some(k) => format!("the last {k} tokens of each, one at a time (decode)"),
+        None => "the second half of each".to_string(),
+    };
     eprintln!(
-        "perplexity: {} tokens, {n_chunks} chunks of {}, scoring the second half of each",
+        "perplexity: {} tokens, {n_chunks} chunks of {}, scoring {scored} with attention '{}'",
         ids.len(),
-        a.ctx_size
+        a.ctx_size,
+        attention.label()
     );
     let start = Instant::now();
     let mut ppl = Perplexity::default();
     let mut out = std::io::stdout().lock();
     for (i, chunk) in ids.chunks_exact(a.ctx_size).take(n_chunks).enumerate() {
-        let s = score_chunk(
+        let s = score_chunk_with(
             &engine.model,
             chunk,
             bos,
             a.batch_size,
-            a.cache_type,
+            KvTypes::new(a.cache_type, a.cache_type_v),
             &attention,
+            a.decode,
         )
         .map_err(|e| e.to_string())?;
         ppl.add(s);

@@ -2,7 +2,7 @@
 
 use crate::{AttnArgs, ModelArgs, PromptArgs, SamplingArgs};
 use indicatif::{ProgressBar, ProgressStyle};
-use sparrow::{ChatMessage, Engine, GenerateOptions, KvType, Sampler};
+use sparrow::{ChatMessage, Engine, GenerateOptions, KvType, KvTypes, Sampler};
 use std::io::{IsTerminal, Write};
 use std::ops::ControlFlow;
 
@@ -41,7 +41,7 @@ pub struct RunArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long = "ignore-eos")]
     ignore_eos: bool,
-    /// KV cache type for keys (f16 or f32).
+    /// KV cache type for keys: f16, f32 or q8_0.
     #[arg(
         long = "cache-type-k",
         short = 'k',
@@ -49,7 +49,7 @@ pub struct RunArgs {
         default_value = "f16"
     )]
     cache_type_k: KvType,
-    /// KV cache type for values (f16 or f32); must equal the key type for now.
+    /// KV cache type for values: f16, f32 or q8_0.
     #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
     cache_type_v: KvType,
     /// Constrain the output to a JSON object.
@@ -78,9 +78,7 @@ pub fn init_threads(threads: Option<usize>) -> Result<usize, String> {
 }
 
 pub fn run(a: RunArgs) -> Result<(), String> {
-    if a.cache_type_k != a.cache_type_v {
-        return Err("different key and value cache types are not supported yet".into());
-    }
+    let kv_types = KvTypes::new(a.cache_type_k, a.cache_type_v);
     let sampler_cfg = a.sampling.config()?;
     let attention = a.attn.choice()?;
     let text = a.prompt.text()?;
@@ -130,17 +128,17 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         .to_string());
     }
     eprintln!(
-        "sparrow: {} ({}, {} layers, {} threads), context {n_ctx}, KV cache {:?}, attention {}",
+        "sparrow: {} ({}, {} layers, {} threads), context {n_ctx}, KV cache {}, attention {}",
         path.display(),
         cfg.arch.name(),
         cfg.n_layer,
         threads,
-        a.cache_type_k,
+        kv_types,
         attention.name
     );
     let mut state = engine
         .model
-        .new_state(n_ctx, a.cache_type_k)
+        .new_state(n_ctx, kv_types)
         .map_err(|e| e.to_string())?;
     state.set_attention(attention.build(engine.model.config.n_layer)?);
     let mut sampler = Sampler::new(sampler_cfg);
@@ -201,6 +199,11 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         stats.gen_time.as_secs_f64() * 1e3,
         stats.gen_tps()
     );
+    eprintln!(
+        "KV cache: {}, {} bytes per token",
+        state.kv.types(),
+        thousands(state.kv.bytes_per_token())
+    );
     if let Some(m) = crate::memory::memory_report() {
         eprintln!(
             "memory:      peak RSS {:.1} MiB (now: {:.1} MiB heap, {:.1} MiB mapped model pages)",
@@ -210,6 +213,19 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// `n` with commas between groups of three digits (`9,408`).
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Progress of a long prompt's prefill on stderr: a bar on a terminal, a line per batch

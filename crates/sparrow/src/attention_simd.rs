@@ -5,11 +5,12 @@
 //! The layouts, for one tile of `n` keys and a block of query rows padded to `rw` (a
 //! multiple of 8 for the SIMD paths):
 //! - keys / values: `n` rows of `hd` floats, `stride` apart (the cache's rows for one kv
-//!   head, or a converted f16 tile);
+//!   head, or a tile converted from f16 or dequantized from Q8_0);
 //! - queries transposed: `qt[d * rw + r]`, so 8 rows share one vector;
 //! - scores / probabilities: `s[t * rw + r]`, so the softmax runs 8 rows per vector;
 //! - output accumulators: `o[r * hd + d]`.
 
+use crate::kv_cache::{BlockQ8_0, QK8_0};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use std::sync::OnceLock;
@@ -93,6 +94,36 @@ pub fn convert_tile(
     let _ = level;
     for t in 0..n {
         src[t * stride..t * stride + width].convert_to_f32_slice(&mut dst[t * width..][..width]);
+    }
+}
+
+/// Dequantize Q8_0 rows: `dst[t * 32·width + j] = value j of blocks src[t * stride..][..width]`
+/// for `t < n`, with `stride` and `width` counted in blocks. Each value is `q as f32 * d` (one
+/// rounding), so both levels give identical results.
+pub fn dequant_q8_0_tile(
+    level: Level,
+    src: &[BlockQ8_0],
+    stride: usize,
+    n: usize,
+    width: usize,
+    dst: &mut [f32],
+) {
+    check_rows(src.len(), n, stride, width);
+    assert!(dst.len() >= n * width * QK8_0, "tile out of bounds");
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 && level.usable() {
+        // SAFETY: AVX2, FMA and F16C were detected on this CPU just above (`usable`); the
+        // bounds the kernel relies on were asserted above.
+        unsafe { avx2::dequant_q8_0_tile(src, stride, n, width, dst) };
+        return;
+    }
+    let _ = level;
+    for t in 0..n {
+        let row = &src[t * stride..][..width];
+        let out = &mut dst[t * width * QK8_0..][..width * QK8_0];
+        for (b, o) in row.iter().zip(out.chunks_exact_mut(QK8_0)) {
+            b.dequantize(o);
+        }
     }
 }
 
@@ -217,6 +248,7 @@ mod avx2 {
     //! The AVX2 kernels. Every function here requires AVX2, FMA and F16C (checked by the
     //! callers in the parent module) and the slice bounds the parent's wrappers assert.
 
+    use crate::kv_cache::{BlockQ8_0, QK8_0};
     use half::f16;
     use std::arch::x86_64::*;
 
@@ -269,6 +301,33 @@ mod avx2 {
             }
             for j in full..width {
                 d[j] = s[j].to_f32();
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dequant_q8_0_tile(
+        src: &[BlockQ8_0],
+        stride: usize,
+        n: usize,
+        width: usize,
+        dst: &mut [f32],
+    ) {
+        for t in 0..n {
+            let row = &src[t * stride..][..width];
+            let out = &mut dst[t * width * QK8_0..][..width * QK8_0];
+            for (b, o) in row.iter().zip(out.chunks_exact_mut(QK8_0)) {
+                // SAFETY: `b.qs` holds 32 bytes, read 8 at a time at offsets 0, 8, 16, 24;
+                // `o` holds 32 floats, written 8 at a time at the same offsets.
+                unsafe {
+                    let d = _mm256_set1_ps(b.d.to_f32());
+                    let q = b.qs.as_ptr();
+                    for j in (0..QK8_0).step_by(8) {
+                        let bytes = _mm_loadl_epi64(q.add(j) as *const __m128i);
+                        let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                        _mm256_storeu_ps(o.as_mut_ptr().add(j), _mm256_mul_ps(x, d));
+                    }
+                }
             }
         }
     }
@@ -607,6 +666,61 @@ mod tests {
         // SAFETY: AVX2 and FMA were detected above; `one` holds 8 floats.
         unsafe { _mm256_storeu_ps(one.as_mut_ptr(), avx2::exp8(_mm256_setzero_ps())) };
         assert_eq!(one, [1.0; 8]);
+    }
+
+    /// The Q8_0 tile dequantizer: each level equals the blocks' own scalar dequantization
+    /// exactly (extreme quants ±127 and -128, zero, tiny, huge and subnormal scales), for
+    /// strided head slices of several widths.
+    #[test]
+    fn q8_0_dequant_matches_scalar() {
+        let mut r = rng(11);
+        for &(stride, width, off) in &[
+            (4usize, 2usize, 2usize),
+            (4, 4, 0),
+            (8, 2, 6),
+            (1, 1, 0),
+            (6, 3, 3),
+        ] {
+            for &n in &[1usize, 2, 7, 64] {
+                let blocks: Vec<BlockQ8_0> = (0..n * stride)
+                    .map(|i| {
+                        let mut qs = [0i8; QK8_0];
+                        qs.iter_mut().for_each(|q| *q = (r() * 127.9) as i8);
+                        qs[i % QK8_0] = 127;
+                        qs[(i + 5) % QK8_0] = -127;
+                        qs[(i + 9) % QK8_0] = -128;
+                        let d = match i % 5 {
+                            0 => f16::from_f32(r().abs() * 0.05),
+                            1 => f16::ZERO,
+                            2 => f16::from_f32(-3.5),
+                            3 => f16::from_bits(1), // smallest subnormal
+                            _ => f16::MAX,
+                        };
+                        BlockQ8_0 { d, qs }
+                    })
+                    .collect();
+                let src = &blocks[off..];
+                let rows = n - usize::from(off + width > stride);
+                let mut want = vec![0.0f32; rows * width * QK8_0];
+                for t in 0..rows {
+                    for b in 0..width {
+                        let blk = &src[t * stride + b];
+                        for j in 0..QK8_0 {
+                            want[(t * width + b) * QK8_0 + j] = blk.qs[j] as f32 * blk.d.to_f32();
+                        }
+                    }
+                }
+                for level in Level::supported() {
+                    let mut got = vec![f32::NAN; rows * width * QK8_0];
+                    dequant_q8_0_tile(level, src, stride, rows, width, &mut got);
+                    assert_eq!(
+                        got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        "{level:?} stride {stride} width {width} n {rows}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

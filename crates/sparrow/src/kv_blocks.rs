@@ -90,3 +90,106 @@ impl BlockTable {
         self.sealed[layer] = complete;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::DenseAttention;
+    use crate::kv_cache::KvType;
+    use std::sync::Mutex;
+
+    /// Records every seal call: (layer, block, first key value of head 1).
+    struct Recorder {
+        size: usize,
+        seen: Mutex<Vec<(usize, usize, f32)>>,
+    }
+
+    impl AttentionBackend for Recorder {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+        fn attend(
+            &self,
+            shape: AttnShape,
+            cache: &KvCache,
+            layer: usize,
+            q: &[f32],
+            pos0: usize,
+            out: &mut [f32],
+        ) {
+            DenseAttention.attend(shape, cache, layer, q, pos0, out)
+        }
+        fn block_size(&self) -> Option<usize> {
+            Some(self.size)
+        }
+        fn on_block_sealed(&self, layer: usize, block: usize, keys: KeysView<'_>) {
+            assert_eq!(keys.rows(), self.size);
+            self.seen
+                .lock()
+                .unwrap()
+                .push((layer, block, keys.key(0, 1)[0]));
+        }
+    }
+
+    const SHAPE: AttnShape = AttnShape {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 4,
+    };
+
+    /// A cache whose key at (layer, pos) holds `pos + 1000 * layer` everywhere.
+    fn cache(n: usize) -> KvCache {
+        let mut c = KvCache::new(KvType::F32, 2, n, 8);
+        for l in 0..2 {
+            for p in 0..n {
+                let k = vec![(p + 1000 * l) as f32; 8];
+                c.write(l, p, &k, &k);
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn complete_blocks_are_sealed_once_in_order_with_their_keys() {
+        let c = cache(40);
+        let r = Recorder {
+            size: 8,
+            seen: Mutex::default(),
+        };
+        let mut t = BlockTable::new(8, 2);
+        t.seal(SHAPE, &c, 1, 7, &r);
+        assert!(
+            r.seen.lock().unwrap().is_empty(),
+            "no block is complete yet"
+        );
+        t.seal(SHAPE, &c, 1, 17, &r);
+        t.seal(SHAPE, &c, 1, 17, &r);
+        t.seal(SHAPE, &c, 1, 24, &r);
+        assert_eq!(
+            *r.seen.lock().unwrap(),
+            vec![(1, 0, 1000.0), (1, 1, 1008.0), (1, 2, 1016.0)]
+        );
+        assert_eq!((t.sealed(0), t.sealed(1)), (0, 3));
+    }
+
+    #[test]
+    fn a_rewind_unseals_the_blocks_it_touches() {
+        let c = cache(40);
+        let r = Recorder {
+            size: 8,
+            seen: Mutex::default(),
+        };
+        let mut t = BlockTable::new(8, 2);
+        t.seal(SHAPE, &c, 0, 32, &r);
+        t.forget_from(20); // block 2 (16..24) holds position 20
+        assert_eq!(t.sealed(0), 2);
+        r.seen.lock().unwrap().clear();
+        t.seal(SHAPE, &c, 0, 32, &r);
+        assert_eq!(*r.seen.lock().unwrap(), vec![(0, 2, 16.0), (0, 3, 24.0)]);
+        t.forget_layer_from(0, 0);
+        assert_eq!(t.sealed(0), 0);
+        // Beyond the cache's capacity nothing is sealed.
+        t.seal(SHAPE, &c, 0, 1000, &r);
+        assert_eq!(t.sealed(0), 5);
+    }
+}

@@ -1,9 +1,12 @@
 //! The KV cache: keys and values of every past position, per layer, in FP16 by default
 //! (half the memory and bandwidth of f32, with errors far below what 4-bit weights already
-//! introduce) or f32 on request.
+//! introduce), f32 on request, or Q8_0 (ggml's 8-bit blocks: about half of f16 again). Keys
+//! and values may use different types (llama.cpp's `-ctk` / `-ctv`).
 //!
 //! Layout per layer is `[position][kv_head * head_dim]`, so one position's keys for all heads
-//! are contiguous and a run of positions is a contiguous tile.
+//! are contiguous and a run of positions is a contiguous tile. A Q8_0 row is `kv_dim / 32`
+//! blocks of ggml's `block_q8_0` (an f16 scale `d` and 32 `i8` quants, 34 bytes), so Q8_0
+//! needs `kv_dim` (and, for attention, the head size) to be a multiple of 32.
 //! The buffers are zero-initialised allocations: the OS backs them lazily, so a large
 //! `-c` costs memory only as positions are actually written.
 
@@ -16,6 +19,37 @@ pub enum KvType {
     #[default]
     F16,
     F32,
+    /// ggml's Q8_0: blocks of 32 values, an f16 scale and 32 `i8` quants.
+    Q8_0,
+}
+
+/// Names [`KvType`] parses, for messages.
+pub const KV_TYPE_NAMES: &str = "f16, f32, q8_0";
+
+impl KvType {
+    /// The lowercase name (`f16`, `f32`, `q8_0`), as parsed.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Bytes one row of `kv_dim` elements takes (`kv_dim` a multiple of 32 for Q8_0).
+    pub fn row_bytes(self, kv_dim: usize) -> usize {
+        match self {
+            KvType::F16 => 2 * kv_dim,
+            KvType::F32 => 4 * kv_dim,
+            KvType::Q8_0 => kv_dim / QK8_0 * BLOCK_Q8_0_BYTES,
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl std::str::FromStr for KvType {
@@ -24,35 +58,148 @@ impl std::str::FromStr for KvType {
         match s.to_ascii_lowercase().as_str() {
             "f16" => Ok(KvType::F16),
             "f32" => Ok(KvType::F32),
-            other => Err(format!("unknown KV cache type '{other}' (use f16 or f32)")),
+            "q8_0" => Ok(KvType::Q8_0),
+            other => Err(format!(
+                "unknown KV cache type '{other}' (use one of {KV_TYPE_NAMES})"
+            )),
         }
     }
 }
 
-/// A run of cache rows borrowed in the cache's element type.
+/// The element types of keys and of values. A single [`KvType`] converts into both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct KvTypes {
+    pub k: KvType,
+    pub v: KvType,
+}
+
+impl KvTypes {
+    /// Keys of type `k`, values of type `v`.
+    pub fn new(k: KvType, v: KvType) -> Self {
+        KvTypes { k, v }
+    }
+}
+
+impl From<KvType> for KvTypes {
+    fn from(t: KvType) -> Self {
+        KvTypes { k: t, v: t }
+    }
+}
+
+impl std::fmt::Display for KvTypes {
+    /// `k/v`, e.g. `f16/q8_0`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.k, self.v)
+    }
+}
+
+/// Values per Q8_0 block.
+pub const QK8_0: usize = 32;
+/// Bytes of one Q8_0 block (f16 scale + 32 quants).
+pub const BLOCK_Q8_0_BYTES: usize = 2 + QK8_0;
+
+/// One Q8_0 block, laid out as ggml's `block_q8_0`: value `i` is `qs[i] * d`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ8_0 {
+    pub d: f16,
+    pub qs: [i8; QK8_0],
+}
+
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == BLOCK_Q8_0_BYTES);
+
+impl BlockQ8_0 {
+    const ZERO: BlockQ8_0 = BlockQ8_0 {
+        d: f16::ZERO,
+        qs: [0; QK8_0],
+    };
+
+    /// Quantize 32 values as ggml does (`d = max|x| / 127`, quants rounded to nearest),
+    /// except that the quants are computed against the f16-rounded scale that is stored, so
+    /// every finite element is within `d / 2` of its value (ggml divides by the f32 scale,
+    /// which can add up to 127 · the f16 rounding of `d`).
+    pub fn quantize(x: &[f32]) -> BlockQ8_0 {
+        assert_eq!(x.len(), QK8_0, "a Q8_0 block holds 32 values");
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let mut d = f16::from_f32(amax / 127.0);
+        if d.is_infinite() {
+            d = f16::MAX;
+        }
+        let df = d.to_f32();
+        let id = if df != 0.0 { 1.0 / df } else { 0.0 };
+        let mut qs = [0i8; QK8_0];
+        for (q, &v) in qs.iter_mut().zip(x) {
+            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+        }
+        BlockQ8_0 { d, qs }
+    }
+
+    /// The 32 values (`qs[i] * d` in f32, one rounding).
+    pub fn dequantize(&self, dst: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (o, &q) in dst[..QK8_0].iter_mut().zip(&self.qs) {
+            *o = q as f32 * d;
+        }
+    }
+
+    fn to_bytes(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.d.to_le_bytes());
+        out.extend(self.qs.iter().map(|&q| q as u8));
+    }
+
+    fn from_bytes(b: &[u8]) -> BlockQ8_0 {
+        let mut qs = [0i8; QK8_0];
+        for (q, &x) in qs.iter_mut().zip(&b[2..BLOCK_Q8_0_BYTES]) {
+            *q = x as i8;
+        }
+        BlockQ8_0 {
+            d: f16::from_le_bytes([b[0], b[1]]),
+            qs,
+        }
+    }
+}
+
+/// A run of cache rows borrowed in the cache's element type. For Q8_0 the slice holds
+/// `kv_dim / 32` blocks per row.
 #[derive(Clone, Copy, Debug)]
 pub enum KvRows<'a> {
     F16(&'a [f16]),
     F32(&'a [f32]),
+    Q8_0(&'a [BlockQ8_0]),
 }
 
 enum Store {
     F16(Vec<f16>),
     F32(Vec<f32>),
+    Q8_0(Vec<BlockQ8_0>),
 }
 
 impl Store {
+    /// `len` elements (a multiple of 32 for Q8_0).
     fn new(ty: KvType, len: usize) -> Self {
         match ty {
             KvType::F16 => Store::F16(vec![f16::ZERO; len]),
             KvType::F32 => Store::F32(vec![0.0; len]),
+            KvType::Q8_0 => Store::Q8_0(vec![BlockQ8_0::ZERO; len / QK8_0]),
         }
     }
+
+    // Element offsets `at` and lengths are whole rows, so for Q8_0 they are multiples of 32.
 
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             Store::F16(v) => v[at..at + src.len()].convert_from_f32_slice(src),
             Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+            Store::Q8_0(v) => {
+                debug_assert!(at.is_multiple_of(QK8_0) && src.len().is_multiple_of(QK8_0));
+                let b = at / QK8_0;
+                for (blk, x) in v[b..b + src.len() / QK8_0]
+                    .iter_mut()
+                    .zip(src.chunks_exact(QK8_0))
+                {
+                    *blk = BlockQ8_0::quantize(x);
+                }
+            }
         }
     }
 
@@ -60,6 +207,7 @@ impl Store {
         match self {
             Store::F16(v) => KvRows::F16(&v[r]),
             Store::F32(v) => KvRows::F32(&v[r]),
+            Store::Q8_0(v) => KvRows::Q8_0(&v[r.start / QK8_0..r.end / QK8_0]),
         }
     }
 
@@ -67,13 +215,83 @@ impl Store {
         match self {
             Store::F16(v) => v[at..at + dst.len()].convert_to_f32_slice(dst),
             Store::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
+            Store::Q8_0(v) => {
+                debug_assert!(at.is_multiple_of(QK8_0) && dst.len().is_multiple_of(QK8_0));
+                let b = at / QK8_0;
+                for (blk, d) in v[b..b + dst.len() / QK8_0]
+                    .iter()
+                    .zip(dst.chunks_exact_mut(QK8_0))
+                {
+                    blk.dequantize(d);
+                }
+            }
         }
+    }
+
+    /// Elements `r` as little-endian raw bytes of the store's type.
+    fn export(&self, r: std::ops::Range<usize>, out: &mut Vec<u8>) {
+        match self {
+            Store::F16(v) => v[r]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Store::F32(v) => v[r]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Store::Q8_0(v) => v[r.start / QK8_0..r.end / QK8_0]
+                .iter()
+                .for_each(|b| b.to_bytes(out)),
+        }
+    }
+
+    /// Overwrite elements `r` from bytes made by [`Store::export`] (exactly their size).
+    fn import(&mut self, r: std::ops::Range<usize>, src: &[u8]) {
+        match self {
+            Store::F16(v) => {
+                for (d, c) in v[r].iter_mut().zip(src.chunks_exact(2)) {
+                    *d = f16::from_le_bytes([c[0], c[1]]);
+                }
+            }
+            Store::F32(v) => {
+                for (d, c) in v[r].iter_mut().zip(src.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            Store::Q8_0(v) => {
+                for (d, c) in v[r.start / QK8_0..r.end / QK8_0]
+                    .iter_mut()
+                    .zip(src.chunks_exact(BLOCK_Q8_0_BYTES))
+                {
+                    *d = BlockQ8_0::from_bytes(c);
+                }
+            }
+        }
+    }
+
+    /// Copy elements `src_r` of `other` (same type) to `dst_at..`.
+    fn copy_from(
+        &mut self,
+        dst_at: usize,
+        other: &Store,
+        src_r: std::ops::Range<usize>,
+    ) -> Result<(), String> {
+        let len = src_r.len();
+        match (self, other) {
+            (Store::F16(d), Store::F16(s)) => d[dst_at..dst_at + len].copy_from_slice(&s[src_r]),
+            (Store::F32(d), Store::F32(s)) => d[dst_at..dst_at + len].copy_from_slice(&s[src_r]),
+            (Store::Q8_0(d), Store::Q8_0(s)) => {
+                let (a, b) = (dst_at / QK8_0, src_r.start / QK8_0);
+                let nb = len / QK8_0;
+                d[a..a + nb].copy_from_slice(&s[b..b + nb]);
+            }
+            _ => return Err("KV caches of different types".into()),
+        }
+        Ok(())
     }
 }
 
 /// Keys and values for `n_layer` layers and up to `n_ctx` positions.
 pub struct KvCache {
-    ty: KvType,
+    types: KvTypes,
     n_layer: usize,
     n_ctx: usize,
     kv_dim: usize,
@@ -82,22 +300,61 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A cache for `n_ctx` positions of width `kv_dim` (kv heads × head size) per layer.
-    pub fn new(ty: KvType, n_layer: usize, n_ctx: usize, kv_dim: usize) -> Self {
-        let len = n_layer * n_ctx * kv_dim;
-        KvCache {
-            ty,
+    /// A cache for `n_ctx` positions of width `kv_dim` (kv heads × head size) per layer, with
+    /// keys and values of `types` (one [`KvType`] for both, or a [`KvTypes`]).
+    ///
+    /// Panics when the shape does not suit the types (see [`KvCache::try_new`]).
+    pub fn new(types: impl Into<KvTypes>, n_layer: usize, n_ctx: usize, kv_dim: usize) -> Self {
+        Self::try_new(types, n_layer, n_ctx, kv_dim, kv_dim).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`KvCache::new`], but a Q8_0 key or value cache whose `head_dim` (which must
+    /// divide `kv_dim`) is not a multiple of 32 is an error, as is a size that overflows.
+    pub fn try_new(
+        types: impl Into<KvTypes>,
+        n_layer: usize,
+        n_ctx: usize,
+        kv_dim: usize,
+        head_dim: usize,
+    ) -> Result<Self, String> {
+        let types = types.into();
+        for (what, ty) in [("key", types.k), ("value", types.v)] {
+            if ty == KvType::Q8_0
+                && (head_dim == 0
+                    || !head_dim.is_multiple_of(QK8_0)
+                    || !kv_dim.is_multiple_of(head_dim))
+            {
+                return Err(format!(
+                    "{what} cache type q8_0 needs a head size that is a multiple of {QK8_0}; \
+                     this model's is {head_dim} (use f16 or f32)"
+                ));
+            }
+        }
+        let len = n_layer
+            .checked_mul(n_ctx)
+            .and_then(|x| x.checked_mul(kv_dim))
+            .filter(|&x| x.checked_mul(4).is_some())
+            .ok_or_else(|| {
+                format!("KV cache of {n_layer} layers × {n_ctx} positions × {kv_dim} is too large")
+            })?;
+        Ok(KvCache {
+            types,
             n_layer,
             n_ctx,
             kv_dim,
-            k: Store::new(ty, len),
-            v: Store::new(ty, len),
-        }
+            k: Store::new(types.k, len),
+            v: Store::new(types.v, len),
+        })
     }
 
-    /// Element type.
+    /// Element types of keys and values.
+    pub fn types(&self) -> KvTypes {
+        self.types
+    }
+
+    /// Element type of the keys (see [`KvCache::types`] for both).
     pub fn kv_type(&self) -> KvType {
-        self.ty
+        self.types.k
     }
 
     /// Maximum number of positions.
@@ -125,25 +382,39 @@ impl KvCache {
 
     /// Store the keys and values of `pos` in `layer`.
     pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+        assert!(
+            k.len() == self.kv_dim && v.len() == self.kv_dim,
+            "KV row width"
+        );
         let at = self.offset(layer, pos);
         self.k.write(at, k);
         self.v.write(at, v);
     }
 
+    fn check_read(&self, layer: usize, start: usize, len: usize) -> usize {
+        assert!(
+            len.is_multiple_of(self.kv_dim.max(1))
+                && start + len / self.kv_dim.max(1) <= self.n_ctx,
+            "KV read must cover whole rows within the cache"
+        );
+        self.offset(layer, start)
+    }
+
     /// Read keys of positions `start..start + n` of `layer` into `dst` (n × kv_dim) as f32.
     pub fn read_keys(&self, layer: usize, start: usize, dst: &mut [f32]) {
-        let at = self.offset(layer, start);
+        let at = self.check_read(layer, start, dst.len());
         self.k.read(at, dst);
     }
 
     /// Read values of positions `start..start + n` of `layer` into `dst` (n × kv_dim) as f32.
     pub fn read_values(&self, layer: usize, start: usize, dst: &mut [f32]) {
-        let at = self.offset(layer, start);
+        let at = self.check_read(layer, start, dst.len());
         self.v.read(at, dst);
     }
 
     /// Keys of positions `start..start + n` of `layer`, borrowed in the cache's element type
-    /// (`n × kv_dim` elements, position-major): attention reads them without a copy.
+    /// (`n × kv_dim` elements, position-major; `n × kv_dim / 32` blocks for Q8_0): attention
+    /// reads them without a copy.
     pub fn key_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
         self.k.rows(self.span(layer, start, n))
     }
@@ -162,55 +433,40 @@ impl KvCache {
         at..at + n * self.kv_dim
     }
 
+    /// Bytes of keys plus values of one position across all layers.
+    pub fn bytes_per_token(&self) -> usize {
+        self.n_layer * (self.types.k.row_bytes(self.kv_dim) + self.types.v.row_bytes(self.kv_dim))
+    }
+
     /// Bytes held for keys and values.
     pub fn bytes(&self) -> usize {
-        let elem = match self.ty {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
-        };
-        2 * self.n_layer * self.n_ctx * self.kv_dim * elem
+        self.n_ctx * self.bytes_per_token()
     }
 }
 
 /// Export and import of the first positions (prompt cache files, prefix reuse). Added for the
 /// serving issue; nothing above depends on it.
 impl KvCache {
-    /// Bytes of one element (2 for f16, 4 for f32).
-    pub fn elem_bytes(&self) -> usize {
-        match self.ty {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
-        }
-    }
-
     /// Bytes [`KvCache::export_prefix`] produces for `n` positions.
     pub fn prefix_bytes(&self, n: usize) -> usize {
-        2 * self.n_layer * n * self.kv_dim * self.elem_bytes()
+        n * self.bytes_per_token()
     }
 
-    /// Keys then values of positions `0..n`, layer by layer, as little-endian raw elements
-    /// of the cache type.
+    /// Keys then values of positions `0..n`, layer by layer, as little-endian raw data of
+    /// each one's type (for Q8_0, ggml's 34-byte blocks).
     pub fn export_prefix(&self, n: usize) -> Vec<u8> {
         assert!(n <= self.n_ctx, "export beyond the cache");
         let mut out = Vec::with_capacity(self.prefix_bytes(n));
         for l in 0..self.n_layer {
             let r = l * self.n_ctx * self.kv_dim..(l * self.n_ctx + n) * self.kv_dim;
-            for s in [&self.k, &self.v] {
-                match s {
-                    Store::F16(v) => v[r.clone()]
-                        .iter()
-                        .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-                    Store::F32(v) => v[r.clone()]
-                        .iter()
-                        .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-                }
-            }
+            self.k.export(r.clone(), &mut out);
+            self.v.export(r, &mut out);
         }
         out
     }
 
     /// Overwrite positions `0..n` from bytes made by [`KvCache::export_prefix`] of a cache
-    /// with the same type and shape.
+    /// with the same types and shape.
     pub fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
         if n > self.n_ctx {
             return Err(format!(
@@ -225,43 +481,31 @@ impl KvCache {
                 self.prefix_bytes(n)
             ));
         }
-        let per = n * self.kv_dim * self.elem_bytes();
-        let mut chunks = bytes.chunks_exact(per.max(1));
+        let (kb, vb) = (
+            n * self.types.k.row_bytes(self.kv_dim),
+            n * self.types.v.row_bytes(self.kv_dim),
+        );
+        let mut at = 0;
         for l in 0..self.n_layer {
             let start = l * self.n_ctx * self.kv_dim;
-            for which in 0..2 {
-                let src = if per == 0 {
-                    &[][..]
-                } else {
-                    chunks.next().unwrap_or(&[])
-                };
-                let store = if which == 0 { &mut self.k } else { &mut self.v };
-                match store {
-                    Store::F16(v) => {
-                        for (d, c) in v[start..start + n * self.kv_dim]
-                            .iter_mut()
-                            .zip(src.chunks_exact(2))
-                        {
-                            *d = f16::from_le_bytes([c[0], c[1]]);
-                        }
-                    }
-                    Store::F32(v) => {
-                        for (d, c) in v[start..start + n * self.kv_dim]
-                            .iter_mut()
-                            .zip(src.chunks_exact(4))
-                        {
-                            *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                        }
-                    }
-                }
-            }
+            let r = start..start + n * self.kv_dim;
+            self.k.import(r.clone(), &bytes[at..at + kb]);
+            at += kb;
+            self.v.import(r, &bytes[at..at + vb]);
+            at += vb;
         }
         Ok(())
     }
 
-    /// Copy positions `0..n` of every layer from `other` (same type and width).
+    /// Copy positions `0..n` of every layer from `other` (same types and width).
     pub fn copy_prefix_from(&mut self, other: &KvCache, n: usize) -> Result<(), String> {
-        if other.ty != self.ty || other.kv_dim != self.kv_dim || other.n_layer != self.n_layer {
+        if other.types != self.types {
+            return Err(format!(
+                "KV caches of different types ({} and {})",
+                other.types, self.types
+            ));
+        }
+        if other.kv_dim != self.kv_dim || other.n_layer != self.n_layer {
             return Err("KV caches of different shapes".into());
         }
         if n > self.n_ctx || n > other.n_ctx {
@@ -270,17 +514,8 @@ impl KvCache {
         for l in 0..self.n_layer {
             let (a, b) = (l * self.n_ctx * self.kv_dim, l * other.n_ctx * other.kv_dim);
             let len = n * self.kv_dim;
-            match (&mut self.k, &other.k, &mut self.v, &other.v) {
-                (Store::F16(dk), Store::F16(sk), Store::F16(dv), Store::F16(sv)) => {
-                    dk[a..a + len].copy_from_slice(&sk[b..b + len]);
-                    dv[a..a + len].copy_from_slice(&sv[b..b + len]);
-                }
-                (Store::F32(dk), Store::F32(sk), Store::F32(dv), Store::F32(sv)) => {
-                    dk[a..a + len].copy_from_slice(&sk[b..b + len]);
-                    dv[a..a + len].copy_from_slice(&sv[b..b + len]);
-                }
-                _ => return Err("KV caches of different types".into()),
-            }
+            self.k.copy_from(a, &other.k, b..b + len)?;
+            self.v.copy_from(a, &other.v, b..b + len)?;
         }
         Ok(())
     }
@@ -289,6 +524,31 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut s = seed;
+        move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        }
+    }
+
+    #[test]
+    fn kv_type_names_parse() {
+        for t in [KvType::F16, KvType::F32, KvType::Q8_0] {
+            assert_eq!(t.name().parse::<KvType>().unwrap(), t);
+            assert_eq!(t.to_string(), t.name());
+        }
+        assert_eq!("Q8_0".parse::<KvType>().unwrap(), KvType::Q8_0);
+        let e = "q4_0".parse::<KvType>().unwrap_err();
+        assert!(e.contains("q4_0") && e.contains("f16, f32, q8_0"), "{e}");
+        assert_eq!(
+            KvTypes::new(KvType::F16, KvType::Q8_0).to_string(),
+            "f16/q8_0"
+        );
+    }
 
     #[test]
     fn f16_and_f32_round_trip() {
@@ -306,26 +566,142 @@ mod tests {
         }
     }
 
+    /// Every element of a Q8_0 row reads back within half its block's stored scale of the
+    /// f32 value, the scale is ggml's `max|x| / 127` (to f16 rounding), and the quants use
+    /// the full ±127 range; mixed K/V types keep each side's own precision.
+    #[test]
+    fn q8_0_round_trip_within_half_a_step() {
+        let kv_dim = 128;
+        let mut r = rng(3);
+        let mut c = KvCache::new(KvTypes::new(KvType::Q8_0, KvType::F32), 3, 5, kv_dim);
+        let mut q = KvCache::new(KvType::Q8_0, 3, 5, kv_dim);
+        for scale in [1e-3f32, 0.7, 30.0, 900.0] {
+            // Blocks with very different magnitudes, including an all-zero block.
+            let mut k: Vec<f32> = (0..kv_dim)
+                .map(|i| r() * scale * (1 + i / 32) as f32)
+                .collect();
+            k[64..96].fill(0.0);
+            let v: Vec<f32> = (0..kv_dim).map(|_| r() * scale).collect();
+            c.write(2, 3, &k, &v);
+            q.write(2, 3, &k, &v);
+            let (mut gk, mut gv) = (vec![0.0; kv_dim], vec![0.0; kv_dim]);
+            c.read_keys(2, 3, &mut gk);
+            c.read_values(2, 3, &mut gv);
+            assert_eq!(gv, v, "f32 values stay exact");
+            let KvRows::Q8_0(blocks) = c.key_rows(2, 3, 1) else {
+                panic!("keys are q8_0")
+            };
+            assert_eq!(blocks.len(), kv_dim / QK8_0);
+            let mut worst = 0.0f32;
+            for (b, blk) in blocks.iter().enumerate() {
+                let x = &k[b * QK8_0..][..QK8_0];
+                let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let d = blk.d.to_f32();
+                assert!(
+                    (d - amax / 127.0).abs() <= amax / 127.0 * 1e-3 + 1e-7,
+                    "{d}"
+                );
+                if amax > 0.0 {
+                    assert_eq!(blk.qs.iter().map(|q| q.unsigned_abs()).max(), Some(127));
+                }
+                for (j, (&a, &g)) in x.iter().zip(&gk[b * QK8_0..][..QK8_0]).enumerate() {
+                    let err = (a - g).abs();
+                    assert!(
+                        err <= d / 2.0 * (1.0 + 1e-5),
+                        "block {b} elem {j}: {a} read {g}, d {d}"
+                    );
+                    worst = worst.max(err / d.max(f32::MIN_POSITIVE));
+                }
+            }
+            assert!(
+                worst > 0.3,
+                "round-to-nearest should use most of d/2: {worst}"
+            );
+            // Keys and values of a q8_0/q8_0 cache are quantized alike.
+            let mut qv = vec![0.0; kv_dim];
+            q.read_values(2, 3, &mut qv);
+            let mut want = vec![0.0; kv_dim];
+            for (blk, d) in v.chunks_exact(32).zip(want.chunks_exact_mut(32)) {
+                BlockQ8_0::quantize(blk).dequantize(d);
+            }
+            assert_eq!(qv, want);
+        }
+        // Other positions and layers are untouched (zero).
+        let mut z = vec![1.0; 2 * kv_dim];
+        c.read_keys(2, 1, &mut z);
+        assert!(z.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn q8_0_needs_whole_blocks_per_head() {
+        assert!(KvCache::try_new(KvType::Q8_0, 2, 4, 128, 64).is_ok());
+        assert!(KvCache::try_new(KvType::Q8_0, 2, 4, 128, 128).is_ok());
+        let e = KvCache::try_new(KvTypes::new(KvType::F16, KvType::Q8_0), 2, 4, 96, 48)
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("value cache type q8_0") && e.contains("48"),
+            "{e}"
+        );
+        let e = KvCache::try_new(KvType::Q8_0, 2, 4, 40, 20).err().unwrap();
+        assert!(e.contains("key cache"), "{e}");
+        // Not q8_0: any width.
+        assert!(KvCache::try_new(KvType::F16, 2, 4, 40, 20).is_ok());
+        assert!(KvCache::try_new(KvType::F32, usize::MAX, 4, 40, 20).is_err());
+    }
+
+    #[test]
+    fn bytes_per_token_sums_both_sides() {
+        // Qwen2.5-0.5B: 24 layers, 2 kv heads of 64.
+        let bpt = |k, v| KvCache::new(KvTypes::new(k, v), 24, 1, 128).bytes_per_token();
+        assert_eq!(bpt(KvType::F16, KvType::F16), 12_288);
+        assert_eq!(bpt(KvType::F32, KvType::F32), 24_576);
+        assert_eq!(bpt(KvType::Q8_0, KvType::Q8_0), 6_528);
+        assert_eq!(bpt(KvType::F16, KvType::Q8_0), 9_408);
+        assert_eq!(KvCache::new(KvType::Q8_0, 24, 10, 128).bytes(), 10 * 6_528);
+    }
+
     #[test]
     fn prefix_export_import_round_trip() {
-        for ty in [KvType::F16, KvType::F32] {
-            let mut a = KvCache::new(ty, 2, 4, 3);
-            a.write(0, 0, &[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]);
-            a.write(1, 1, &[-1.0, -2.0, -3.0], &[0.5, 0.25, 0.125]);
-            a.write(1, 2, &[9.0; 3], &[9.0; 3]);
+        let types = [
+            KvTypes::from(KvType::F16),
+            KvTypes::from(KvType::F32),
+            KvTypes::from(KvType::Q8_0),
+            KvTypes::new(KvType::Q8_0, KvType::F16),
+            KvTypes::new(KvType::F32, KvType::Q8_0),
+        ];
+        for ty in types {
+            let w = 64;
+            let row = |x: f32| -> Vec<f32> { (0..w).map(|i| x + i as f32 * 0.25).collect() };
+            let mut a = KvCache::new(ty, 2, 4, w);
+            a.write(0, 0, &row(1.0), &row(4.0));
+            a.write(1, 1, &row(-1.0), &row(0.5));
+            a.write(1, 2, &row(9.0), &row(9.0));
             let bytes = a.export_prefix(2);
             assert_eq!(bytes.len(), a.prefix_bytes(2));
-            let mut b = KvCache::new(ty, 2, 8, 3);
+            assert_eq!(bytes.len(), 2 * a.bytes_per_token());
+            let mut b = KvCache::new(ty, 2, 8, w);
             b.import_prefix(2, &bytes).unwrap();
-            let mut k = [0.0; 3];
-            b.read_keys(1, 1, &mut k);
-            assert_eq!(k, [-1.0, -2.0, -3.0]);
-            b.read_keys(1, 2, &mut k);
-            assert_eq!(k, [0.0; 3]);
+            let (mut ka, mut kb) = (vec![0.0; w], vec![0.0; w]);
+            a.read_keys(1, 1, &mut ka);
+            b.read_keys(1, 1, &mut kb);
+            assert_eq!(ka, kb, "{ty}");
+            a.read_values(1, 1, &mut ka);
+            b.read_values(1, 1, &mut kb);
+            assert_eq!(ka, kb, "{ty}");
+            b.read_keys(1, 2, &mut kb);
+            assert_eq!(kb, vec![0.0; w]);
             assert!(b.import_prefix(3, &bytes).is_err());
-            let mut c = KvCache::new(ty, 2, 4, 3);
+            let mut c = KvCache::new(ty, 2, 4, w);
             c.copy_prefix_from(&b, 2).unwrap();
             assert_eq!(c.export_prefix(2), bytes);
+            let other = if ty.k == KvType::Q8_0 {
+                KvType::F16
+            } else {
+                KvType::Q8_0
+            };
+            let mut d = KvCache::new(KvTypes::new(other, ty.v), 2, 4, w);
+            assert!(d.copy_prefix_from(&b, 2).unwrap_err().contains("types"));
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::attention::AttentionChoice;
 use crate::error::{Error, Result};
-use crate::kv_cache::KvType;
+use crate::kv_cache::KvTypes;
 use crate::model::{Logits, Model};
 
 /// Natural-log probability of `target` under `logits` (a stable log-softmax in f64).
@@ -66,8 +66,24 @@ pub fn score_chunk(
     chunk: &[u32],
     bos: Option<u32>,
     batch: usize,
-    kv: KvType,
+    kv: impl Into<KvTypes>,
     attention: &AttentionChoice,
+) -> Result<ChunkScore> {
+    score_chunk_with(model, chunk, bos, batch, kv, attention, None)
+}
+
+/// [`score_chunk`], or with `decode = Some(k)`: the chunk's first `n_ctx - 1 - k` tokens are
+/// processed as a prompt and only the last `k` are scored, fed one token at a time, so the
+/// figure measures the *decode* phase's attention policy (Quest and H2O act only there;
+/// scoring in batches would run their exact prefill and hide them).
+pub fn score_chunk_with(
+    model: &Model,
+    chunk: &[u32],
+    bos: Option<u32>,
+    batch: usize,
+    kv: impl Into<KvTypes>,
+    attention: &AttentionChoice,
+    decode: Option<usize>,
 ) -> Result<ChunkScore> {
     let n_ctx = chunk.len();
     if n_ctx < 4 {
@@ -79,7 +95,15 @@ pub fn score_chunk(
     if let Some(b) = bos {
         tokens[0] = b;
     }
-    let first = n_ctx / 2;
+    let first = match decode {
+        Some(k) if k == 0 || k >= n_ctx => {
+            return Err(Error::Other(format!(
+                "decode scoring of {k} tokens needs 1..{n_ctx} (the chunk size)"
+            )))
+        }
+        Some(k) => n_ctx - 1 - k,
+        None => n_ctx / 2,
+    };
     let vocab = model.config.vocab_size;
     let mut state = model.new_state(n_ctx, kv)?;
     state.set_attention(
@@ -95,7 +119,15 @@ pub fn score_chunk(
     let batch = batch.max(1);
     let mut start = 0;
     while start < n_ctx - 1 {
-        let end = (start + batch).min(n_ctx - 1);
+        // In decode scoring, every token from `first` on is its own forward pass.
+        let step = if decode.is_some() && start >= first {
+            1
+        } else if decode.is_some() {
+            batch.min(first - start).max(1)
+        } else {
+            batch
+        };
+        let end = (start + step).min(n_ctx - 1);
         // Logits of position j predict token j + 1; we need them for j in first..n_ctx-1.
         let want_from = first.max(start);
         let want = if want_from < end {

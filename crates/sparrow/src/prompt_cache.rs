@@ -8,26 +8,32 @@
 //! | 8 | magic `SPRWKVC\n` |
 //! | 4 | format version ([`VERSION`]) |
 //! | 32 | model fingerprint: SHA-256 of the GGUF's header, metadata and tensor table |
-//! | 1 + 3 | cache type (0 = f16, 1 = f32), 3 zero bytes |
+//! | 1 + 1 + 2 | key cache type, value cache type (0 = f16, 1 = f32, 2 = q8_0), 2 zero bytes |
 //! | 4 + 4 | layers, KV width (kv heads × head size) |
 //! | 4 | n, the number of prefix tokens |
 //! | 4·n | the prefix token ids |
-//! | … | per layer: keys of positions 0..n, then values, raw elements of the cache type |
+//! | … | per layer: keys of positions 0..n, then values, each raw in its cache type (f16 and
+//! f32 elements; q8_0 rows as ggml's 34-byte blocks: f16 scale, 32 `i8`) |
 //! | 32 | SHA-256 of everything above |
+//!
+//! Version 1 (before separate key and value types and q8_0) had one type byte for both,
+//! followed by 3 zero bytes, and the same data layout; it is still read.
 //!
 //! Loading checks, in order: length, magic, version, fingerprint, cache type and shape, the
 //! exact size, then the checksum; each failure is a [`PromptCacheError`] that says what is
 //! wrong, and callers fall back to a normal prefill.
 
-use crate::kv_cache::KvType;
+use crate::kv_cache::{KvType, KvTypes};
 use crate::model::{Model, State};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 
 /// File magic.
 pub const MAGIC: &[u8; 8] = b"SPRWKVC\n";
-/// Format version written and accepted.
-pub const VERSION: u32 = 1;
+/// Format version written (and the newest accepted).
+pub const VERSION: u32 = 2;
+/// Oldest format version accepted.
+pub const MIN_VERSION: u32 = 1;
 const HEADER: usize = 8 + 4 + 32 + 4 + 4 + 4 + 4;
 
 /// Why a prompt cache file was refused.
@@ -42,7 +48,7 @@ pub enum PromptCacheError {
     Truncated { len: usize, need: usize },
     #[error("not a sparrow prompt cache file (bad magic)")]
     BadMagic,
-    #[error("prompt cache format version {found} is not supported (this sparrow reads version {VERSION})")]
+    #[error("prompt cache format version {found} is not supported (this sparrow reads versions {MIN_VERSION} to {VERSION})")]
     Version { found: u32 },
     #[error("prompt cache was made with a different model (fingerprint mismatch)")]
     OtherModel,
@@ -84,21 +90,30 @@ fn type_code(t: KvType) -> u8 {
     match t {
         KvType::F16 => 0,
         KvType::F32 => 1,
+        KvType::Q8_0 => 2,
+    }
+}
+
+fn type_of(code: u8) -> Option<KvType> {
+    match code {
+        0 => Some(KvType::F16),
+        1 => Some(KvType::F32),
+        2 => Some(KvType::Q8_0),
+        _ => None,
     }
 }
 
 fn type_name(code: u8) -> String {
-    match code {
-        0 => "f16".into(),
-        1 => "f32".into(),
-        c => format!("unknown (code {c})"),
+    match type_of(code) {
+        Some(t) => t.name().into(),
+        None => format!("unknown (code {code})"),
     }
 }
 
 /// A validated prompt cache: the prefix tokens and their keys and values.
 pub struct PromptCache {
     pub tokens: Vec<u32>,
-    kv_type: KvType,
+    kv_types: KvTypes,
     n_layer: usize,
     kv_dim: usize,
     kv: Vec<u8>,
@@ -127,7 +142,8 @@ pub fn encode(
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(fingerprint);
-    out.extend_from_slice(&[type_code(kv.kv_type()), 0, 0, 0]);
+    let types = kv.types();
+    out.extend_from_slice(&[type_code(types.k), type_code(types.v), 0, 0]);
     out.extend_from_slice(&(kv.n_layer() as u32).to_le_bytes());
     out.extend_from_slice(&(kv.kv_dim() as u32).to_le_bytes());
     out.extend_from_slice(&(n as u32).to_le_bytes());
@@ -163,11 +179,12 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 /// Parse and validate a prompt cache image for a model with `fingerprint`, a state with
-/// cache type `kv_type`, `n_layer` layers of width `kv_dim` and `n_ctx` positions.
+/// cache types `kv_types` (keys and values), `n_layer` layers of width `kv_dim` and `n_ctx`
+/// positions.
 pub fn decode(
     bytes: &[u8],
     fingerprint: &[u8; 32],
-    kv_type: KvType,
+    kv_types: impl Into<KvTypes>,
     n_layer: usize,
     kv_dim: usize,
     n_ctx: usize,
@@ -187,8 +204,9 @@ pub fn decode(
             need: HEADER + 32,
         });
     }
+    let kv_types = kv_types.into();
     let version = u32_at(bytes, 8);
-    if version != VERSION {
+    if !(MIN_VERSION..=VERSION).contains(&version) {
         return Err(PromptCacheError::Version { found: version });
     }
     if bytes.len() < HEADER + 32 {
@@ -200,11 +218,16 @@ pub fn decode(
     if &bytes[12..44] != fingerprint {
         return Err(PromptCacheError::OtherModel);
     }
-    let code = bytes[44];
-    if code != type_code(kv_type) {
+    // Version 1 has one type for keys and values (and a zero byte after it).
+    let (k_code, v_code) = if version == 1 {
+        (bytes[44], bytes[44])
+    } else {
+        (bytes[44], bytes[45])
+    };
+    if (k_code, v_code) != (type_code(kv_types.k), type_code(kv_types.v)) {
         return Err(PromptCacheError::CacheType {
-            file: type_name(code),
-            want: type_name(type_code(kv_type)),
+            file: format!("{}/{}", type_name(k_code), type_name(v_code)),
+            want: kv_types.to_string(),
         });
     }
     let (layers, width, n) = (
@@ -223,9 +246,8 @@ pub fn decode(
     if n > n_ctx {
         return Err(PromptCacheError::TooLong { tokens: n, n_ctx });
     }
-    let elem = if kv_type == KvType::F16 { 2 } else { 4 };
     // n ≤ n_ctx and the shape matches the model, so these products are bounded.
-    let kv_len = 2 * layers * n * width * elem;
+    let kv_len = layers * n * (kv_types.k.row_bytes(width) + kv_types.v.row_bytes(width));
     let want = HEADER + 4 * n + kv_len + 32;
     if bytes.len() != want {
         return Err(PromptCacheError::Size {
@@ -241,7 +263,7 @@ pub fn decode(
     let tokens = (0..n).map(|i| u32_at(bytes, HEADER + 4 * i)).collect();
     Ok(PromptCache {
         tokens,
-        kv_type,
+        kv_types,
         n_layer: layers,
         kv_dim: width,
         kv: body[HEADER + 4 * n..].to_vec(),
@@ -258,7 +280,7 @@ pub fn load(path: &Path, model: &Model, state: &State) -> Result<PromptCache, Pr
     decode(
         &bytes,
         &model_fingerprint(model),
-        kv.kv_type(),
+        kv.types(),
         kv.n_layer(),
         kv.kv_dim(),
         state.n_ctx(),
@@ -285,22 +307,30 @@ impl PromptCache {
                 "cannot restore {n} of {total} tokens"
             )));
         }
-        if state.kv.kv_type() != self.kv_type
-            || state.kv.n_layer() != self.n_layer
-            || state.kv.kv_dim() != self.kv_dim
-        {
+        if state.kv.types() != self.kv_types {
+            return Err(PromptCacheError::CacheType {
+                file: self.kv_types.to_string(),
+                want: state.kv.types().to_string(),
+            });
+        }
+        if state.kv.n_layer() != self.n_layer || state.kv.kv_dim() != self.kv_dim {
             return Err(PromptCacheError::Other(
                 "state does not match the cache".into(),
             ));
         }
-        let elem = state.kv.elem_bytes();
-        let (full, part) = (total * self.kv_dim * elem, n * self.kv_dim * elem);
-        let mut sel = Vec::with_capacity(2 * self.n_layer * part);
-        for chunk in self.kv.chunks_exact(full.max(1)).take(2 * self.n_layer) {
-            sel.extend_from_slice(&chunk[..part]);
-        }
-        if full == 0 {
-            sel.clear();
+        // Per layer the file holds `total` key rows then `total` value rows; take the first
+        // `n` of each.
+        let (rk, rv) = (
+            self.kv_types.k.row_bytes(self.kv_dim),
+            self.kv_types.v.row_bytes(self.kv_dim),
+        );
+        let mut sel = Vec::with_capacity(self.n_layer * n * (rk + rv));
+        let mut at = 0;
+        for _ in 0..self.n_layer {
+            sel.extend_from_slice(&self.kv[at..at + n * rk]);
+            at += total * rk;
+            sel.extend_from_slice(&self.kv[at..at + n * rv]);
+            at += total * rv;
         }
         state
             .kv
@@ -386,5 +416,94 @@ mod tests {
         let mut big = img.clone();
         big[56..60].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(!err(&big).is_empty());
+    }
+
+    /// Q8_0 and mixed K/V caches survive a save and restore bit for bit (the restored state
+    /// then computes the same logits as the original), a file is refused by a state of any
+    /// other K/V types with a message naming both, and version 1 files still load.
+    #[test]
+    fn q8_0_and_mixed_types_round_trip_and_mismatches_error() {
+        // Heads of 16 cannot hold Q8_0 blocks: a clear error, not a panic.
+        let e = model(1)
+            .new_state(64, KvType::Q8_0)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("q8_0") && e.contains("16"), "{e}");
+        // Heads of 32 (n_embd 128, 4 heads; 2 kv heads).
+        let bytes = synthetic_gguf(&SyntheticSpec {
+            seed: 5,
+            n_embd: 128,
+            n_ff: 160,
+            ..Default::default()
+        });
+        let m = Model::from_gguf(Arc::new(GgufFile::from_bytes(bytes).unwrap())).unwrap();
+        let fp = model_fingerprint(&m);
+        let toks: Vec<u32> = (0..12).map(|i| i * 5 % 256).collect();
+        let all = [KvType::F16, KvType::F32, KvType::Q8_0];
+        for k in all {
+            for v in all {
+                let types = KvTypes::new(k, v);
+                let mut st = m.new_state(64, types).unwrap();
+                m.forward(&mut st, &toks, Logits::None).unwrap();
+                let img = encode(&fp, &st, &toks[..10]).unwrap();
+                let (l, w) = (st.kv.n_layer(), st.kv.kv_dim());
+                let pc = decode(&img, &fp, types, l, w, 64).unwrap();
+                let mut st2 = m.new_state(64, types).unwrap();
+                pc.restore(&mut st2, 7).unwrap();
+                assert_eq!(st2.kv.export_prefix(7), st.kv.export_prefix(7), "{types}");
+                // Same cached prefix, same next logits.
+                let mut st3 = m.new_state(64, types).unwrap();
+                m.forward(&mut st3, &toks[..7], Logits::None).unwrap();
+                let a = m
+                    .forward(&mut st2, &toks[7..9], Logits::Last)
+                    .unwrap()
+                    .to_vec();
+                let b = m
+                    .forward(&mut st3, &toks[7..9], Logits::Last)
+                    .unwrap()
+                    .to_vec();
+                assert_eq!(a, b, "{types}");
+                for k2 in all {
+                    for v2 in all {
+                        let other = KvTypes::new(k2, v2);
+                        if other == types {
+                            continue;
+                        }
+                        let e = decode(&img, &fp, other, l, w, 64)
+                            .err()
+                            .unwrap()
+                            .to_string();
+                        assert!(
+                            e.contains(&types.to_string()) && e.contains(&other.to_string()),
+                            "{e}"
+                        );
+                        let mut wrong = m.new_state(64, other).unwrap();
+                        let e = pc.restore(&mut wrong, 3).unwrap_err().to_string();
+                        assert!(e.contains(&types.to_string()), "{e}");
+                    }
+                }
+            }
+        }
+
+        // A version 1 image: one type byte for both, then zeros.
+        let mut st = m.new_state(64, KvType::F32).unwrap();
+        m.forward(&mut st, &toks, Logits::None).unwrap();
+        let mut img = encode(&fp, &st, &toks).unwrap();
+        let body = img.len() - 32;
+        img[8..12].copy_from_slice(&1u32.to_le_bytes());
+        img[45] = 0; // in version 2 this would say "f16 values"
+        let sum: [u8; 32] = Sha256::digest(&img[..body]).into();
+        img[body..].copy_from_slice(&sum);
+        let (l, w) = (st.kv.n_layer(), st.kv.kv_dim());
+        let pc = decode(&img, &fp, KvType::F32, l, w, 64).unwrap();
+        let mut st2 = m.new_state(64, KvType::F32).unwrap();
+        pc.restore(&mut st2, 12).unwrap();
+        assert_eq!(st2.kv.export_prefix(12), st.kv.export_prefix(12));
+        let e = decode(&img, &fp, KvTypes::new(KvType::F32, KvType::F16), l, w, 64)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("f32/f32"), "{e}");
     }
 }

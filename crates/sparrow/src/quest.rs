@@ -264,8 +264,8 @@ impl AttentionBackend for QuestAttention {
         true
     }
 
-    fn block_size(&self) -> usize {
-        self.settings.page
+    fn block_size(&self) -> Option<usize> {
+        Some(self.settings.page)
     }
 
     /// Record the sealed page's per-head key bounds while its keys are at hand.

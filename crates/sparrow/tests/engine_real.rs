@@ -100,7 +100,7 @@ fn needle_documents_have_the_asked_length_and_depth_and_the_model_finds_it() {
         assert!((at - depth).abs() < 0.05, "depth {depth}: needle at {at}");
     }
     let settings = CellSettings {
-        kv: KvType::F16,
+        kv: KvType::F16.into(),
         batch_size: 128,
         attention: sparrow::attention::AttentionChoice::default(),
     };

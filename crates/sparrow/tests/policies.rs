@@ -122,9 +122,100 @@ fn bad_policy_settings_list_what_is_valid() {
     };
     let e = unknown.build(2).err().unwrap();
     assert!(
-        e.contains("sparsest") && e.contains("full, streaming, quest"),
+        e.contains("sparsest") && e.contains(sparrow::attention::POLICY_NAMES),
         "{e}"
     );
     let e = quest(16, 4).build(2).err().unwrap();
     assert!(e.contains("budget 4"), "{e}");
+    let e = AttentionChoice {
+        prefill: Some("h2o".into()),
+        ..Default::default()
+    }
+    .build(2)
+    .err()
+    .unwrap();
+    assert!(e.contains("does not support prefill"), "{e}");
+}
+
+/// Through the phase router, `--attn-prefill full --attn-decode full` is the plain engine.
+#[test]
+fn full_through_the_policy_layer_equals_the_engine_path() {
+    let m = model();
+    let (p, d) = (tokens(200, 5), tokens(12, 6));
+    let plain = {
+        let mut s = m.new_state(512, KvType::F16).unwrap();
+        decode_logits(&m, &mut s, &p, &d)
+    };
+    for choice in [
+        AttentionChoice::named("full"),
+        AttentionChoice {
+            prefill: Some("full".into()),
+            decode: Some("full".into()),
+            ..AttentionChoice::named("quest")
+        },
+    ] {
+        assert_eq!(plain, decode_logits(&m, &mut state(&m, &choice), &p, &d));
+    }
+}
+
+/// A phased choice routes batches to the prefill policy and single tokens to the decode
+/// policy: streaming prefill with a tiny window must differ from full prefill, and a quest
+/// decode with a covering budget must not change anything.
+#[test]
+fn phases_route_to_their_own_policy() {
+    let m = model();
+    let (p, d) = (tokens(300, 8), tokens(6, 9));
+    let full = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
+    let quest_decode = AttentionChoice {
+        decode: Some("quest".into()),
+        ..quest(16, 4096)
+    };
+    assert_eq!(
+        full,
+        decode_logits(&m, &mut state(&m, &quest_decode), &p, &d)
+    );
+    let streaming_prefill = AttentionChoice {
+        prefill: Some("streaming".into()),
+        window: 16,
+        sinks: 0,
+        ..AttentionChoice::named("full")
+    };
+    let got = decode_logits(&m, &mut state(&m, &streaming_prefill), &p, &d);
+    assert!(
+        max_diff(&got[0], &full[0]) > 1e-3,
+        "prefill policy had no effect"
+    );
+}
+
+/// Decode-mode perplexity scores the same tokens as llama.cpp's batched scoring when asked
+/// for the same half, and it is what sees a decode policy: with full attention both agree,
+/// with a small Quest budget only the decode-mode figure moves.
+#[test]
+fn decode_scored_perplexity_sees_decode_policies() {
+    use sparrow::perplexity::score_chunk_with;
+    let m = model();
+    let chunk = tokens(256, 21);
+    let full = AttentionChoice::default();
+    let batched = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, None).unwrap();
+    let k = 256 - 1 - 128;
+    let stepped = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, Some(k)).unwrap();
+    assert_eq!((batched.count, stepped.count), (k, k));
+    assert!(
+        (batched.nll - stepped.nll).abs() < 1e-3 * k as f64,
+        "{} vs {}",
+        batched.nll,
+        stepped.nll
+    );
+    let sparse = quest(8, 16);
+    let q_batched = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &sparse, None).unwrap();
+    let q_stepped = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &sparse, Some(k)).unwrap();
+    assert_eq!(
+        q_batched.nll, batched.nll,
+        "quest must not touch batched prefill"
+    );
+    assert!(
+        (q_stepped.nll - stepped.nll).abs() > 1e-3,
+        "quest had no effect in decode"
+    );
+    assert!(score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, Some(256)).is_err());
 }

@@ -25,7 +25,7 @@ use metrics::Metrics;
 use scheduler::{Event, Job, Scheduler};
 use serde_json::{json, Value};
 use sparrow::grammar::JsonVocab;
-use sparrow::{ChatTemplate, Engine, KvType};
+use sparrow::{ChatTemplate, Engine, KvType, KvTypes};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -67,9 +67,12 @@ pub struct ServeArgs {
     /// Threads for the model math (default: all cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// KV cache type (f16 or f32).
+    /// KV cache type for keys: f16, f32 or q8_0.
     #[arg(long = "cache-type-k", alias = "ctk", default_value = "f16")]
     cache_type: KvType,
+    /// KV cache type for values: f16, f32 or q8_0.
+    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
+    cache_type_v: KvType,
     /// Name reported by /v1/models (default: the file name).
     #[arg(long = "alias")]
     alias: Option<String>,
@@ -132,7 +135,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
         scheduler::Config {
             slots: a.parallel,
             n_ctx: a.ctx_size,
-            kv_type: a.cache_type,
+            kv_type: KvTypes::new(a.cache_type, a.cache_type_v),
             queue: a.queue_size,
             batch: a.batch_size,
         },

@@ -11,7 +11,7 @@ use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
 use sparrow::prompt_cache::common_prefix;
 use sparrow::tokenizer::StreamDecoder;
 use sparrow::tokenizer::Tokenizer;
-use sparrow::{KvType, Logits, Model, Sampler, SamplerConfig, State};
+use sparrow::{KvTypes, Logits, Model, Sampler, SamplerConfig, State};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
@@ -89,7 +89,7 @@ impl Scheduler {
 pub struct Config {
     pub slots: usize,
     pub n_ctx: usize,
-    pub kv_type: KvType,
+    pub kv_type: KvTypes,
     pub queue: usize,
     pub batch: usize,
 }

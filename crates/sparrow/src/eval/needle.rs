@@ -8,7 +8,7 @@ use crate::chat::ChatMessage;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::generate::{generate, GenerateOptions};
-use crate::kv_cache::KvType;
+use crate::kv_cache::KvTypes;
 use crate::sampler::{Sampler, SamplerConfig};
 use serde::Serialize;
 use std::ops::ControlFlow;
@@ -169,13 +169,15 @@ pub struct NeedleResult {
     pub answer: String,
     pub found: bool,
     pub prefill_seconds: f64,
+    /// The attention policy that answered (its label, e.g. `quest`).
+    pub attention: String,
 }
 
 /// How the model runs each cell: the same for every cell of a grid.
 #[derive(Clone, Debug)]
 pub struct CellSettings {
-    /// KV cache element type.
-    pub kv: KvType,
+    /// KV cache element types (keys, values).
+    pub kv: KvTypes,
     /// Prompt tokens per prefill batch.
     pub batch_size: usize,
     /// The attention backend the state uses.
@@ -192,12 +194,35 @@ pub fn run_cell(
     seed: u64,
     settings: &CellSettings,
 ) -> Result<NeedleResult> {
-    let CellSettings {
-        kv,
-        batch_size,
-        attention,
-    } = settings;
-    let (kv, batch_size) = (*kv, *batch_size);
+    let mut results = run_cell_policies(
+        engine,
+        haystack,
+        length,
+        depth,
+        seed,
+        settings.kv,
+        settings.batch_size,
+        std::slice::from_ref(&settings.attention),
+    )?;
+    Ok(results.remove(0))
+}
+
+/// Ask the needle question of every policy in `choices` for one cell. Policies whose
+/// prefill is exact share one prefill of the prompt (all but its last token, which runs as
+/// each policy's first decode step); the others prefill on their own. Results come in the
+/// order of `choices`.
+#[allow(clippy::too_many_arguments)]
+pub fn run_cell_policies(
+    engine: &Engine,
+    haystack: &str,
+    length: usize,
+    depth: f64,
+    seed: u64,
+    kv: KvTypes,
+    batch_size: usize,
+    choices: &[AttentionChoice],
+) -> Result<Vec<NeedleResult>> {
+    let n_layer = engine.model.config.n_layer;
     let needle = Needle::new(seed);
     let (doc, _) = build_document(engine, haystack, &needle, length, depth)?;
     let user = format!("{doc}\n\n{}", needle.question);
@@ -206,40 +231,64 @@ pub fn run_cell(
         None => format!("{user}\nAnswer:"),
     };
     let ids = engine.tokenizer.encode(&prompt, true, true);
-    let mut state = engine.model.new_state(ids.len() + 32, kv)?;
-    state.set_attention(
-        attention
-            .build(engine.model.config.n_layer)
-            .map_err(Error::Other)?,
-    );
-    let mut sampler = Sampler::new(SamplerConfig::greedy());
-    let mut answer = String::new();
-    let stats = generate(
-        &engine.model,
-        &engine.tokenizer,
-        &mut state,
-        &ids,
-        &mut sampler,
-        &GenerateOptions {
-            n_predict: Some(16),
-            ignore_eos: false,
-            batch_size,
-        },
-        |_, _| {},
-        |_, piece| {
-            answer.push_str(piece);
-            ControlFlow::Continue(())
-        },
-    )?;
-    Ok(NeedleResult {
-        length,
-        depth,
-        prompt_tokens: ids.len(),
-        found: needle.is_found_in(&answer),
-        needle,
-        answer,
-        prefill_seconds: stats.prompt_time.as_secs_f64(),
-    })
+    let (head, last) = ids.split_at(ids.len() - 1);
+    let mut shared: Option<(crate::model::State, f64)> = None;
+    let mut out = Vec::with_capacity(choices.len());
+    for choice in choices {
+        let exact_prefill = choice.phase_names().map_err(Error::Other)?.0 == "full";
+        let (mut state, prefill_seconds, prompt) = if exact_prefill {
+            if shared.is_none() {
+                let mut st = engine.model.new_state(ids.len() + 32, kv)?;
+                let t0 = std::time::Instant::now();
+                crate::generate::prefill(&engine.model, &mut st, head, batch_size, |_, _| {})?;
+                shared = Some((st, t0.elapsed().as_secs_f64()));
+            }
+            let (st, secs) = shared.take().expect("prefilled above");
+            (st, secs, last)
+        } else {
+            (engine.model.new_state(ids.len() + 32, kv)?, 0.0, &ids[..])
+        };
+        state.set_attention(choice.build(n_layer).map_err(Error::Other)?);
+        let mut sampler = Sampler::new(SamplerConfig::greedy());
+        let mut answer = String::new();
+        let stats = generate(
+            &engine.model,
+            &engine.tokenizer,
+            &mut state,
+            prompt,
+            &mut sampler,
+            &GenerateOptions {
+                n_predict: Some(16),
+                ignore_eos: false,
+                batch_size,
+            },
+            |_, _| {},
+            |_, piece| {
+                answer.push_str(piece);
+                ControlFlow::Continue(())
+            },
+        )?;
+        let prefill_seconds = if exact_prefill {
+            // Give the shared prefix back for the next policy, rewound to the prompt's head.
+            state.truncate(head.len());
+            state.set_attention(Box::new(crate::attention::DenseAttention));
+            shared = Some((state, prefill_seconds));
+            prefill_seconds
+        } else {
+            stats.prompt_time.as_secs_f64()
+        };
+        out.push(NeedleResult {
+            length,
+            depth,
+            prompt_tokens: ids.len(),
+            found: needle.is_found_in(&answer),
+            needle: needle.clone(),
+            answer,
+            prefill_seconds,
+            attention: choice.label(),
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ pub mod weights;
 
 use crate::attention::{AttentionBackend, AttnShape, DenseAttention};
 use crate::error::{Error, Result};
-use crate::kv_blocks::BlockTable;
-use crate::kv_cache::{KvCache, KvType};
+use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
+use crate::kv_cache::{KvCache, KvTypes};
 pub use config::{Architecture, ModelConfig, RopeLayout};
 use rope::RopeTable;
 use sparrow_gguf::GgufFile;
@@ -80,7 +80,10 @@ impl State {
     /// The new backend's block size pages the cache; blocks already complete are sealed for
     /// it at the next forward pass.
     pub fn set_attention(&mut self, backend: Box<dyn AttentionBackend>) {
-        self.blocks = BlockTable::new(backend.block_size(), self.kv.n_layer());
+        self.blocks = BlockTable::new(
+            backend.block_size().unwrap_or(DEFAULT_BLOCK),
+            self.kv.n_layer(),
+        );
         self.attention = backend;
     }
 
@@ -167,8 +170,10 @@ impl Model {
         &self.file
     }
 
-    /// A fresh sequence state for up to `n_ctx` positions.
-    pub fn new_state(&self, n_ctx: usize, kv_type: KvType) -> Result<State> {
+    /// A fresh sequence state for up to `n_ctx` positions, with keys and values of
+    /// `kv_type` (one [`crate::KvType`] for both, or a [`KvTypes`]). A Q8_0 cache
+    /// the model's head size does not suit is an error.
+    pub fn new_state(&self, n_ctx: usize, kv_type: impl Into<KvTypes>) -> Result<State> {
         if n_ctx == 0 {
             return Err(Error::BadHyperParameter("context size 0".into()));
         }
@@ -181,9 +186,10 @@ impl Model {
             c.rope_layout,
         );
         Ok(State {
-            kv: KvCache::new(kv_type, c.n_layer, n_ctx, c.kv_dim()),
+            kv: KvCache::try_new(kv_type, c.n_layer, n_ctx, c.kv_dim(), c.head_dim)
+                .map_err(Error::Other)?,
             attention: Box::new(DenseAttention),
-            blocks: BlockTable::new(DenseAttention.block_size(), c.n_layer),
+            blocks: BlockTable::new(DEFAULT_BLOCK, c.n_layer),
             rope: Arc::new(rope),
             n_past: 0,
             vocab: c.vocab_size,

@@ -92,6 +92,17 @@ impl AttentionChoice {
         }
     }
 
+    /// How results name this choice: the policy, or `prefill+decode` when both phases are
+    /// sparse and differ.
+    pub fn label(&self) -> String {
+        match self.phase_names() {
+            Ok((p, d)) if p == d || d == "full" => p,
+            Ok((p, d)) if p == "full" => d,
+            Ok((p, d)) => format!("{p}+{d}"),
+            Err(_) => self.name.clone(),
+        }
+    }
+
     /// The policy names used for prefill and decode, or why the combination is refused.
     pub fn phase_names(&self) -> Result<(String, String), String> {
         let lookup = |name: &str| {
@@ -137,21 +148,17 @@ impl AttentionChoice {
         }
         let prefill = self.build_one(&prefill, n_layer)?;
         let decode = self.build_one(&decode, n_layer)?;
-        if prefill.block_size() != decode.block_size() {
-            return Err(format!(
-                "the prefill policy '{}' pages the cache in blocks of {} tokens and the decode policy '{}' in blocks of {}: use one block size",
-                prefill.name(),
-                prefill.block_size(),
-                decode.name(),
-                decode.block_size()
-            ));
+        if let (Some(p), Some(d)) = (prefill.block_size(), decode.block_size()) {
+            if p != d {
+                return Err(format!(
+                    "the prefill policy '{}' pages the cache in blocks of {p} tokens and the decode policy '{}' in blocks of {d}: use one block size",
+                    prefill.name(),
+                    decode.name(),
+                ));
+            }
         }
         // `--attn quest` reads as "quest" (its prefill is exact); a real mix names both.
-        let name = match (prefill.name(), decode.name()) {
-            ("full", d) => d.to_string(),
-            (p, "full") => p.to_string(),
-            (p, d) => format!("{p}+{d}"),
-        };
+        let name = self.label();
         Ok(Box::new(PhasedAttention {
             name,
             prefill,
@@ -238,8 +245,8 @@ impl AttentionBackend for PhasedAttention {
         self.prefill.requires_block_selection() || self.decode.requires_block_selection()
     }
 
-    fn block_size(&self) -> usize {
-        self.decode.block_size()
+    fn block_size(&self) -> Option<usize> {
+        self.decode.block_size().or(self.prefill.block_size())
     }
 
     fn on_block_sealed(&self, layer: usize, block: usize, keys: KeysView<'_>) {

@@ -1,0 +1,182 @@
+//! `sparrow eval attention` and `sparrow eval needle --heatmap` end to end on a synthetic
+//! model: one clear error line for unknown policies, JSON with the measurements, and a
+//! valid PNG of the announced size.
+
+use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("sparrow-eval-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn model() -> PathBuf {
+    let p = dir().join("eval.gguf");
+    if !p.exists() {
+        let spec = SyntheticSpec {
+            context_length: 1024,
+            ..Default::default()
+        };
+        std::fs::write(&p, synthetic_gguf(&spec)).unwrap();
+    }
+    p
+}
+
+/// A few KB of sentences (the synthetic tokenizer is byte level: one token per byte).
+fn text_file() -> PathBuf {
+    let hay = dir().join("hay");
+    std::fs::create_dir_all(&hay).unwrap();
+    let p = hay.join("a.txt");
+    let text: String = (0..200)
+        .map(|i| format!("The river bend {i} was quiet. "))
+        .collect();
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn sparrow(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sparrow"))
+        .args(args)
+        .env("SPARROW_MODELS", "/nonexistent-models-dir")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn unknown_policy_is_one_error_line_listing_the_valid_ones() {
+    let (m, f) = (model(), text_file());
+    let out = sparrow(&[
+        "eval",
+        "attention",
+        "-m",
+        m.to_str().unwrap(),
+        "-f",
+        f.to_str().unwrap(),
+        "-c",
+        "64",
+        "--attn",
+        "full,nosuch",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    for name in [
+        "'nosuch'",
+        "full",
+        "streaming",
+        "quest",
+        "minference",
+        "h2o",
+        "ladder",
+    ] {
+        assert!(errors[0].contains(name), "lacks {name}: {}", errors[0]);
+    }
+}
+
+#[test]
+fn eval_attention_prints_a_table_and_writes_json() {
+    let (m, f) = (model(), text_file());
+    let json = dir().join("attn.json");
+    let out = sparrow(&[
+        "eval",
+        "attention",
+        "-m",
+        m.to_str().unwrap(),
+        "-f",
+        f.to_str().unwrap(),
+        "-c",
+        "200",
+        "-t",
+        "1",
+        "--attn",
+        "full,streaming,minference",
+        "--attn-sinks",
+        "4",
+        "--attn-window",
+        "16",
+        "--per-layer",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("| full | decode (1 query) | 1.0000 | 1.0000 |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| streaming | decode (1 query) | 0.1000 | 0.1000 |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| minference | prefill (last 64 rows) |"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("streaming per layer:"), "{stdout}");
+
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["n_ctx"], 200);
+    let policies = v["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 3);
+    let full = &policies[0];
+    assert_eq!(full["policy"], "full");
+    assert_eq!(full["summary"]["mean_selectivity"], 1.0);
+    assert_eq!(full["summary"]["max_rel_l2"], 0.0);
+    let streaming = &policies[1];
+    let layers = streaming["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 2);
+    for head in layers[0]["heads"].as_array().unwrap() {
+        assert_eq!(head["selectivity"], 0.1);
+        assert!(head["mass"].as_f64().unwrap() < 1.0);
+    }
+    assert_eq!(policies[2]["phase"], "prefill");
+    assert!(policies[2]["summary"]["mean_mass"].is_null());
+}
+
+#[test]
+fn eval_needle_draws_a_png_heatmap() {
+    let (m, f) = (model(), text_file());
+    let png_path = dir().join("needle.png");
+    let out = sparrow(&[
+        "eval",
+        "needle",
+        "-m",
+        m.to_str().unwrap(),
+        "--haystack",
+        f.parent().unwrap().to_str().unwrap(),
+        "--lengths",
+        "64,96,128",
+        "--depths",
+        "0,0.5",
+        "-t",
+        "1",
+        "--attn",
+        "streaming",
+        "--heatmap",
+        png_path.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let bytes = std::fs::read(&png_path).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes))
+        .read_info()
+        .unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    // 3 lengths × 2 depths: 64 + 2 × 48 + 70 high; at least 480 wide (more for the title).
+    assert_eq!(info.height, 230);
+    assert!((480..1000).contains(&info.width), "{}", info.width);
+    // Not a blank image: the cells are coloured.
+    let coloured = buf
+        .chunks_exact(3)
+        .filter(|p| !(p[0] == p[1] && p[1] == p[2]))
+        .count();
+    assert!(coloured > 6 * 40 * 30, "only {coloured} coloured pixels");
+}

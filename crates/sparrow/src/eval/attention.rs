@@ -1,0 +1,476 @@
+//! How closely an attention policy follows exact attention on real activations.
+//!
+//! A prompt of `N` tokens is run through the model with exact attention; the query rows of
+//! the last positions are recorded on the way (a wrapper backend that stores each layer's
+//! queries and delegates to [`DenseAttention`]), so every layer has the decode query of
+//! position `N - 1` and a cache holding all `N` positions. Each policy is then built fresh,
+//! fed every sealed block of every layer, and asked to attend with the recorded queries.
+//! Per layer and query head this gives:
+//!
+//! - **selectivity**: positions in the policy's [`AttentionBackend::read_set`] for the
+//!   head's KV head, over `N`;
+//! - **relative L2 error** `‖o_P − o_full‖ / ‖o_full‖` of the attention output;
+//! - **attention mass captured**: the sum of the exact softmax probabilities (in f64, from
+//!   the cached keys) over the positions the policy reads.
+//!
+//! Policies that cannot decode (MInference) are measured on the last prefill rows instead:
+//! only the error and the backend's own [`AttentionBackend::fraction_read`] are reported.
+//! Everything goes through the [`AttentionBackend`] trait, so a policy's internals do not
+//! matter here.
+
+use crate::attention::{AttentionBackend, AttentionChoice, AttnShape, DenseAttention};
+use crate::error::{Error, Result};
+use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
+use crate::kv_cache::{KvCache, KvTypes};
+use crate::model::{Logits, Model, State};
+use crate::policy::MInferenceAttention;
+use crate::tokenizer::Tokenizer;
+use serde::Serialize;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// Query rows of the last prefill batch recorded for prefill-only policies.
+pub const DEFAULT_TAIL: usize = 64;
+
+/// Query rows recorded per layer: `(pos0, rows)` for each attention call.
+type Recorded = Arc<Mutex<Vec<Vec<(usize, Vec<f32>)>>>>;
+
+/// Exact attention that keeps a copy of every query batch it is handed.
+struct RecordingAttention {
+    rows: Recorded,
+}
+
+impl AttentionBackend for RecordingAttention {
+    fn name(&self) -> &str {
+        "full"
+    }
+
+    fn attend(
+        &self,
+        shape: AttnShape,
+        cache: &KvCache,
+        layer: usize,
+        q: &[f32],
+        pos0: usize,
+        out: &mut [f32],
+    ) {
+        {
+            let mut rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+            if rows.len() <= layer {
+                rows.resize_with(layer + 1, Vec::new);
+            }
+            rows[layer].push((pos0, q.to_vec()));
+        }
+        DenseAttention.attend(shape, cache, layer, q, pos0, out)
+    }
+}
+
+/// The model's activations at the end of a prompt: the cache with all `n_ctx` positions
+/// and, per layer, the query rows of the last `tail` positions.
+pub struct Capture {
+    /// The sequence state; `state.kv` holds positions `0..n_ctx` of every layer.
+    pub state: State,
+    pub shape: AttnShape,
+    pub n_layer: usize,
+    /// Positions in the cache (`N`); the decode query is at `N - 1`.
+    pub n_ctx: usize,
+    /// Recorded query rows per layer (the last one is the decode query).
+    pub tail: usize,
+    /// Per layer: `tail` rows of `n_head * head_dim`, for positions `n_ctx - tail..n_ctx`.
+    pub queries: Vec<Vec<f32>>,
+}
+
+impl Capture {
+    /// The decode query row (position `n_ctx - 1`) of `layer`.
+    pub fn decode_query(&self, layer: usize) -> &[f32] {
+        let q_dim = self.shape.n_head * self.shape.head_dim;
+        let q = &self.queries[layer];
+        &q[q.len() - q_dim..]
+    }
+}
+
+/// The first `n` tokens of `text` (with the model's BOS when it wants one; special-token
+/// text is not parsed), or an error when the text is shorter.
+pub fn text_tokens(tokenizer: &Tokenizer, text: &str, n: usize) -> Result<Vec<u32>> {
+    // Tokenize a growing prefix instead of a whole book.
+    let mut bytes = (n * 6).max(256);
+    loop {
+        let mut end = bytes.min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let ids = tokenizer.encode(&text[..end], true, false);
+        if ids.len() >= n {
+            return Ok(ids[..n].to_vec());
+        }
+        if end == text.len() {
+            return Err(Error::Other(format!(
+                "the text holds only {} tokens, fewer than the {n} asked for",
+                ids.len()
+            )));
+        }
+        bytes *= 2;
+    }
+}
+
+/// Run `tokens` through `model` with exact attention: prefill all but the last `tail`
+/// positions in batches of `batch_size` (calling `progress(done, total)` after each), then
+/// the last `tail - 1` positions in one batch and the last one alone (a decode step), with
+/// their query rows recorded.
+pub fn capture(
+    model: &Model,
+    tokens: &[u32],
+    kv: impl Into<KvTypes>,
+    batch_size: usize,
+    tail: usize,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Capture> {
+    let n = tokens.len();
+    if n < 2 {
+        return Err(Error::Other(
+            "attention evaluation needs at least 2 tokens".into(),
+        ));
+    }
+    let tail = tail.clamp(1, n);
+    let c = &model.config;
+    let shape = AttnShape {
+        n_head: c.n_head,
+        n_head_kv: c.n_head_kv,
+        head_dim: c.head_dim,
+    };
+    let mut state = model.new_state(n, kv)?;
+    state.set_attention(Box::new(DenseAttention));
+    let head = n - tail;
+    let batch = batch_size.max(1);
+    progress(0, n);
+    for start in (0..head).step_by(batch) {
+        let end = (start + batch).min(head);
+        model.forward(&mut state, &tokens[start..end], Logits::None)?;
+        progress(end, n);
+    }
+    let rows: Recorded = Arc::default();
+    state.set_attention(Box::new(RecordingAttention { rows: rows.clone() }));
+    if tail > 1 {
+        model.forward(&mut state, &tokens[head..n - 1], Logits::None)?;
+    }
+    model.forward(&mut state, &tokens[n - 1..], Logits::None)?;
+    progress(n, n);
+    state.set_attention(Box::new(DenseAttention));
+
+    let q_dim = shape.n_head * shape.head_dim;
+    let rows = std::mem::take(&mut *rows.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut queries = Vec::with_capacity(c.n_layer);
+    for layer in 0..c.n_layer {
+        let mut q = Vec::with_capacity(tail * q_dim);
+        for (pos0, batch) in rows.get(layer).map(|r| r.as_slice()).unwrap_or(&[]) {
+            debug_assert_eq!(*pos0, head + q.len() / q_dim);
+            q.extend_from_slice(batch);
+        }
+        if q.len() != tail * q_dim {
+            return Err(Error::Other(format!(
+                "layer {layer}: recorded {} query rows, expected {tail}",
+                q.len() / q_dim
+            )));
+        }
+        queries.push(q);
+    }
+    Ok(Capture {
+        state,
+        shape,
+        n_layer: c.n_layer,
+        n_ctx: n,
+        tail,
+        queries,
+    })
+}
+
+/// Which queries a policy was measured on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// The single decode query at position `N - 1`.
+    Decode,
+    /// The last prefill rows (policies that do not decode).
+    Prefill,
+}
+
+/// One query head of one layer.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeadStats {
+    pub head: usize,
+    pub kv_head: usize,
+    /// Positions read over `N` (decode only).
+    pub selectivity: Option<f64>,
+    /// `‖o_P − o_full‖ / ‖o_full‖` (over all measured rows of the head).
+    pub rel_l2: f64,
+    /// Exact softmax probability over the positions read (decode only).
+    pub mass: Option<f64>,
+}
+
+/// Aggregates over a set of heads.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Summary {
+    pub mean_selectivity: Option<f64>,
+    pub mean_rel_l2: f64,
+    pub max_rel_l2: f64,
+    pub mean_mass: Option<f64>,
+    pub min_mass: Option<f64>,
+}
+
+impl Summary {
+    /// Means, maximum and minimum over `heads`.
+    pub fn of<'a>(heads: impl IntoIterator<Item = &'a HeadStats>) -> Summary {
+        let heads: Vec<&HeadStats> = heads.into_iter().collect();
+        let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        let sel: Vec<f64> = heads.iter().filter_map(|h| h.selectivity).collect();
+        let err: Vec<f64> = heads.iter().map(|h| h.rel_l2).collect();
+        let mass: Vec<f64> = heads.iter().filter_map(|h| h.mass).collect();
+        Summary {
+            mean_selectivity: mean(&sel),
+            mean_rel_l2: mean(&err).unwrap_or(0.0),
+            max_rel_l2: err.iter().copied().fold(0.0, f64::max),
+            mean_mass: mean(&mass),
+            min_mass: (!mass.is_empty())
+                .then(|| mass.iter().copied().fold(f64::INFINITY, f64::min)),
+        }
+    }
+}
+
+/// One layer's heads and their aggregate.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerStats {
+    pub layer: usize,
+    pub summary: Summary,
+    pub heads: Vec<HeadStats>,
+}
+
+/// Everything measured for one policy.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyReport {
+    /// The policy asked for (`--attn`).
+    pub policy: String,
+    /// The backend's own name.
+    pub backend: String,
+    pub phase: Phase,
+    /// Positions in the cache.
+    pub n_ctx: usize,
+    /// Query rows measured per layer (1 for decode).
+    pub rows: usize,
+    /// Positions per sealed block.
+    pub block_size: usize,
+    /// The backend's own [`AttentionBackend::fraction_read`] at `n_ctx`.
+    pub fraction_read: f64,
+    /// Over every layer × head.
+    pub summary: Summary,
+    pub layers: Vec<LayerStats>,
+}
+
+/// Number of positions below `n` in `ranges` (overlaps counted once).
+fn count_read(ranges: &[Range<usize>], n: usize) -> usize {
+    let mut seen = vec![false; n];
+    for r in ranges {
+        seen[r.start.min(n)..r.end.min(n)].fill(true);
+    }
+    seen.iter().filter(|&&s| s).count()
+}
+
+/// Per head `(‖a − b‖² , ‖b‖²)` summed over the rows of `a` and `b`.
+fn head_errors(shape: AttnShape, a: &[f32], b: &[f32]) -> Vec<f64> {
+    let hd = shape.head_dim;
+    let mut diff = vec![0.0f64; shape.n_head];
+    let mut norm = vec![0.0f64; shape.n_head];
+    for (i, (x, y)) in a.chunks_exact(hd).zip(b.chunks_exact(hd)).enumerate() {
+        let h = i % shape.n_head;
+        for (&p, &f) in x.iter().zip(y) {
+            diff[h] += (p as f64 - f as f64).powi(2);
+            norm[h] += (f as f64).powi(2);
+        }
+    }
+    diff.iter()
+        .zip(&norm)
+        .map(|(&d, &n)| {
+            if n > 0.0 {
+                (d / n).sqrt()
+            } else if d > 0.0 {
+                f64::INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+/// Exact softmax probabilities (f64) of query row `q_head` over the first `n` keys of
+/// `keys` (`n × kv_dim`) for KV head `kv_head`.
+fn probabilities(
+    q_head: &[f32],
+    keys: &[f32],
+    kv_dim: usize,
+    kv_head: usize,
+    n: usize,
+) -> Vec<f64> {
+    let hd = q_head.len();
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut s: Vec<f64> = (0..n)
+        .map(|j| {
+            let k = &keys[j * kv_dim + kv_head * hd..][..hd];
+            q_head
+                .iter()
+                .zip(k)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>()
+                * scale
+        })
+        .collect();
+    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut total = 0.0;
+    for x in s.iter_mut() {
+        *x = (*x - m).exp();
+        total += *x;
+    }
+    s.iter_mut().for_each(|x| *x /= total);
+    s
+}
+
+/// Build `choice`'s policy by itself: the decode policy when it decodes, otherwise the
+/// prefill policy alone (not wrapped with `full` for decode, so its own `fraction_read`
+/// shows).
+fn build_policy(
+    choice: &AttentionChoice,
+    n_layer: usize,
+) -> Result<(Phase, Box<dyn AttentionBackend>)> {
+    let (_, decode) = choice.phase_names().map_err(Error::Other)?;
+    if decode == choice.name {
+        let backend = choice.build(n_layer).map_err(Error::Other)?;
+        return Ok((Phase::Decode, backend));
+    }
+    let backend: Box<dyn AttentionBackend> = match choice.name.as_str() {
+        "minference" => Box::new(
+            MInferenceAttention::new(choice.minference.clone(), n_layer).map_err(Error::Other)?,
+        ),
+        _ => choice.build(n_layer).map_err(Error::Other)?,
+    };
+    Ok((Phase::Prefill, backend))
+}
+
+/// Measure `choice` (its `name` for both phases; `prefill`/`decode` overrides are ignored)
+/// against exact attention on `cap`.
+pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport> {
+    let choice = AttentionChoice {
+        prefill: None,
+        decode: None,
+        ..choice.clone()
+    };
+    let (phase, backend) = build_policy(&choice, cap.n_layer)?;
+    let backend = backend.as_ref();
+    let shape = cap.shape;
+    let kv = &cap.state.kv;
+    let n = cap.n_ctx;
+    let kv_dim = shape.n_head_kv * shape.head_dim;
+    let hd = shape.head_dim;
+    let group = shape.n_head / shape.n_head_kv;
+    let q_dim = shape.n_head * hd;
+
+    let block_size = backend.block_size().unwrap_or(DEFAULT_BLOCK);
+    let mut blocks = BlockTable::new(block_size, cap.n_layer);
+    let mut keys = vec![0.0f32; n * kv_dim];
+    let mut layers = Vec::with_capacity(cap.n_layer);
+    for layer in 0..cap.n_layer {
+        blocks.seal(shape, kv, layer, n, backend);
+        let (q, pos0) = match phase {
+            Phase::Decode => (cap.decode_query(layer), n - 1),
+            Phase::Prefill => (cap.queries[layer].as_slice(), n - cap.tail),
+        };
+        let mut full = vec![0.0f32; q.len()];
+        let mut out = vec![0.0f32; q.len()];
+        DenseAttention.attend(shape, kv, layer, q, pos0, &mut full);
+        backend.attend(shape, kv, layer, q, pos0, &mut out);
+        let errors = head_errors(shape, &out, &full);
+
+        let heads: Vec<HeadStats> = if phase == Phase::Decode {
+            let read = backend.read_set(shape, kv, layer, q, n - 1);
+            kv.read_keys(layer, 0, &mut keys);
+            (0..shape.n_head)
+                .map(|h| {
+                    let kv_head = h / group;
+                    let ranges = read.get(kv_head).map(|r| r.as_slice()).unwrap_or(&[]);
+                    let p = probabilities(&q[h * hd..(h + 1) * hd], &keys, kv_dim, kv_head, n);
+                    let mass: f64 = ranges
+                        .iter()
+                        .map(|r| p[r.start.min(n)..r.end.min(n)].iter().sum::<f64>())
+                        .sum();
+                    HeadStats {
+                        head: h,
+                        kv_head,
+                        selectivity: Some(count_read(ranges, n) as f64 / n as f64),
+                        rel_l2: errors[h],
+                        mass: Some(mass),
+                    }
+                })
+                .collect()
+        } else {
+            (0..shape.n_head)
+                .map(|h| HeadStats {
+                    head: h,
+                    kv_head: h / group,
+                    selectivity: None,
+                    rel_l2: errors[h],
+                    mass: None,
+                })
+                .collect()
+        };
+        layers.push(LayerStats {
+            layer,
+            summary: Summary::of(&heads),
+            heads,
+        });
+    }
+    Ok(PolicyReport {
+        policy: choice.name.clone(),
+        backend: backend.name().to_string(),
+        phase,
+        n_ctx: n,
+        rows: match phase {
+            Phase::Decode => 1,
+            Phase::Prefill => cap.queries.first().map_or(0, |q| q.len() / q_dim),
+        },
+        block_size,
+        fraction_read: backend.fraction_read(n),
+        summary: Summary::of(layers.iter().flat_map(|l| &l.heads)),
+        layers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_counts_merge_overlaps_and_clip() {
+        assert_eq!(count_read(&[0..4, 2..6, 8..20], 10), 8);
+        assert_eq!(count_read(&[], 10), 0);
+    }
+
+    #[test]
+    fn probabilities_sum_to_one_and_follow_scores() {
+        // kv_dim 4, two kv heads of 2; head 1 sees keys [1,0], [0,1], [1,1].
+        let keys = [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0];
+        let p = probabilities(&[2.0, 0.0], &keys, 4, 1, 3);
+        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        assert!(p[0] > p[1] && (p[0] - p[2]).abs() < 1e-12);
+    }
+
+    #[test]
+    fn head_errors_are_relative_per_head() {
+        let shape = AttnShape {
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 2,
+        };
+        let full = [3.0, 4.0, 1.0, 0.0];
+        let out = [3.0, 4.0, 1.0, 1.0];
+        let e = head_errors(shape, &out, &full);
+        assert_eq!(e[0], 0.0);
+        assert!((e[1] - 1.0).abs() < 1e-12);
+    }
+}
