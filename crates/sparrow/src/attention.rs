@@ -417,21 +417,34 @@ fn attend_batch_with(
         .map(|u| attend_unit(level, shape, cache, layer, q, u, &visible))
         .collect();
 
-    // Merge the pieces of each (block, kv head) by log-sum-exp and normalise.
+    let owners: Vec<(Range<usize>, usize)> = units
+        .iter()
+        .map(|u| (u.tokens.clone(), u.kv_head))
+        .collect();
+    write_merged(shape, &owners, &parts, out);
+}
+
+/// Write the results of a batch's tasks to `out`: consecutive parts that share an owner
+/// (token range, kv head) are merged by log-sum-exp and normalised; row `r` of an owner is
+/// head `r % group` of its kv head's group for token `tokens.start + r / group`. A row no
+/// part saw a key for is written as zeros.
+pub(crate) fn write_merged(
+    shape: AttnShape,
+    owners: &[(Range<usize>, usize)],
+    parts: &[Partial],
+    out: &mut [f32],
+) {
+    let hd = shape.head_dim;
+    let q_dim = shape.n_head * hd;
+    let group = shape.n_head / shape.n_head_kv;
     let mut i = 0;
-    while i < units.len() {
-        let mut j = i + 1;
-        while j < units.len()
-            && units[j].tokens == units[i].tokens
-            && units[j].kv_head == units[i].kv_head
-        {
-            j += 1;
-        }
-        let unit = &units[i];
+    while i < owners.len() {
+        let j = i + owners[i..].iter().take_while(|o| **o == owners[i]).count();
+        let (tokens, kv_head) = &owners[i];
         let pieces = &parts[i..j];
-        for r in 0..unit.tokens.len() * group {
-            let token = unit.tokens.start + r / group;
-            let head = unit.kv_head * group + r % group;
+        for r in 0..tokens.len() * group {
+            let token = tokens.start + r / group;
+            let head = kv_head * group + r % group;
             let dst = &mut out[token * q_dim + head * hd..][..hd];
             let mx = pieces
                 .iter()

@@ -35,8 +35,8 @@
 //! for bit. Layers in `dense_layers` use exact attention.
 
 use crate::attention::{
-    attend_batch, attend_unit, split_keys, union, AttentionBackend, AttnShape, DenseAttention,
-    Partial, Unit, BLOCK_ROWS, MIN_PIECE,
+    attend_batch, attend_unit, split_keys, union, write_merged, AttentionBackend, AttnShape,
+    DenseAttention, Partial, Unit, BLOCK_ROWS, MIN_PIECE,
 };
 use crate::attention_simd::Level;
 use crate::kv_cache::{KvCache, KvType};
@@ -321,45 +321,11 @@ impl LadderAttention {
             })
             .collect();
 
-        let mut i = 0;
-        while i < units.len() {
-            let mut j = i + 1;
-            while j < units.len()
-                && units[j].0.tokens == units[i].0.tokens
-                && units[j].0.kv_head == units[i].0.kv_head
-            {
-                j += 1;
-            }
-            let unit = &units[i].0;
-            let pieces = &parts[i..j];
-            for r in 0..unit.tokens.len() * group {
-                let token = unit.tokens.start + r / group;
-                let head = unit.kv_head * group + r % group;
-                let dst = &mut out[token * q_dim + head * hd..][..hd];
-                let mx = pieces
-                    .iter()
-                    .map(|p| p.m[r])
-                    .fold(f32::NEG_INFINITY, f32::max);
-                dst.fill(0.0);
-                if mx == f32::NEG_INFINITY {
-                    continue;
-                }
-                let mut l = 0.0f32;
-                for p in pieces {
-                    if p.m[r] == f32::NEG_INFINITY {
-                        continue;
-                    }
-                    let w = (p.m[r] - mx).exp();
-                    l += w * p.l[r];
-                    dst.iter_mut()
-                        .zip(&p.o[r * hd..(r + 1) * hd])
-                        .for_each(|(d, &a)| *d += w * a);
-                }
-                let inv = 1.0 / l;
-                dst.iter_mut().for_each(|d| *d *= inv);
-            }
-            i = j;
-        }
+        let owners: Vec<(Range<usize>, usize)> = units
+            .iter()
+            .map(|(u, _)| (u.tokens.clone(), u.kv_head))
+            .collect();
+        write_merged(shape, &owners, &parts, out);
     }
 }
 
