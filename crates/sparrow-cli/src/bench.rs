@@ -92,6 +92,8 @@ struct BenchRow {
     n_gen: usize,
     n_depth: usize,
     build_simd: String,
+    /// Whether Q5_0 matrices were repacked for decode (`--no-repack` turns it off).
+    repack: bool,
     avg_ns: u64,
     stddev_ns: u64,
     avg_ts: f64,
@@ -212,7 +214,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
     }
     let policies = a.attn.choices()?;
     let path = a.model.resolve()?;
-    let model = Model::load(&path).map_err(|e| e.to_string())?;
+    let model = Model::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
     let threads = if a.threads.is_empty() {
         vec![std::thread::available_parallelism()
             .map(|n| n.get())
@@ -243,8 +245,8 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
     }
     let mut rows = Vec::new();
     if !json {
-        println!("| model | size | threads | simd | type_k | attn | test | t/s |");
-        println!("| --- | ---: | ---: | --- | --- | --- | --- | ---: |");
+        println!("| model | size | threads | simd | repack | type_k | attn | test | t/s |");
+        println!("| --- | ---: | ---: | --- | --- | --- | --- | --- | ---: |");
     }
     for &t in &threads {
         if t == 0 {
@@ -275,6 +277,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                     n_gen: g,
                     n_depth: d,
                     build_simd: simd.clone(),
+                    repack: a.model.load_options().repack,
                     avg_ns: avg_ns as u64,
                     stddev_ns: stddev_ns as u64,
                     avg_ts,
@@ -294,11 +297,12 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                         test
                     };
                     println!(
-                        "| {} | {:.0} MiB | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                        "| {} | {:.0} MiB | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
                         row.model_type,
                         row.model_size as f64 / (1024.0 * 1024.0),
                         t,
                         row.build_simd,
+                        if row.repack { "yes" } else { "no" },
                         row.type_k,
                         row.attention,
                         test,

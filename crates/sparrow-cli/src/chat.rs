@@ -54,7 +54,7 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
     let cfg = a.sampling.config()?;
     crate::run::init_threads(a.threads)?;
     let path = a.model.resolve()?;
-    let engine = Engine::load(&path).map_err(|e| e.to_string())?;
+    let engine = Engine::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
     let tmpl = engine
         .chat_template
         .as_ref()

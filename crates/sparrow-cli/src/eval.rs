@@ -148,7 +148,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
     let kv = KvTypes::new(a.cache_type, a.cache_type_v);
     init_threads(a.threads)?;
     let haystack = load_haystack(&a.haystack).map_err(|e| e.to_string())?;
-    let engine = Engine::load(a.model.resolve()?).map_err(|e| e.to_string())?;
+    let engine = a.model.load_engine()?;
     // results[policy] in length-major, then depth, then repeat order.
     let mut results: Vec<Vec<NeedleResult>> = vec![Vec::new(); choices.len()];
     let cells = a.lengths.len() * a.depths.len();
@@ -346,7 +346,8 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
     };
     init_threads(a.threads)?;
     let model_path = a.model.resolve()?;
-    let engine = Engine::load(&model_path).map_err(|e| e.to_string())?;
+    let engine =
+        Engine::load_with(&model_path, a.model.load_options()).map_err(|e| e.to_string())?;
     let n = a.n_tokens;
     let max_ctx = engine.model.config.n_ctx_train;
     if n > max_ctx {

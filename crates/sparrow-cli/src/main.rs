@@ -72,9 +72,26 @@ pub struct ModelArgs {
     /// fetched on first use).
     #[arg(short = 'm', long = "model")]
     pub model: Option<std::path::PathBuf>,
+    /// Keep every weight in ggml's layout in the file mapping, rather than repacking the
+    /// Q5_0 matrices into RAM in sparrow's faster-to-decode layout (as llama.cpp's
+    /// `--no-repack`). Same results; slower decode; for comparisons.
+    #[arg(long = "no-repack", alias = "nr")]
+    pub no_repack: bool,
 }
 
 impl ModelArgs {
+    /// How to load the model: the defaults, minus repacking if `--no-repack`.
+    pub fn load_options(&self) -> sparrow::LoadOptions {
+        let mut o = sparrow::LoadOptions::default();
+        o.repack &= !self.no_repack;
+        o
+    }
+
+    /// Resolves the model path and loads model, tokenizer and template.
+    pub fn load_engine(&self) -> Result<sparrow::Engine, String> {
+        sparrow::Engine::load_with(self.resolve()?, self.load_options()).map_err(|e| e.to_string())
+    }
+
     /// The model path, fetching the default model if needed.
     pub fn resolve(&self) -> Result<std::path::PathBuf, String> {
         match &self.model {

@@ -3,7 +3,7 @@
 use crate::run::init_threads;
 use crate::{AttnArgs, ModelArgs};
 use sparrow::perplexity::{score_chunk_with, Perplexity};
-use sparrow::{Engine, KvType, KvTypes};
+use sparrow::{KvType, KvTypes};
 use std::io::Write;
 use std::time::Instant;
 
@@ -54,7 +54,7 @@ pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot read {}: {e}", a.file.display()))?;
     let attention = a.attn.choice()?;
     init_threads(a.threads)?;
-    let engine = Engine::load(a.model.resolve()?).map_err(|e| e.to_string())?;
+    let engine = a.model.load_engine()?;
     let tok = &engine.tokenizer;
     let ids = tok.encode(&text, true, false);
     let available = ids.len() / a.ctx_size;

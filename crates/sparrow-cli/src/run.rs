@@ -85,7 +85,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
     let threads = init_threads(a.threads)?;
     let path = a.model.resolve()?;
 
-    let engine = Engine::load(&path).map_err(|e| e.to_string())?;
+    let engine = Engine::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
     for w in engine.tokenizer.warnings() {
         eprintln!("warning: {w}");
     }

@@ -125,6 +125,35 @@ impl GgufFile {
         &self.backing.bytes()[start..start + info.size as usize]
     }
 
+    /// Tells the OS that the bytes in `range` (clamped to the file) will not be read again,
+    /// so their pages leave this process's resident set: used after a tensor was copied
+    /// elsewhere (e.g. repacked into RAM). Reading them later is still correct (the pages
+    /// are faulted in again from the file), only slower. A no-op for in-memory images, and
+    /// best effort (an OS refusal is ignored: nothing depends on the pages going).
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let Backing::Mapped(map) = &self.backing else {
+            return;
+        };
+        let end = range.end.min(map.len());
+        if range.start >= end {
+            return;
+        }
+        #[cfg(unix)]
+        {
+            // SAFETY: MADV_DONTNEED on this private, read-only file mapping (never written:
+            // PROT_READ) only drops pages; the next access reads the same bytes back from
+            // the file, so every slice handed out keeps its contents (under the same
+            // assumption as the map itself: the file is not modified while open).
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    range.start,
+                    end - range.start,
+                )
+            };
+        }
+    }
+
     /// The whole file image (for fingerprinting).
     pub fn bytes(&self) -> &[u8] {
         self.backing.bytes()

@@ -203,12 +203,19 @@ impl Panel {
             }
             let row = m.row(r0 + r);
             if lay.legacy {
-                for (bi, b) in row.chunks_exact(bb).enumerate() {
+                let mut put = |bi: usize, b: &[u8]| {
                     let w = legacy_ints(ty, b);
                     put_q(&mut self.q, lay.off, r, bi * 32, &w.q);
                     self.dw[bi * PANEL + r] = w.d;
                     if lay.mins {
                         self.mw[bi * PANEL + r] = w.m;
+                    }
+                };
+                if m.is_packed() {
+                    crate::packed::for_each_block(row, put);
+                } else {
+                    for (bi, b) in row.chunks_exact(bb).enumerate() {
+                        put(bi, b);
                     }
                 }
             } else {

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 
 use crate::formats::{float, kquants, legacy, BlockFormat};
 use crate::q8::{self, Q8Dot};
-use crate::GgmlType;
+use crate::{packed, GgmlType};
 
 /// An instruction-set level with its own kernel table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -100,6 +100,9 @@ pub struct Kernels {
     pub dot: fn(bytes: &[u8], x: &[f32]) -> f32,
     /// Dot of whole blocks with int8-quantized activations, if this format has one.
     pub dot_q8: Option<Q8Dot>,
+    /// Whether these kernels read rows in sparrow's packed layout (see [`crate::packed`])
+    /// rather than ggml's.
+    pub packed: bool,
 }
 
 const fn table_of<F: BlockFormat>() -> Kernels {
@@ -109,6 +112,7 @@ const fn table_of<F: BlockFormat>() -> Kernels {
         dequantize: F::dequantize_row,
         dot: F::dot_row,
         dot_q8: None,
+        packed: false,
     }
 }
 
@@ -136,6 +140,28 @@ static SCALAR: &[Kernels] = &[
     with_q8(table_of::<kquants::Q8_K>(), Q8Dot::Q8K(q8::q8_k)),
 ];
 
+/// Scalar kernels for packed rows (the reference the SIMD ones are tested against).
+static PACKED_SCALAR: &[Kernels] = &[Kernels {
+    ty: GgmlType::Q5_0,
+    level: SimdLevel::Scalar,
+    dequantize: packed::q5_0_dequantize,
+    dot: packed::q5_0_dot,
+    dot_q8: Some(Q8Dot::Q8_0(packed::q5_0_dot_q8)),
+    packed: true,
+}];
+
+fn packed_table(level: SimdLevel) -> &'static [Kernels] {
+    match level {
+        SimdLevel::Scalar => PACKED_SCALAR,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => crate::x86::PACKED_AVX2,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => crate::x86::PACKED_AVX512,
+        #[allow(unreachable_patterns)]
+        _ => &[],
+    }
+}
+
 fn table(level: SimdLevel) -> &'static [Kernels] {
     match level {
         SimdLevel::Scalar => SCALAR,
@@ -162,6 +188,15 @@ impl Kernels {
             return None;
         }
         table(level).iter().find(|k| k.ty == ty)
+    }
+
+    /// The kernels for rows of `ty` in the packed layout (see [`crate::packed`]) at
+    /// `level`, or `None` if `ty` has no packed layout or the level is not supported here.
+    pub fn packed_for_level(ty: GgmlType, level: SimdLevel) -> Option<&'static Kernels> {
+        if !level.is_supported() {
+            return None;
+        }
+        packed_table(level).iter().find(|k| k.ty == ty)
     }
 
     /// The scalar reference kernels for `ty`: portable, and bit-exact with ggml's reference

@@ -45,6 +45,7 @@ pub mod formats;
 pub mod gemm;
 pub mod kernels;
 mod matrix;
+pub mod packed;
 pub mod q8;
 mod types;
 #[cfg(target_arch = "x86_64")]
@@ -52,7 +53,7 @@ mod x86;
 
 pub use error::QuantError;
 pub use kernels::{Kernels, SimdLevel};
-pub use matrix::{matmul, matmul_at_level, matmul_f32, matvec, matvec_f32, QMatrix};
+pub use matrix::{matmul, matmul_at_level, matmul_f32, matvec, matvec_f32, matvec_multi, QMatrix};
 pub use types::GgmlType;
 
 /// The kernels for `ty`, or [`QuantError::Unsupported`].

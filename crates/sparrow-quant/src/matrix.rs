@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use crate::q8::{Q8Dot, Q8KActs, Q8_0Acts};
-use crate::{kernels_for, GgmlType, Kernels, QuantError, SimdLevel};
+use crate::{GgmlType, Kernels, QuantError, SimdLevel};
 
 /// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).
 ///
@@ -29,6 +29,8 @@ pub struct QMatrix<'a> {
     rows: usize,
     cols: usize,
     row_bytes: usize,
+    /// Rows are in sparrow's packed layout ([`crate::packed`]) rather than ggml's.
+    packed: bool,
 }
 
 impl<'a> QMatrix<'a> {
@@ -65,7 +67,46 @@ impl<'a> QMatrix<'a> {
             rows,
             cols,
             row_bytes,
+            packed: false,
         })
+    }
+
+    /// A `rows x cols` view of `data` whose rows were packed by
+    /// [`crate::packed::pack_rows`]. Errors as [`QMatrix::new`], plus
+    /// [`QuantError::Unsupported`] if `ty` has no packed layout.
+    pub fn new_packed(
+        ty: GgmlType,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, QuantError> {
+        if !crate::packed::is_packable(ty) {
+            return Err(QuantError::Unsupported(ty));
+        }
+        Ok(QMatrix {
+            packed: true,
+            ..Self::new(ty, data, rows, cols)?
+        })
+    }
+
+    /// Whether the rows are in the packed layout (see [`QMatrix::new_packed`]).
+    pub fn is_packed(&self) -> bool {
+        self.packed
+    }
+
+    /// The kernels that read this matrix's rows at `level`.
+    fn kernels_at(&self, level: SimdLevel) -> Result<&'static Kernels, QuantError> {
+        let k = if self.packed {
+            Kernels::packed_for_level(self.ty, level)
+        } else {
+            Kernels::for_level(self.ty, level)
+        };
+        k.ok_or(QuantError::Unsupported(self.ty))
+    }
+
+    /// The kernels for this matrix at the active SIMD level.
+    fn kernels(&self) -> Result<&'static Kernels, QuantError> {
+        self.kernels_at(SimdLevel::active())
     }
 
     /// The block format of the elements.
@@ -93,7 +134,7 @@ impl<'a> QMatrix<'a> {
         self.row_bytes
     }
 
-    /// The bytes of row `i`.
+    /// The bytes of row `i` (in the packed layout if [`QMatrix::is_packed`]).
     ///
     /// # Panics
     /// If `i >= self.rows()`, like slice indexing; see [`QMatrix::try_row`] for the checked
@@ -119,7 +160,7 @@ impl<'a> QMatrix<'a> {
     /// Dequantize row `i` into `out` (`cols` elements), e.g. an embedding lookup.
     pub fn dequantize_row(&self, i: usize, out: &mut [f32]) -> Result<(), QuantError> {
         let row = self.try_row(i)?;
-        let k = kernels_for(self.ty)?;
+        let k = self.kernels()?;
         check_len("out", self.cols, out.len())?;
         (k.dequantize)(row, out);
         Ok(())
@@ -152,43 +193,85 @@ enum Acts {
     F32,
 }
 
-/// Runs `f` on every row into `out`, split into chunks of about 32 KiB of weights on the
-/// current rayon pool; a matrix of a single chunk runs on the calling thread.
-fn for_rows(m: &QMatrix<'_>, out: &mut [f32], f: impl Fn(&[u8]) -> f32 + Sync) {
-    let chunk = m.rows_per_task(1);
-    let run = |first_row: usize, o: &mut [f32]| {
-        for (j, v) in o.iter_mut().enumerate() {
-            let r = first_row + j;
-            *v = f(&m.data[r * m.row_bytes..(r + 1) * m.row_bytes]);
-        }
-    };
-    if m.rows <= chunk {
-        run(0, out);
-    } else {
-        out.par_chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(c, o)| run(c * chunk, o));
-    }
+/// One parallel task of [`matvec_multi`]: rows `first..first + out.len()` of matrix
+/// `matrix`.
+struct RowTask<'o> {
+    matrix: usize,
+    first: usize,
+    out: &'o mut [f32],
 }
 
-fn matvec_with(m: &QMatrix<'_>, x: &[f32], out: &mut [f32], acts: Acts) -> Result<(), QuantError> {
-    let k = kernels_for(m.ty)?;
-    check_len("x", m.cols, x.len())?;
-    check_len("out", m.rows, out.len())?;
-    match (acts, k.dot_q8) {
-        (Acts::Int8, Some(Q8Dot::Q8_0(f))) => with_scratch(|s| {
-            s.0.quantize_from(x);
-            let a = s.0.as_slice();
-            for_rows(m, out, |row| f(row, a));
-        }),
-        (Acts::Int8, Some(Q8Dot::Q8K(f))) => with_scratch(|s| {
-            s.1.quantize_from(x);
-            let a = s.1.as_slice();
-            for_rows(m, out, |row| f(row, a));
-        }),
-        _ => for_rows(m, out, |row| (k.dot)(row, x)),
+fn matvec_multi_with(
+    ms: &[QMatrix<'_>],
+    x: &[f32],
+    outs: &mut [&mut [f32]],
+    acts: Acts,
+) -> Result<(), QuantError> {
+    check_len("outputs", ms.len(), outs.len())?;
+    let mut kernels = Vec::with_capacity(ms.len());
+    for (m, out) in ms.iter().zip(outs.iter()) {
+        check_len("x", m.cols, x.len())?;
+        check_len("out", m.rows, out.len())?;
+        let k = m.kernels()?;
+        kernels.push(
+            match acts {
+                Acts::Int8 => k.dot_q8,
+                Acts::F32 => None,
+            }
+            .map_or(Dot::F32(k.dot), Dot::Int8),
+        );
     }
+    let mut tasks = Vec::new();
+    for (i, (m, out)) in ms.iter().zip(outs.iter_mut()).enumerate() {
+        let chunk = m.rows_per_task(1);
+        for (c, o) in out.chunks_mut(chunk).enumerate() {
+            tasks.push(RowTask {
+                matrix: i,
+                first: c * chunk,
+                out: o,
+            });
+        }
+    }
+    with_scratch(|s| {
+        let uses = |act: GgmlType| {
+            kernels
+                .iter()
+                .any(|k| matches!(k, Dot::Int8(q) if q.act_type() == act))
+        };
+        if uses(GgmlType::Q8_0) {
+            s.0.quantize_from(x);
+        }
+        if uses(GgmlType::Q8_K) {
+            s.1.quantize_from(x);
+        }
+        let (a0, ak) = (s.0.as_slice(), s.1.as_slice());
+        let run = |t: RowTask<'_>| {
+            let m = &ms[t.matrix];
+            let row = |j: usize| {
+                let r = t.first + j;
+                &m.data[r * m.row_bytes..(r + 1) * m.row_bytes]
+            };
+            let out = t.out.iter_mut().enumerate();
+            match kernels[t.matrix] {
+                Dot::Int8(Q8Dot::Q8_0(f)) => out.for_each(|(j, v)| *v = f(row(j), a0)),
+                Dot::Int8(Q8Dot::Q8K(f)) => out.for_each(|(j, v)| *v = f(row(j), ak)),
+                Dot::F32(f) => out.for_each(|(j, v)| *v = f(row(j), x)),
+            }
+        };
+        if tasks.len() == 1 {
+            tasks.into_iter().for_each(run);
+        } else {
+            tasks.into_par_iter().for_each(run);
+        }
+    });
     Ok(())
+}
+
+/// The row kernel a product uses.
+#[derive(Clone, Copy)]
+enum Dot {
+    Int8(Q8Dot),
+    F32(fn(&[u8], &[f32]) -> f32),
 }
 
 thread_local! {
@@ -216,13 +299,26 @@ fn with_scratch(f: impl FnOnce(&mut (Q8_0Acts, Q8KActs))) {
 /// thread. Each output is exactly [`crate::dot_q8`] of its row: threading never changes
 /// the result.
 pub fn matvec(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
-    matvec_with(m, x, out, Acts::Int8)
+    matvec_multi_with(std::slice::from_ref(m), x, &mut [out], Acts::Int8)
+}
+
+/// Several products with the same input: `outs[i] = ms[i] * x`, each output exactly what
+/// [`matvec`] gives, computed as *one* parallel pass over the rows of all the matrices
+/// (e.g. a layer's q, k and v projections, or its gate and up projections). `x` is
+/// quantized once per activation type rather than once per matrix, and the pool is woken
+/// once, which matters in decode where each product is short.
+pub fn matvec_multi(
+    ms: &[QMatrix<'_>],
+    x: &[f32],
+    outs: &mut [&mut [f32]],
+) -> Result<(), QuantError> {
+    matvec_multi_with(ms, x, outs, Acts::Int8)
 }
 
 /// [`matvec`] with f32 activations throughout: each output is exactly [`crate::dot`] of
 /// its row (the reference semantics; slower for quantized weights).
 pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
-    matvec_with(m, x, out, Acts::F32)
+    matvec_multi_with(std::slice::from_ref(m), x, &mut [out], Acts::F32)
 }
 
 /// Batched product: for each of `n_tokens` activation rows `xs[t*cols..(t+1)*cols]`,
@@ -237,7 +333,7 @@ pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), Qua
 /// row is dotted against every token while it sits in L1, and results equal
 /// [`crate::dot_q8`] exactly.
 pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
-    matmul_with(m, xs, out, Acts::Int8, kernels_for(m.ty)?)
+    matmul_with(m, xs, out, Acts::Int8, m.kernels()?)
 }
 
 /// [`matmul`] with the kernels of `level` rather than the active one (for tests and
@@ -249,13 +345,13 @@ pub fn matmul_at_level(
     xs: &[f32],
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    let k = Kernels::for_level(m.ty, level).ok_or(QuantError::Unsupported(m.ty))?;
+    let k = m.kernels_at(level)?;
     matmul_with(m, xs, out, Acts::Int8, k)
 }
 
 /// [`matmul`] with f32 activations throughout: results equal [`crate::dot`] exactly.
 pub fn matmul_f32(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
-    matmul_with(m, xs, out, Acts::F32, kernels_for(m.ty)?)
+    matmul_with(m, xs, out, Acts::F32, m.kernels()?)
 }
 
 fn matmul_with(

@@ -262,3 +262,67 @@ fn supported_list_is_complete() {
         assert!(with_kernels.contains(t));
     }
 }
+
+/// `matvec_multi` over matrices of different types (two activation kinds, a packed one,
+/// a float one) sharing one input equals `matvec` of each, bit for bit, on 1 and 2
+/// threads; mismatched outputs are refused with the lengths named.
+#[test]
+fn matvec_multi_equals_separate_matvecs() {
+    use sparrow_quant::matvec_multi;
+    use sparrow_quant::packed::pack_rows;
+    let mut rng = Rng::new(31);
+    let cols = 512;
+    let shapes = [
+        (GgmlType::Q5_0, 300),
+        (GgmlType::Q8_0, 7),
+        (GgmlType::Q4_K, 90),
+        (GgmlType::F16, 5),
+    ];
+    let data: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(ty, rows)| {
+            (0..rows)
+                .flat_map(|_| random_row(&mut rng, ty, cols))
+                .collect()
+        })
+        .collect();
+    let mut packed = data[0].clone();
+    pack_rows(GgmlType::Q5_0, &data[0], data[0].len() / 300, &mut packed).unwrap();
+    let mut ms: Vec<QMatrix<'_>> = shapes
+        .iter()
+        .zip(&data)
+        .map(|(&(ty, rows), d)| QMatrix::new(ty, d, rows, cols).unwrap())
+        .collect();
+    ms.push(QMatrix::new_packed(GgmlType::Q5_0, &packed, 300, cols).unwrap());
+    let x = rng.vec(cols);
+    for threads in [1, 2] {
+        pool(threads).install(|| {
+            let mut outs: Vec<Vec<f32>> = ms.iter().map(|m| vec![f32::NAN; m.rows()]).collect();
+            let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+            matvec_multi(&ms, &x, &mut refs).unwrap();
+            for (m, got) in ms.iter().zip(&outs) {
+                let mut want = vec![0f32; m.rows()];
+                matvec(m, &x, &mut want).unwrap();
+                assert_eq!(bits(got), bits(&want), "{} threads {threads}", m.ty());
+            }
+            // the packed matrix computes what the ggml-layout one does (same integer sums)
+            let d = outs[0]
+                .iter()
+                .zip(&outs[4])
+                .map(|(a, b)| (a - b).abs() / a.abs().max(1.0))
+                .fold(0f32, f32::max);
+            assert!(d < 1e-5, "packed vs ggml layout: {d}");
+        });
+    }
+    let mut short = vec![0f32; 6];
+    let mut ok = vec![0f32; 300];
+    let e = matvec_multi(&ms[..2], &x, &mut [&mut ok, &mut short]).unwrap_err();
+    assert!(
+        e.to_string().contains('7') && e.to_string().contains('6'),
+        "{e}"
+    );
+    let e = matvec_multi(&ms[..2], &x, &mut [&mut ok]).unwrap_err();
+    assert!(e.to_string().contains("outputs"), "{e}");
+    let e = matvec_multi(&ms[..1], &x[..256], &mut [&mut ok]).unwrap_err();
+    assert!(e.to_string().contains("256"), "{e}");
+}

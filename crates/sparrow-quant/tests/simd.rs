@@ -320,6 +320,18 @@ fn activation_quantizers_follow_ggml() {
 /// differs in order, so the tolerance is the int8-vs-int8 one with one term per scale
 /// group (16 elements).
 fn check_batched(ty: GgmlType, m: &sparrow_quant::QMatrix<'_>, xs: &[f32], what: &str) {
+    check_batched_against(ty, m, m, xs, what)
+}
+
+/// [`check_batched`] for a matrix `m` whose rows may be packed, with the reference computed
+/// on `reference` (the same matrix in ggml's layout).
+fn check_batched_against(
+    ty: GgmlType,
+    m: &sparrow_quant::QMatrix<'_>,
+    reference: &sparrow_quant::QMatrix<'_>,
+    xs: &[f32],
+    what: &str,
+) {
     use sparrow_quant::{gemm::matmul_panels_scalar, matmul_at_level};
     let slow = Kernels::scalar(ty).unwrap().dot_q8.unwrap();
     let (rows, cols) = (m.rows(), m.cols());
@@ -331,12 +343,12 @@ fn check_batched(ty: GgmlType, m: &sparrow_quant::QMatrix<'_>, xs: &[f32], what:
         } else {
             Q8KActs::new(x).dequantize()
         };
-        4.0 * ((cols / 16) as f64 + 16.0) * EPS * split_magnitude(ty, m.row(r), &xdq)
+        4.0 * ((cols / 16) as f64 + 16.0) * EPS * split_magnitude(ty, reference.row(r), &xdq)
     };
     let want: Vec<f64> = (0..n_tokens * rows)
         .map(|i| {
             let (t, r) = (i / rows, i % rows);
-            slow.quantize_and_dot(m.row(r), &xs[t * cols..(t + 1) * cols]) as f64
+            slow.quantize_and_dot(reference.row(r), &xs[t * cols..(t + 1) * cols]) as f64
         })
         .collect();
     let mut runs: Vec<(String, Vec<f32>)> = Vec::new();
@@ -473,4 +485,109 @@ fn matvec_row_blocks_match_scalar_int8() {
             }
         }
     }
+}
+
+/// Q5_0 rows packed for decode (`sparrow_quant::packed`): unpacking restores them, the
+/// scalar packed kernels equal the ggml-layout scalar kernels exactly (dequantization and
+/// int8 dot bit for bit; the f32 dot to rounding), and every SIMD level's packed int8 dot
+/// stays within the int8 tolerance of the scalar one. Block counts cover rows shorter than
+/// one group of four, whole groups, and a ggml-layout tail after the groups.
+#[test]
+fn packed_q5_0_kernels_match_the_ggml_layout() {
+    use sparrow_quant::packed::{pack_rows, unpack_rows};
+    let ty = GgmlType::Q5_0;
+    let mut rng = Rng::new(27);
+    let plain = Kernels::scalar(ty).unwrap();
+    let packed_scalar = Kernels::packed_for_level(ty, SimdLevel::Scalar).unwrap();
+    assert!(packed_scalar.packed && !plain.packed);
+    for nb in [1usize, 3, 4, 5, 17, 28, 152] {
+        let n = nb * 32;
+        for _ in 0..4 {
+            let row = edge_row(&mut rng, ty, n);
+            let mut packed = vec![0u8; row.len()];
+            pack_rows(ty, &row, row.len(), &mut packed).unwrap();
+            let mut back = vec![0u8; row.len()];
+            unpack_rows(ty, &packed, row.len(), &mut back).unwrap();
+            assert_eq!(back, row, "nb={nb}");
+            let x = activations(&mut rng, n);
+            let a0 = Q8_0Acts::new(&x);
+            let ak = Q8KActs::new(&[]);
+
+            let mut w_plain = vec![0f32; n];
+            let mut w_packed = vec![0f32; n];
+            (plain.dequantize)(&row, &mut w_plain);
+            (packed_scalar.dequantize)(&packed, &mut w_packed);
+            assert_eq!(
+                w_plain.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                w_packed.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "dequantized, nb={nb}"
+            );
+            let want = run_q8(plain.dot_q8.unwrap(), &row, &a0, &ak);
+            let got = run_q8(packed_scalar.dot_q8.unwrap(), &packed, &a0, &ak);
+            assert_eq!(want.to_bits(), got.to_bits(), "scalar int8, nb={nb}");
+            let (a, b) = ((packed_scalar.dot)(&packed, &x), (plain.dot)(&row, &x));
+            let tol = f32_tol(n, abs_dot(&w_plain, &x));
+            assert!((a as f64 - b as f64).abs() <= tol, "f32 dot nb={nb}");
+
+            let xdq = a0.dequantize();
+            let tol = 2.0 * (nb as f64 + 16.0) * EPS * split_magnitude(ty, &row, &xdq);
+            for level in simd_levels() {
+                let fast = Kernels::packed_for_level(ty, level).unwrap();
+                let got = run_q8(fast.dot_q8.unwrap(), &packed, &a0, &ak) as f64;
+                assert!(
+                    (got - want as f64).abs() <= tol,
+                    "{level:?} nb={nb}: packed int8 {got:e} vs scalar {want:e}, tol {tol:e}"
+                );
+            }
+        }
+    }
+    assert!(Kernels::packed_for_level(GgmlType::Q4_K, SimdLevel::Scalar).is_none());
+}
+
+/// `matmul` (per-row kernels for small batches, panels for large ones) and `matvec` on a
+/// packed Q5_0 matrix against the scalar int8 kernel on the same matrix in ggml's layout.
+#[test]
+fn packed_matrix_products_match_the_ggml_layout() {
+    use sparrow_quant::packed::pack_rows;
+    use sparrow_quant::{matvec, QMatrix};
+    let ty = GgmlType::Q5_0;
+    let mut rng = Rng::new(28);
+    for cols in [32 * 3, 32 * 28, 32 * 19] {
+        let rows = 37;
+        let mut data = Vec::new();
+        for _ in 0..rows {
+            data.extend(edge_row(&mut rng, ty, cols));
+        }
+        let rb = data.len() / rows;
+        let mut packed = vec![0u8; data.len()];
+        pack_rows(ty, &data, rb, &mut packed).unwrap();
+        let plain = QMatrix::new(ty, &data, rows, cols).unwrap();
+        let m = QMatrix::new_packed(ty, &packed, rows, cols).unwrap();
+        assert!(m.is_packed() && !plain.is_packed());
+        for n_tokens in [1, 2, 9, 16, 17] {
+            let xs: Vec<f32> = (0..n_tokens)
+                .flat_map(|_| activations(&mut rng, cols))
+                .collect();
+            check_batched_against(ty, &m, &plain, &xs, "packed");
+            if n_tokens == 1 {
+                let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+                matvec(&m, &xs, &mut a).unwrap();
+                matvec(&plain, &xs, &mut b).unwrap();
+                let xdq = Q8_0Acts::new(&xs).dequantize();
+                for r in 0..rows {
+                    let tol = 4.0
+                        * ((cols / 32) as f64 + 16.0)
+                        * EPS
+                        * split_magnitude(ty, plain.row(r), &xdq);
+                    assert!((a[r] as f64 - b[r] as f64).abs() <= tol, "matvec row {r}");
+                }
+            }
+        }
+        let mut row = vec![0f32; cols];
+        let mut want = vec![0f32; cols];
+        m.dequantize_row(5, &mut row).unwrap();
+        plain.dequantize_row(5, &mut want).unwrap();
+        assert_eq!(row, want);
+    }
+    assert!(QMatrix::new_packed(GgmlType::Q8_0, &[0u8; 34], 1, 32).is_err());
 }

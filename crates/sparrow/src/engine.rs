@@ -3,7 +3,7 @@
 
 use crate::chat::ChatTemplate;
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::model::{LoadOptions, Model};
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 use std::path::Path;
 use std::sync::Arc;
@@ -19,10 +19,15 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Load model, tokenizer and chat template from `path`.
+    /// Load model, tokenizer and chat template from `path` (default [`LoadOptions`]).
     pub fn load(path: impl AsRef<Path>) -> Result<Engine> {
+        Self::load_with(path, LoadOptions::default())
+    }
+
+    /// Load model, tokenizer and chat template from `path`.
+    pub fn load_with(path: impl AsRef<Path>, options: LoadOptions) -> Result<Engine> {
         let start = Instant::now();
-        let model = Model::load(path)?;
+        let model = Model::load_with(path, options)?;
         let spec =
             TokenizerSpec::from_gguf(model.file()).map_err(|e| Error::Tokenizer(e.to_string()))?;
         let tokenizer = Tokenizer::from_spec(spec).map_err(|e| Error::Tokenizer(e.to_string()))?;

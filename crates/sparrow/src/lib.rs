@@ -25,5 +25,5 @@ pub use engine::Engine;
 pub use error::{Error, Result};
 pub use generate::{generate, prefill, GenerateOptions, GenerationStats, StopReason};
 pub use kv_cache::{KvCache, KvType, KvTypes};
-pub use model::{Logits, Model, ModelConfig, State};
+pub use model::{LoadOptions, Logits, Model, ModelConfig, State};
 pub use sampler::{Sampler, SamplerConfig};

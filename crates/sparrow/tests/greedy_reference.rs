@@ -1,4 +1,5 @@
-//! Greedy continuations of the real Qwen2.5 model equal llama.cpp's token ids.
+//! Greedy continuations of the real Qwen2.5 model equal llama.cpp's token ids (up to
+//! near-ties, see `run_greedy`).
 
 mod common;
 
@@ -16,7 +17,7 @@ fn argmax(v: &[f32]) -> (usize, f32) {
         })
 }
 
-fn run_greedy(kv: KvType, min_match: usize) {
+fn run_greedy(kv: KvType, max_ties: usize) {
     let model = Model::load(common::qwen_path()).unwrap();
     let fixture: serde_json::Value =
         serde_json::from_str(&common::fixture("qwen_greedy.json")).unwrap();
@@ -46,33 +47,53 @@ fn run_greedy(kv: KvType, min_match: usize) {
             (top_logit - ref_logit).abs() < 0.25,
             "{name}: logit {top_logit} vs llama.cpp {ref_logit}"
         );
-        let mut got = vec![top as u32];
-        while got.len() < expected.len() {
-            let logits = model
-                .forward(&mut state, &got[got.len() - 1..], Logits::Last)
-                .unwrap();
-            got.push(argmax(logits).0 as u32);
+        // Teacher-forced along llama.cpp's continuation: at every step our greedy choice
+        // must be llama.cpp's token, except at a near-tie, where llama.cpp's token must be
+        // within `TIE` of our top logit (both engines round differently: llama.cpp's
+        // 8-bit activations, our f32/f16 cache, summation orders). A real error moves
+        // logits by far more; a near-tie is counted and a few are allowed per prompt.
+        let mut ties = Vec::new();
+        let mut logits = logits.to_vec();
+        for (step, &want) in expected.iter().enumerate() {
+            let (top, top_logit) = argmax(&logits);
+            if top as u32 != want {
+                let gap = top_logit - logits[want as usize];
+                assert!(
+                    gap <= TIE,
+                    "{name} ({kv:?}) step {step}: ours {top} ({top_logit}), llama.cpp {want} \
+                     is {gap} below: not a near-tie"
+                );
+                ties.push((step, gap));
+            }
+            if step + 1 < expected.len() {
+                logits = model
+                    .forward(&mut state, &[want], Logits::Last)
+                    .unwrap()
+                    .to_vec();
+            }
         }
-        let same = got
-            .iter()
-            .zip(&expected)
-            .take_while(|(a, b)| a == b)
-            .count();
         assert!(
-            same >= min_match,
-            "{name} ({kv:?}): first divergence at step {same}: ours {:?} llama.cpp {:?}",
-            &got[same..(same + 4).min(got.len())],
-            &expected[same..(same + 4).min(expected.len())]
+            ties.len() <= max_ties,
+            "{name} ({kv:?}): {} near-ties {ties:?} in {} steps",
+            ties.len(),
+            expected.len()
         );
+        if !ties.is_empty() {
+            eprintln!("{name} ({kv:?}): near-ties (step, logit gap) {ties:?}");
+        }
     }
 }
 
+/// Largest logit gap accepted where our greedy token differs from llama.cpp's (the first
+/// step's logit tolerance above).
+const TIE: f32 = 0.25;
+
 #[test]
 fn greedy_matches_llama_cpp_f16_cache() {
-    run_greedy(KvType::F16, 32);
+    run_greedy(KvType::F16, 2);
 }
 
 #[test]
 fn greedy_matches_llama_cpp_f32_cache() {
-    run_greedy(KvType::F32, 32);
+    run_greedy(KvType::F32, 2);
 }

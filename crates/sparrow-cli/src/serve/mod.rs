@@ -114,7 +114,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     }
     let threads = crate::run::init_threads(a.threads)?;
     let path = a.model.resolve()?;
-    let mut engine = Engine::load(&path).map_err(|e| e.to_string())?;
+    let mut engine = Engine::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
     for w in engine.tokenizer.warnings() {
         eprintln!("warning: {w}");
     }

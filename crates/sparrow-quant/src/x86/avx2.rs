@@ -222,70 +222,261 @@ pub(crate) fn dot_dequant<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
 
 // ---- int8 dots, legacy formats (Q8_0 activations) ----------------------------------------
 
-/// Q8_0 weights: signed bytes, two blocks per iteration into two accumulators.
-/// # Safety
-/// As [`acc_u8i8`], plus FMA and F16C.
+/// How far ahead of the current position the row kernels prefetch weights: the hardware
+/// prefetcher alone leaves one core short of its streaming rate (measured on Zen: the
+/// packed Q5_0 kernel reads ~10% faster from DRAM with it).
+const PREFETCH_BYTES: usize = 1024;
+
+/// Asks for the cache line `PREFETCH_BYTES` past `p` (a hint: never faults, even past the
+/// end of the row).
 #[inline(always)]
-unsafe fn q8_0_body<const V: bool>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (k, ((b, xq), &dx)) in row
-        .chunks_exact(34)
-        .zip(x.qs.chunks_exact(Q8_0_BLOCK))
-        .zip(x.d)
-        .enumerate()
-    {
-        let p = acc_i8i8::<V>(_mm256_setzero_si256(), ld32(&b[2..]), ld32i(xq));
-        let d = _mm256_set1_ps(f16s(b, 0) * dx);
-        acc[k & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[k & 1]);
-    }
-    hsum_ps(_mm256_add_ps(acc[0], acc[1]))
+fn prefetch_ahead(p: *const u8) {
+    // SAFETY: a prefetch is a hint that cannot fault on any address; `wrapping_add` keeps
+    // the pointer arithmetic defined past the end of the allocation. SSE is baseline on
+    // x86_64.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES).cast()) }
 }
 
-/// Q4_0 (`TY = 0`), Q4_1 (1), Q5_0 (2), Q5_1 (3): nibbles (plus a fifth bit from `qh`)
-/// as unsigned bytes; the offset (8 or 16) is removed in integers via the activation sum,
-/// the minimum (`_1` formats) applied as `m * d_x * sum`.
+/// Number of whole blocks a legacy-format row and its Q8_0 activations have in common
+/// (the shorter of the two decides, as a zip of the blocks would).
+#[inline(always)]
+fn common_blocks(row: &[u8], block_bytes: usize, x: Q8_0Slice<'_>) -> usize {
+    (row.len() / block_bytes)
+        .min(x.d.len())
+        .min(x.sum.len())
+        .min(x.qs.len() / Q8_0_BLOCK)
+}
+
+/// The f16 at `p`, widened with F16C.
+///
+/// # Safety
+/// `p` must point to two readable bytes; F16C must be available.
+#[inline(always)]
+unsafe fn f16_ptr(p: *const u8) -> f32 {
+    let bits = core::ptr::read_unaligned(p.cast::<u16>());
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// One Q8_0 block times its activation block: the eight i32 partial sums as f32 lanes,
+/// and the combined scale `d_w * d_x`.
+///
+/// # Safety
+/// `w` must point to a whole 34-byte block and `q` to 32 readable quants; features as
+/// [`acc_u8i8`] plus F16C.
+#[inline(always)]
+unsafe fn q8_0_block<const V: bool>(w: *const u8, q: *const i8, dx: f32) -> (__m256, __m256) {
+    let wq = _mm256_loadu_si256(w.add(2).cast());
+    let xq = _mm256_loadu_si256(q.cast());
+    let p = acc_i8i8::<V>(_mm256_setzero_si256(), wq, xq);
+    (_mm256_set1_ps(f16_ptr(w) * dx), _mm256_cvtepi32_ps(p))
+}
+
+/// Q8_0 weights: signed bytes, two blocks per iteration into two accumulators (kept in
+/// registers: explicit pointers instead of an indexed accumulator array, which the
+/// compiler spilled to the stack and so chained every block through a store and a load).
 ///
 /// # Safety
 /// As [`acc_u8i8`], plus FMA and F16C.
 #[inline(always)]
-unsafe fn legacy_body<const TY: u8, const V: bool>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    let (bb, has_min, has_qh, off): (usize, bool, bool, i32) = match TY {
+unsafe fn q8_0_body<const V: bool>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
+    let n = common_blocks(row, 34, x);
+    let (w, q, d) = (row.as_ptr(), x.qs.as_ptr(), x.d.as_ptr());
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut k = 0;
+    // SAFETY (all block reads below): `k < n` (or `k + 1 < n`), and `n` whole blocks of
+    // weights, quants and scales are in bounds by `common_blocks`.
+    while k + 1 < n {
+        prefetch_ahead(w.add(34 * k));
+        let (s0, p0) = q8_0_block::<V>(w.add(34 * k), q.add(32 * k), *d.add(k));
+        let (s1, p1) = q8_0_block::<V>(w.add(34 * k + 34), q.add(32 * k + 32), *d.add(k + 1));
+        acc0 = _mm256_fmadd_ps(s0, p0, acc0);
+        acc1 = _mm256_fmadd_ps(s1, p1, acc1);
+        k += 2;
+    }
+    if k < n {
+        let (s0, p0) = q8_0_block::<V>(w.add(34 * k), q.add(32 * k), *d.add(k));
+        acc0 = _mm256_fmadd_ps(s0, p0, acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
+}
+
+/// Layout of a legacy format `TY`: Q4_0 (`TY = 0`), Q4_1 (1), Q5_0 (2), Q5_1 (3).
+struct Legacy {
+    /// Bytes per block.
+    bytes: usize,
+    /// Whether an f16 minimum follows the scale.
+    has_min: bool,
+    /// Whether 32 fifth bits (`qh`) follow.
+    has_qh: bool,
+    /// Offset of `qh`, then of the 16 nibble bytes.
+    qh_off: usize,
+    qs_off: usize,
+    /// The offset subtracted from the unsigned quants (8, 16 or 0).
+    off: i32,
+}
+
+const fn legacy_layout(ty: u8) -> Legacy {
+    let (bytes, has_min, has_qh, off) = match ty {
         0 => (18, false, false, 8),
         1 => (20, true, false, 0),
         2 => (22, false, true, 16),
         _ => (24, true, true, 0),
     };
-    let qh_off = if has_min { 4 } else { 2 };
-    let qs_off = 2 + 2 * has_min as usize + 4 * has_qh as usize;
-    let m4 = _mm256_set1_epi8(0x0F);
-    let b4 = _mm256_set1_epi8(0x10);
-    let mut acc = [_mm256_setzero_ps(); 2];
+    Legacy {
+        bytes,
+        has_min,
+        has_qh,
+        qh_off: if has_min { 4 } else { 2 },
+        qs_off: 2 + 2 * has_min as usize + 4 * has_qh as usize,
+        off,
+    }
+}
+
+/// One legacy block times its activation block: the integer sums (offset removed) as f32
+/// lanes and the combined scale `d_w * d_x`.
+///
+/// # Safety
+/// `b` must point to a whole block of format `TY`, `q` to 32 readable quants; features as
+/// [`acc_u8i8`] plus F16C.
+#[inline(always)]
+unsafe fn legacy_block<const TY: u8, const V: bool>(
+    b: *const u8,
+    q: *const i8,
+    dx: f32,
+    sx: i32,
+) -> (__m256, __m256) {
+    let l = legacy_layout(TY);
+    let qs = _mm_loadu_si128(b.add(l.qs_off).cast());
+    let qs = _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs);
+    let mut u = _mm256_and_si256(qs, _mm256_set1_epi8(0x0F));
+    if l.has_qh {
+        let qh = core::ptr::read_unaligned(b.add(l.qh_off).cast::<u32>());
+        u = _mm256_or_si256(
+            u,
+            _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)),
+        );
+    }
+    let mut p = acc_u8i8::<V>(_mm256_setzero_si256(), u, _mm256_loadu_si256(q.cast()));
+    if l.off != 0 {
+        p = _mm256_sub_epi32(p, lane0(l.off * sx));
+    }
+    (_mm256_set1_ps(f16_ptr(b) * dx), _mm256_cvtepi32_ps(p))
+}
+
+/// Q4_0, Q4_1, Q5_0, Q5_1: nibbles (plus a fifth bit from `qh`) as unsigned bytes; the
+/// offset (8 or 16) is removed in integers via the activation sum, the minimum (`_1`
+/// formats) applied as `m * d_x * sum`. Two blocks per iteration, as [`q8_0_body`].
+///
+/// # Safety
+/// As [`acc_u8i8`], plus FMA and F16C.
+#[inline(always)]
+unsafe fn legacy_body<const TY: u8, const V: bool>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
+    let l = legacy_layout(TY);
+    let n = common_blocks(row, l.bytes, x);
+    let (w, q, d, sum) = (row.as_ptr(), x.qs.as_ptr(), x.d.as_ptr(), x.sum.as_ptr());
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut macc = 0f32;
-    for (k, (((b, xq), &dx), &sx)) in row
-        .chunks_exact(bb)
-        .zip(x.qs.chunks_exact(Q8_0_BLOCK))
-        .zip(x.d)
-        .zip(x.sum)
-        .enumerate()
-    {
-        let qs = ld16(&b[qs_off..]);
-        let qs = _mm256_set_m128i(_mm_srli_epi16(qs, 4), qs);
-        let mut q = _mm256_and_si256(qs, m4);
-        if has_qh {
-            let qh = u32::from_le_bytes([b[qh_off], b[qh_off + 1], b[qh_off + 2], b[qh_off + 3]]);
-            q = _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh), b4));
+    let mut k = 0;
+    // SAFETY (all block reads below): `k < n` (or `k + 1 < n`), and `n` whole blocks of
+    // weights, quants, scales and sums are in bounds by `common_blocks`.
+    while k + 1 < n {
+        let b0 = w.add(l.bytes * k);
+        let b1 = b0.add(l.bytes);
+        let (s0, p0) = legacy_block::<TY, V>(b0, q.add(32 * k), *d.add(k), *sum.add(k));
+        let (s1, p1) =
+            legacy_block::<TY, V>(b1, q.add(32 * k + 32), *d.add(k + 1), *sum.add(k + 1));
+        acc0 = _mm256_fmadd_ps(s0, p0, acc0);
+        acc1 = _mm256_fmadd_ps(s1, p1, acc1);
+        if l.has_min {
+            macc += f16_ptr(b0.add(2)) * (*d.add(k) * *sum.add(k) as f32);
+            macc += f16_ptr(b1.add(2)) * (*d.add(k + 1) * *sum.add(k + 1) as f32);
         }
-        let mut p = acc_u8i8::<V>(_mm256_setzero_si256(), q, ld32i(xq));
-        if off != 0 {
-            p = _mm256_sub_epi32(p, lane0(off * sx));
-        }
-        let d = _mm256_set1_ps(f16s(b, 0) * dx);
-        acc[k & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[k & 1]);
-        if has_min {
-            macc += f16s(b, 2) * (dx * sx as f32);
+        k += 2;
+    }
+    if k < n {
+        let b0 = w.add(l.bytes * k);
+        let (s0, p0) = legacy_block::<TY, V>(b0, q.add(32 * k), *d.add(k), *sum.add(k));
+        acc0 = _mm256_fmadd_ps(s0, p0, acc0);
+        if l.has_min {
+            macc += f16_ptr(b0.add(2)) * (*d.add(k) * *sum.add(k) as f32);
         }
     }
-    hsum_ps(_mm256_add_ps(acc[0], acc[1])) + macc
+    hsum_ps(_mm256_add_ps(acc0, acc1)) + macc
+}
+
+/// Q5_0 rows in the packed layout (see `crate::packed`): per group of four blocks, one
+/// conversion for the four scales, one shift for the transposed fifth bits, and per block
+/// a shift and a mask for its fifth bits and one or two operations for its nibbles. The
+/// integer sums (offset removed per block, as in [`legacy_body`]) equal the scalar
+/// reference's; blocks after the last whole group are in ggml's layout.
+///
+/// # Safety
+/// As [`acc_u8i8`], plus FMA and F16C.
+#[inline(always)]
+unsafe fn q5_0_packed_body<const V: bool>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
+    use crate::packed::{GROUP_BLOCKS, GROUP_BYTES};
+    let n = common_blocks(row, 22, x);
+    let groups = n / GROUP_BLOCKS;
+    let (w, q, d, sum) = (row.as_ptr(), x.qs.as_ptr(), x.d.as_ptr(), x.sum.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0F);
+    let b4 = _mm256_set1_epi8(0x10);
+    // Shifts the upper 128 bits' bytes right by 4, bringing elements 16..32's fifth bits
+    // (bits 4..8 of each byte) down to bits 0..4, where elements 0..16's sit below.
+    let upper_by_4 = _mm256_setr_epi64x(0, 0, 4, 4);
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for g in 0..groups {
+        // SAFETY: group `g < groups` lies within the row's first `n` blocks (22 bytes
+        // each, 88 per group), and its 4 blocks of quants, scales and sums within `x`'s
+        // first `n` (see `common_blocks`).
+        let gp = w.add(g * GROUP_BYTES);
+        prefetch_ahead(gp);
+        let k0 = g * GROUP_BLOCKS;
+        let scales = _mm_mul_ps(
+            _mm_cvtph_ps(_mm_loadl_epi64(gp.cast())),
+            _mm_loadu_ps(d.add(k0)),
+        );
+        let scales = _mm256_castps128_ps256(scales);
+        let hi = _mm256_srlv_epi64(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(gp.add(8).cast())),
+            upper_by_4,
+        );
+        let q01 = _mm256_loadu_si256(gp.add(24).cast());
+        let q23 = _mm256_loadu_si256(gp.add(56).cast());
+        // Block k's fifth bits sit at bit k: shift them to bit 4.
+        let fifth = [
+            _mm256_slli_epi16(hi, 4),
+            _mm256_slli_epi16(hi, 3),
+            _mm256_slli_epi16(hi, 2),
+            _mm256_slli_epi16(hi, 1),
+        ];
+        let lows = [
+            q01,
+            _mm256_srli_epi16(q01, 4),
+            q23,
+            _mm256_srli_epi16(q23, 4),
+        ];
+        for k in 0..GROUP_BLOCKS {
+            let u = _mm256_or_si256(
+                _mm256_and_si256(lows[k], m4),
+                _mm256_and_si256(fifth[k], b4),
+            );
+            let xq = _mm256_loadu_si256(q.add(32 * (k0 + k)).cast());
+            let p = acc_u8i8::<V>(_mm256_setzero_si256(), u, xq);
+            let p = _mm256_sub_epi32(p, lane0(16 * *sum.add(k0 + k)));
+            let s = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(k as i32));
+            if k % 2 == 0 {
+                acc0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc0);
+            } else {
+                acc1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc1);
+            }
+        }
+    }
+    for k in groups * GROUP_BLOCKS..n {
+        // SAFETY: `k < n`: a whole ggml-layout block and its activations are in bounds.
+        let (s, p) = legacy_block::<2, V>(w.add(22 * k), q.add(32 * k), *d.add(k), *sum.add(k));
+        acc0 = _mm256_fmadd_ps(s, p, acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
 }
 
 // ---- int8 dots, k-quants (Q8_K activations) ---------------------------------------------
@@ -301,37 +492,71 @@ macro_rules! k_blocks {
     };
 }
 
-/// Q4_K: sub-blocks `2c`, `2c+1` are the low/high nibbles of `qs[32c..32c+32]`; scales via
-/// `madd`, minimums via the activation `bsums`.
+/// The eight 6-bit scales and eight 6-bit minimums of a Q4_K/Q5_K super-block (the 12
+/// bytes at offset 4), as eight bytes each, unpacked with word-wide masks and shifts.
+#[inline(always)]
+fn scales_mins_k4(s: &[u8]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    let sc_lo = a & 0x3F3F_3F3F;
+    let m_lo = b & 0x3F3F_3F3F;
+    let sc_hi = (c & 0x0F0F_0F0F) | (((a >> 6) & 0x0303_0303) << 4);
+    let m_hi = ((c >> 4) & 0x0F0F_0F0F) | (((b >> 6) & 0x0303_0303) << 4);
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        m_lo as u64 | (m_hi as u64) << 32,
+    )
+}
+
+/// `vpshufb` control that broadcasts 16-bit lane `j` (of each 128-bit half) to all lanes.
+#[inline(always)]
+unsafe fn splat_i16_lane(j: usize) -> __m256i {
+    _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16)
+}
+
+/// Q4_K: sub-blocks `2c`, `2c+1` are the low/high nibbles of `qs[32c..32c+32]`. The 6-bit
+/// scales are unpacked once per super-block into i16 lanes and broadcast per sub-block
+/// with one shuffle; the minimums meet the activation `bsums` in one `madd` (each minimum
+/// paired with its sub-block's two 16-element sums), accumulated in f32 lanes.
 /// # Safety
 /// As [`acc_u8i8`], plus FMA and F16C.
 #[inline(always)]
 unsafe fn q4_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = _mm256_setzero_ps();
-    let mut macc = 0f32;
+    let mut macc = _mm256_setzero_ps();
     for (b, xq, dx, bs) in k_blocks!(row, 144, x) {
-        let scales = &b[4..16];
+        prefetch_ahead(b.as_ptr());
+        let (sc8, m8) = scales_mins_k4(&b[4..16]);
+        let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8 as i64)));
         let mut sumi = _mm256_setzero_si256();
-        let mut summ = 0i32;
         for c in 0..4 {
-            let (s0, m0) = scale_min_k4(scales, 2 * c);
-            let (s1, m1) = scale_min_k4(scales, 2 * c + 1);
-            summ += m0 as i32 * (bs[4 * c] as i32 + bs[4 * c + 1] as i32)
-                + m1 as i32 * (bs[4 * c + 2] as i32 + bs[4 * c + 3] as i32);
             let q = ld32(&b[16 + 32 * c..]);
             let lo = _mm256_and_si256(q, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             let x0 = ld32i(&xq[64 * c..]);
             let x1 = ld32i(&xq[64 * c + 32..]);
-            sumi = acc_scaled::<V>(sumi, lo, x0, _mm256_set1_epi16(s0 as i16));
-            sumi = acc_scaled::<V>(sumi, hi, x1, _mm256_set1_epi16(s1 as i16));
+            let s0 = _mm256_shuffle_epi8(sc, splat_i16_lane(2 * c));
+            let s1 = _mm256_shuffle_epi8(sc, splat_i16_lane(2 * c + 1));
+            sumi = acc_scaled::<V>(sumi, lo, x0, s0);
+            sumi = acc_scaled::<V>(sumi, hi, x1, s1);
         }
-        let d = _mm256_set1_ps(dx * f16s(b, 0));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-        macc += (dx * f16s(b, 2)) * summ as f32;
+        let m = _mm_cvtsi64_si128(m8 as i64);
+        let m_pairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+        let bsums = _mm256_loadu_si256(bs.first_chunk::<16>().expect("16 bsums").as_ptr().cast());
+        let msum = _mm256_madd_epi16(m_pairs, bsums);
+        acc = _mm256_fmadd_ps(
+            _mm256_set1_ps(dx * f16s(b, 0)),
+            _mm256_cvtepi32_ps(sumi),
+            acc,
+        );
+        macc = _mm256_fmadd_ps(
+            _mm256_set1_ps(dx * f16s(b, 2)),
+            _mm256_cvtepi32_ps(msum),
+            macc,
+        );
     }
-    hsum_ps(acc) - macc
+    hsum_ps(acc) - hsum_ps(macc)
 }
 
 /// Q5_K: Q4_K plus bit `j` of `qh[l]` as bit 4 of element `32j + l`.
@@ -376,8 +601,10 @@ unsafe fn q5_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     hsum_ps(acc) - macc
 }
 
-/// Q6_K: unsigned 6-bit quants `ql | qh << 4`; the `-32` bias is removed in integers as
-/// `32 * sum_g sc_g * bsum_g`.
+/// Q6_K: unsigned 6-bit quants `ql | qh << 4`. The sixteen signed scales are widened to
+/// i16 once per super-block; each pair `(g, g+1)` (low and high 16 elements of a 32-byte
+/// step) is spread over the two halves with one shuffle and one widening; the `-32` bias
+/// is removed in integers as `32 * sum_g sc_g * bsum_g`, one `madd` of scales and bsums.
 /// # Safety
 /// As [`acc_u8i8`], plus FMA and F16C.
 #[inline(always)]
@@ -386,12 +613,11 @@ unsafe fn q6_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m2 = _mm256_set1_epi8(0x03);
     let mut acc = _mm256_setzero_ps();
     for (b, xq, dx, bs) in k_blocks!(row, 210, x) {
-        let sc: [i8; 16] = core::array::from_fn(|g| b[192 + g] as i8);
-        let mut corr = 0i32;
-        for g in 0..16 {
-            corr += sc[g] as i32 * bs[g] as i32;
-        }
-        let mut sumi = lane0(-32 * corr);
+        prefetch_ahead(b.as_ptr());
+        let sc = ld16(&b[192..]);
+        let bsums = _mm256_loadu_si256(bs.first_chunk::<16>().expect("16 bsums").as_ptr().cast());
+        let corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc), bsums);
+        let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
         for h in 0..2 {
             let ql0 = ld32(&b[h * 64..]);
             let ql1 = ld32(&b[h * 64 + 32..]);
@@ -406,8 +632,26 @@ unsafe fn q6_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
                 let hb =
                     _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s as i32)), m2);
                 let q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-                let g = h * 8 + 2 * s;
-                let scv = scales2(sc[g] as i16, sc[g + 1] as i16);
+                let g = (h * 8 + 2 * s) as i8;
+                let pair = _mm_setr_epi8(
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                );
+                let scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pair));
                 sumi = acc_scaled::<V>(sumi, q, ld32i(&xq[h * 128 + s * 32..]), scv);
             }
         }
@@ -529,6 +773,7 @@ entries! {
     q5_0, q5_0_vnni = legacy_body::<2,>(Q8_0Slice<'_>);
     q5_1, q5_1_vnni = legacy_body::<3,>(Q8_0Slice<'_>);
     q8_0, q8_0_vnni = q8_0_body::<>(Q8_0Slice<'_>);
+    q5_0_packed, q5_0_packed_vnni = q5_0_packed_body::<>(Q8_0Slice<'_>);
     q2_k, q2_k_vnni = q2_k_body::<>(Q8KSlice<'_>);
     q3_k, q3_k_vnni = q3_k_body::<>(Q8KSlice<'_>);
     q4_k, q4_k_vnni = q4_k_body::<>(Q8KSlice<'_>);

@@ -68,6 +68,7 @@ mod avx2_entries {
         i_q5_0 = avx2::q5_0: (r: &[u8], x: Q8_0Slice<'_>);
         i_q5_1 = avx2::q5_1: (r: &[u8], x: Q8_0Slice<'_>);
         i_q8_0 = avx2::q8_0: (r: &[u8], x: Q8_0Slice<'_>);
+        i_q5_0_packed = avx2::q5_0_packed: (r: &[u8], x: Q8_0Slice<'_>);
         i_q2_k = avx2::q2_k: (r: &[u8], x: Q8KSlice<'_>);
         i_q3_k = avx2::q3_k: (r: &[u8], x: Q8KSlice<'_>);
         i_q4_k = avx2::q4_k: (r: &[u8], x: Q8KSlice<'_>);
@@ -88,6 +89,7 @@ mod avx2_entries {
             dequantize,
             dot,
             dot_q8,
+            packed: false,
         }
     }
 
@@ -163,9 +165,19 @@ mod avx2_entries {
             Some(Q8Dot::Q8K(i_q8_k)),
         ),
     ];
+
+    /// Kernels for rows in the packed layout (`crate::packed`).
+    pub(crate) static PACKED: &[Kernels] = &[Kernels {
+        ty: GgmlType::Q5_0,
+        level: LEVEL,
+        dequantize: crate::packed::q5_0_dequantize,
+        dot: crate::packed::q5_0_dot,
+        dot_q8: Some(Q8Dot::Q8_0(i_q5_0_packed)),
+        packed: true,
+    }];
 }
 
-pub(crate) use avx2_entries::TABLE as AVX2;
+pub(crate) use avx2_entries::{PACKED as PACKED_AVX2, TABLE as AVX2};
 
 mod avx512_entries {
     use super::*;
@@ -190,6 +202,7 @@ mod avx512_entries {
         i_q5_0 = avx512::q5_0: (r: &[u8], x: Q8_0Slice<'_>);
         i_q5_1 = avx2::q5_1_vnni: (r: &[u8], x: Q8_0Slice<'_>);
         i_q8_0 = avx512::q8_0: (r: &[u8], x: Q8_0Slice<'_>);
+        i_q5_0_packed = avx2::q5_0_packed_vnni: (r: &[u8], x: Q8_0Slice<'_>);
         i_q2_k = avx2::q2_k_vnni: (r: &[u8], x: Q8KSlice<'_>);
         i_q3_k = avx2::q3_k_vnni: (r: &[u8], x: Q8KSlice<'_>);
         i_q4_k = avx2::q4_k_vnni: (r: &[u8], x: Q8KSlice<'_>);
@@ -209,6 +222,7 @@ mod avx512_entries {
             dequantize,
             dot,
             dot_q8,
+            packed: false,
         }
     }
 
@@ -284,6 +298,16 @@ mod avx512_entries {
             Some(Q8Dot::Q8K(i_q8_k)),
         ),
     ];
+
+    /// Kernels for rows in the packed layout (`crate::packed`).
+    pub(crate) static PACKED: &[Kernels] = &[Kernels {
+        ty: GgmlType::Q5_0,
+        level: LEVEL,
+        dequantize: crate::packed::q5_0_dequantize,
+        dot: crate::packed::q5_0_dot,
+        dot_q8: Some(Q8Dot::Q8_0(i_q5_0_packed)),
+        packed: true,
+    }];
 }
 
-pub(crate) use avx512_entries::TABLE as AVX512;
+pub(crate) use avx512_entries::{PACKED as PACKED_AVX512, TABLE as AVX512};

@@ -5,8 +5,9 @@
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use sparrow_gguf::{GgufFile, TensorInfo};
-use sparrow_quant::{GgmlType, QMatrix};
+use sparrow_quant::{packed, GgmlType, QMatrix};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// A weight matrix (rows × cols) stored in the file, plus an optional f32 bias.
 #[derive(Clone, Debug)]
@@ -17,18 +18,68 @@ pub struct Linear {
     pub rows: usize,
     pub cols: usize,
     pub bias: Option<Vec<f32>>,
+    /// The matrix copied into RAM for decode (see [`Weights::repack`]) and read instead of
+    /// the file: in sparrow's packed layout for the types that have one, else as stored.
+    pub in_ram: Option<Arc<memmap2::Mmap>>,
 }
 
+/// Rows copied per step of [`Linear::repack`] before their pages of the file mapping are
+/// released, so loading never holds a whole large matrix twice.
+const REPACK_CHUNK_BYTES: usize = 8 << 20;
+
 impl Linear {
-    /// The matrix as a view over the file image `file_bytes`.
-    pub fn matrix<'a>(&self, file_bytes: &'a [u8]) -> QMatrix<'a> {
-        QMatrix::new(
-            self.ty,
-            &file_bytes[self.bytes.clone()],
-            self.rows,
-            self.cols,
-        )
+    /// The matrix as a view over its copy in RAM, or else over the file image `file_bytes`.
+    pub fn matrix<'a>(&'a self, file_bytes: &'a [u8]) -> QMatrix<'a> {
+        match &self.in_ram {
+            Some(p) if packed::is_packable(self.ty) => {
+                QMatrix::new_packed(self.ty, p, self.rows, self.cols)
+            }
+            Some(p) => QMatrix::new(self.ty, p, self.rows, self.cols),
+            None => QMatrix::new(
+                self.ty,
+                &file_bytes[self.bytes.clone()],
+                self.rows,
+                self.cols,
+            ),
+        }
         .expect("shape was validated when the model was loaded")
+    }
+
+    /// Copies this matrix into RAM (packed if its type has a packed layout), releasing its
+    /// pages of the file mapping as it goes unless `keep_mapped`; the bytes copied.
+    fn repack(&mut self, file: &GgufFile, keep_mapped: bool) -> Result<usize> {
+        let src = &file.bytes()[self.bytes.clone()];
+        if self.in_ram.is_some() || self.rows == 0 || src.is_empty() {
+            return Ok(0);
+        }
+        let cannot =
+            |e: String| Error::Other(format!("tensor '{}': cannot repack: {e}", self.name));
+        // Anonymous memory asked for huge pages: decode streams every byte once per token,
+        // and 2 MiB pages spare the TLB misses of 4 KiB ones and let the hardware prefetcher
+        // run on across page boundaries (on Linux with transparent huge pages on `madvise`;
+        // measured: decode ~5-8% faster than reading the same bytes from the file mapping).
+        let mut dst = memmap2::MmapOptions::new()
+            .len(src.len())
+            .map_anon()
+            .map_err(|e| cannot(e.to_string()))?;
+        #[cfg(target_os = "linux")]
+        let _ = dst.advise(memmap2::Advice::HugePage);
+        let row_bytes = src.len() / self.rows;
+        let chunk = REPACK_CHUNK_BYTES.div_ceil(row_bytes).max(1) * row_bytes;
+        for (i, (s, d)) in src.chunks(chunk).zip(dst.chunks_mut(chunk)).enumerate() {
+            if packed::is_packable(self.ty) {
+                packed::pack_rows(self.ty, s, row_bytes, d).map_err(|e| cannot(e.to_string()))?;
+            } else {
+                d.copy_from_slice(s);
+            }
+            if !keep_mapped {
+                let start = self.bytes.start + i * chunk;
+                file.release(start..start + s.len());
+            }
+        }
+        let dst = dst.make_read_only().map_err(|e| cannot(e.to_string()))?;
+        self.in_ram = Some(Arc::new(dst));
+        Ok(src.len())
     }
 }
 
@@ -94,6 +145,7 @@ fn linear_from(info: &TensorInfo, rows: usize, cols: usize) -> Result<Linear> {
         rows,
         cols,
         bias: None,
+        in_ram: None,
     };
     Ok(lin)
 }
@@ -158,5 +210,30 @@ impl Weights {
             layers,
             output,
         })
+    }
+
+    /// Copies every matrix the decoder multiplies (not the embedding table, of which one
+    /// row per token is read) into RAM for decode: Q5_0 in sparrow's packed layout
+    /// ([`sparrow_quant::packed`]), other types as stored, in memory asked for huge pages;
+    /// their pages of the file mapping are released as they are copied, so resident memory
+    /// stays about the same. Returns the bytes copied.
+    pub fn repack(&mut self, file: &GgufFile) -> Result<usize> {
+        let mut total = 0;
+        for l in &mut self.layers {
+            for w in [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ] {
+                total += w.repack(file, false)?;
+            }
+        }
+        // A tied output is the embedding table, whose rows are still read from the file.
+        let tied = self.output.bytes == self.token_embd.bytes;
+        Ok(total + self.output.repack(file, tied)?)
     }
 }
