@@ -109,6 +109,15 @@ impl<'a> QMatrix<'a> {
         self.kernels_at(SimdLevel::active())
     }
 
+    /// The row kernel a product with `acts` uses on this matrix.
+    fn dot(&self, acts: Acts) -> Result<Dot, QuantError> {
+        let k = self.kernels()?;
+        Ok(match (acts, k.dot_q8) {
+            (Acts::Int8, Some(q)) => Dot::Int8(q),
+            _ => Dot::F32(k.dot),
+        })
+    }
+
     /// The block format of the elements.
     pub fn ty(&self) -> GgmlType {
         self.ty
@@ -193,14 +202,6 @@ enum Acts {
     F32,
 }
 
-/// One parallel task of [`matvec_multi`]: rows `first..first + out.len()` of matrix
-/// `matrix`.
-struct RowTask<'o> {
-    matrix: usize,
-    first: usize,
-    out: &'o mut [f32],
-}
-
 fn matvec_multi_with(
     ms: &[QMatrix<'_>],
     x: &[f32],
@@ -208,60 +209,55 @@ fn matvec_multi_with(
     acts: Acts,
 ) -> Result<(), QuantError> {
     check_len("outputs", ms.len(), outs.len())?;
-    let mut kernels = Vec::with_capacity(ms.len());
+    let (mut uses_q8_0, mut uses_q8k) = (false, false);
     for (m, out) in ms.iter().zip(outs.iter()) {
         check_len("x", m.cols, x.len())?;
         check_len("out", m.rows, out.len())?;
-        let k = m.kernels()?;
-        kernels.push(
-            match acts {
-                Acts::Int8 => k.dot_q8,
-                Acts::F32 => None,
-            }
-            .map_or(Dot::F32(k.dot), Dot::Int8),
-        );
-    }
-    let mut tasks = Vec::new();
-    for (i, (m, out)) in ms.iter().zip(outs.iter_mut()).enumerate() {
-        let chunk = m.rows_per_task(1);
-        for (c, o) in out.chunks_mut(chunk).enumerate() {
-            tasks.push(RowTask {
-                matrix: i,
-                first: c * chunk,
-                out: o,
-            });
+        if let Dot::Int8(q) = m.dot(acts)? {
+            uses_q8_0 |= q.act_type() == GgmlType::Q8_0;
+            uses_q8k |= q.act_type() == GgmlType::Q8_K;
         }
     }
     with_scratch(|s| {
-        let uses = |act: GgmlType| {
-            kernels
-                .iter()
-                .any(|k| matches!(k, Dot::Int8(q) if q.act_type() == act))
-        };
-        if uses(GgmlType::Q8_0) {
+        if uses_q8_0 {
             s.0.quantize_from(x);
         }
-        if uses(GgmlType::Q8_K) {
+        if uses_q8k {
             s.1.quantize_from(x);
         }
         let (a0, ak) = (s.0.as_slice(), s.1.as_slice());
-        let run = |t: RowTask<'_>| {
-            let m = &ms[t.matrix];
+        // Rows `first..first + out.len()` of `m`.
+        let run = |m: &QMatrix<'_>, first: usize, out: &mut [f32]| {
             let row = |j: usize| {
-                let r = t.first + j;
+                let r = first + j;
                 &m.data[r * m.row_bytes..(r + 1) * m.row_bytes]
             };
-            let out = t.out.iter_mut().enumerate();
-            match kernels[t.matrix] {
+            let out = out.iter_mut().enumerate();
+            match m.dot(acts).expect("kernels resolved above") {
                 Dot::Int8(Q8Dot::Q8_0(f)) => out.for_each(|(j, v)| *v = f(row(j), a0)),
                 Dot::Int8(Q8Dot::Q8K(f)) => out.for_each(|(j, v)| *v = f(row(j), ak)),
                 Dot::F32(f) => out.for_each(|(j, v)| *v = f(row(j), x)),
             }
         };
-        if tasks.len() == 1 {
-            tasks.into_iter().for_each(run);
-        } else {
-            tasks.into_par_iter().for_each(run);
+        // Each matrix in ~32 KiB chunks of rows, all of them one parallel pass (nested
+        // rayon iterators: no task list is allocated); a single small matrix stays on the
+        // calling thread.
+        let chunked = |m: &QMatrix<'_>, out: &mut [f32]| {
+            let chunk = m.rows_per_task(1);
+            if m.rows <= chunk {
+                run(m, 0, out);
+            } else {
+                out.par_chunks_mut(chunk)
+                    .enumerate()
+                    .for_each(|(c, o)| run(m, c * chunk, o));
+            }
+        };
+        match (ms, outs) {
+            ([m], [out]) => chunked(m, out),
+            (ms, outs) => ms
+                .par_iter()
+                .zip(outs.par_iter_mut())
+                .for_each(|(m, out)| chunked(m, out)),
         }
     });
     Ok(())
