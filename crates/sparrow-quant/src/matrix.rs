@@ -226,14 +226,14 @@ fn matvec_multi_with(
             s.1.quantize_from(x);
         }
         let (a0, ak) = (s.0.as_slice(), s.1.as_slice());
-        // Rows `first..first + out.len()` of `m`.
-        let run = |m: &QMatrix<'_>, first: usize, out: &mut [f32]| {
+        // Rows `first..first + out.len()` of `m`, with its row kernel `dot`.
+        let run = |m: &QMatrix<'_>, dot: Dot, first: usize, out: &mut [f32]| {
             let row = |j: usize| {
                 let r = first + j;
                 &m.data[r * m.row_bytes..(r + 1) * m.row_bytes]
             };
             let out = out.iter_mut().enumerate();
-            match m.dot(acts).expect("kernels resolved above") {
+            match dot {
                 Dot::Int8(Q8Dot::Q8_0(f)) => out.for_each(|(j, v)| *v = f(row(j), a0)),
                 Dot::Int8(Q8Dot::Q8K(f)) => out.for_each(|(j, v)| *v = f(row(j), ak)),
                 Dot::F32(f) => out.for_each(|(j, v)| *v = f(row(j), x)),
@@ -243,13 +243,14 @@ fn matvec_multi_with(
         // rayon iterators: no task list is allocated); a single small matrix stays on the
         // calling thread.
         let chunked = |m: &QMatrix<'_>, out: &mut [f32]| {
+            let dot = m.dot(acts).expect("kernels resolved above");
             let chunk = m.rows_per_task(1);
             if m.rows <= chunk {
-                run(m, 0, out);
+                run(m, dot, 0, out);
             } else {
                 out.par_chunks_mut(chunk)
                     .enumerate()
-                    .for_each(|(c, o)| run(m, c * chunk, o));
+                    .for_each(|(c, o)| run(m, dot, c * chunk, o));
             }
         };
         match (ms, outs) {

@@ -28,7 +28,7 @@
 //! (the scalar reference [`q5_0_dot_q8`] equals [`crate::q8::q5_0`] bit for bit).
 
 use crate::formats::{legacy, BlockFormat};
-use crate::q8::{legacy_ints, Q8_0Slice, Q8_0_BLOCK};
+use crate::q8::{add_legacy_block, Q8_0Slice, Q8_0_BLOCK};
 use crate::{GgmlType, QuantError};
 use rayon::prelude::*;
 
@@ -229,14 +229,12 @@ pub(crate) fn q5_0_dot(row: &[u8], x: &[f32]) -> f32 {
 /// [`crate::q8::q5_0`] on the unpacked row bit for bit (same integer sums, same order of
 /// the f32 operations).
 pub fn q5_0_dot_q8(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    let blocks = x.d.len().min(x.qs.len() / Q8_0_BLOCK);
+    let blocks = x.d.len().min(x.sum.len()).min(x.qs.len() / Q8_0_BLOCK);
     let mut acc = 0f32;
     for_each_block(row, |k, b| {
         if k < blocks {
-            let w = legacy_ints(GgmlType::Q5_0, b);
             let xq = &x.qs[k * Q8_0_BLOCK..(k + 1) * Q8_0_BLOCK];
-            let isum: i32 = w.q.iter().zip(xq).map(|(&a, &c)| a as i32 * c as i32).sum();
-            acc += (w.d * x.d[k]) * isum as f32;
+            add_legacy_block(&mut acc, GgmlType::Q5_0, b, xq, x.d[k], x.sum[k]);
         }
     });
     acc

@@ -361,14 +361,21 @@ fn legacy_dot<const TY: u8>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
         .zip(x.d)
         .zip(x.sum)
     {
-        let w = legacy_ints(ty, b);
-        let isum: i32 = w.q.iter().zip(xq).map(|(&a, &c)| a as i32 * c as i32).sum();
-        acc += (w.d * dx) * isum as f32;
-        if TY == 1 || TY == 3 {
-            acc += w.m * (dx * sx as f32);
-        }
+        add_legacy_block(&mut acc, ty, b, xq, dx, sx);
     }
     acc
+}
+
+/// Adds one legacy block's int8 dot (block bytes `b` of format `ty`, activation quants
+/// `xq` with scale `dx` and sum `sx`) to `acc`: the scalar reference's per-block step,
+/// shared with the packed layout's reference (`crate::packed`).
+pub(crate) fn add_legacy_block(acc: &mut f32, ty: GgmlType, b: &[u8], xq: &[i8], dx: f32, sx: i32) {
+    let w = legacy_ints(ty, b);
+    let isum: i32 = w.q.iter().zip(xq).map(|(&a, &c)| a as i32 * c as i32).sum();
+    *acc += (w.d * dx) * isum as f32;
+    if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        *acc += w.m * (dx * sx as f32);
+    }
 }
 
 const fn legacy_ty(t: u8) -> GgmlType {
