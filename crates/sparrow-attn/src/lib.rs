@@ -45,6 +45,7 @@
 mod cache;
 mod element;
 mod error;
+pub mod kernel;
 mod pattern;
 pub mod policy;
 mod simd;

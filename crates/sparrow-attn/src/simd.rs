@@ -56,21 +56,11 @@ fn check_rows(len: usize, stride: usize, dim: usize, rows: Rows<'_>) {
     }
 }
 
+/// Whether the AVX2 kernels run: the attention level chosen once for the process
+/// ([`crate::kernel::Level::active`], capped by `SPARROW_SIMD`).
 #[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    static STATE: AtomicU8 = AtomicU8::new(0); // 0 unknown, 1 no, 2 yes
-    match STATE.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            let yes = is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c");
-            STATE.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
-            yes
-        }
-    }
+    crate::kernel::Level::active() == crate::kernel::Level::Avx2
 }
 
 /// Name of the kernel set in use ("avx2+fma+f16c" or "scalar").
@@ -278,6 +268,7 @@ pub(crate) mod avx2 {
     #![allow(clippy::needless_range_loop)] // index loops mirror the pointer arithmetic
     use super::Rows;
     use crate::element::{ElemKind, KvElement};
+    use crate::kernel::avx2::exp8;
     use core::arch::x86_64::*;
 
     /// Load 8 elements at `p` as f32.
@@ -674,37 +665,6 @@ pub(crate) mod avx2 {
             );
             r0 += 1;
         }
-    }
-
-    /// `exp(x)` for 8 lanes: Cody-Waite range reduction and a degree-6 polynomial
-    /// (Cephes `expf` coefficients); lanes below -87.3 (including -inf) give 0.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn exp8(x: __m256) -> __m256 {
-        let keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3), _CMP_GE_OQ);
-        let x = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
-            _mm256_set1_ps(88.0),
-        );
-        let n = _mm256_round_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(core::f32::consts::LOG2_E)),
-            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
-        );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_2e-3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.166_666_65));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
-        let r2 = _mm256_mul_ps(r, r);
-        let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
-        let e = _mm256_slli_epi32(
-            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
-            23,
-        );
-        _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep)
     }
 
     /// See [`super::exp_sub_sum`].

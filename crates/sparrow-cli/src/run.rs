@@ -201,8 +201,8 @@ pub fn run(a: RunArgs) -> Result<(), String> {
     );
     eprintln!(
         "KV cache: {}, {} bytes per token",
-        state.kv.types(),
-        thousands(state.kv.bytes_per_token())
+        state.kv().types(),
+        thousands(state.kv().bytes_per_token())
     );
     if let Some(m) = crate::memory::memory_report() {
         eprintln!(

@@ -12,6 +12,7 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use sparrow_attn::kernel::KvSource;
 
 /// Element type of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -93,79 +94,22 @@ impl std::fmt::Display for KvTypes {
     }
 }
 
-/// Values per Q8_0 block.
-pub const QK8_0: usize = 32;
-/// Bytes of one Q8_0 block (f16 scale + 32 quants).
-pub const BLOCK_Q8_0_BYTES: usize = 2 + QK8_0;
+pub use sparrow_attn::kernel::{BlockQ8_0, KvRows, BLOCK_Q8_0_BYTES, QK8_0};
 
-/// One Q8_0 block, laid out as ggml's `block_q8_0`: value `i` is `qs[i] * d`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct BlockQ8_0 {
-    pub d: f16,
-    pub qs: [i8; QK8_0],
+fn block_to_bytes(b: &BlockQ8_0, out: &mut Vec<u8>) {
+    out.extend_from_slice(&b.d.to_le_bytes());
+    out.extend(b.qs.iter().map(|&q| q as u8));
 }
 
-const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == BLOCK_Q8_0_BYTES);
-
-impl BlockQ8_0 {
-    const ZERO: BlockQ8_0 = BlockQ8_0 {
-        d: f16::ZERO,
-        qs: [0; QK8_0],
-    };
-
-    /// Quantize 32 values as ggml does (`d = max|x| / 127`, quants rounded to nearest),
-    /// except that the quants are computed against the f16-rounded scale that is stored, so
-    /// every finite element is within `d / 2` of its value (ggml divides by the f32 scale,
-    /// which can add up to 127 · the f16 rounding of `d`).
-    pub fn quantize(x: &[f32]) -> BlockQ8_0 {
-        assert_eq!(x.len(), QK8_0, "a Q8_0 block holds 32 values");
-        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let mut d = f16::from_f32(amax / 127.0);
-        if d.is_infinite() {
-            d = f16::MAX;
-        }
-        let df = d.to_f32();
-        let id = if df != 0.0 { 1.0 / df } else { 0.0 };
-        let mut qs = [0i8; QK8_0];
-        for (q, &v) in qs.iter_mut().zip(x) {
-            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
-        }
-        BlockQ8_0 { d, qs }
+fn block_from_bytes(b: &[u8]) -> BlockQ8_0 {
+    let mut qs = [0i8; QK8_0];
+    for (q, &x) in qs.iter_mut().zip(&b[2..BLOCK_Q8_0_BYTES]) {
+        *q = x as i8;
     }
-
-    /// The 32 values (`qs[i] * d` in f32, one rounding).
-    pub fn dequantize(&self, dst: &mut [f32]) {
-        let d = self.d.to_f32();
-        for (o, &q) in dst[..QK8_0].iter_mut().zip(&self.qs) {
-            *o = q as f32 * d;
-        }
+    BlockQ8_0 {
+        d: f16::from_le_bytes([b[0], b[1]]),
+        qs,
     }
-
-    fn to_bytes(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.d.to_le_bytes());
-        out.extend(self.qs.iter().map(|&q| q as u8));
-    }
-
-    fn from_bytes(b: &[u8]) -> BlockQ8_0 {
-        let mut qs = [0i8; QK8_0];
-        for (q, &x) in qs.iter_mut().zip(&b[2..BLOCK_Q8_0_BYTES]) {
-            *q = x as i8;
-        }
-        BlockQ8_0 {
-            d: f16::from_le_bytes([b[0], b[1]]),
-            qs,
-        }
-    }
-}
-
-/// A run of cache rows borrowed in the cache's element type. For Q8_0 the slice holds
-/// `kv_dim / 32` blocks per row.
-#[derive(Clone, Copy, Debug)]
-pub enum KvRows<'a> {
-    F16(&'a [f16]),
-    F32(&'a [f32]),
-    Q8_0(&'a [BlockQ8_0]),
 }
 
 enum Store {
@@ -175,12 +119,15 @@ enum Store {
 }
 
 impl Store {
-    /// `len` elements (a multiple of 32 for Q8_0).
+    /// `len` elements (a multiple of 32 for Q8_0), zeroed by the allocator
+    /// (`alloc_zeroed`): the OS maps zero pages lazily, so nothing is committed until a
+    /// position is written. (`vec![f16::ZERO; n]` would write every element: `-c 32768`
+    /// committed 384 MiB at start.)
     fn new(ty: KvType, len: usize) -> Self {
         match ty {
-            KvType::F16 => Store::F16(vec![f16::ZERO; len]),
-            KvType::F32 => Store::F32(vec![0.0; len]),
-            KvType::Q8_0 => Store::Q8_0(vec![BlockQ8_0::ZERO; len / QK8_0]),
+            KvType::F16 => Store::F16(bytemuck::zeroed_vec(len)),
+            KvType::F32 => Store::F32(bytemuck::zeroed_vec(len)),
+            KvType::Q8_0 => Store::Q8_0(bytemuck::zeroed_vec(len / QK8_0)),
         }
     }
 
@@ -239,7 +186,7 @@ impl Store {
                 .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Store::Q8_0(v) => v[r.start / QK8_0..r.end / QK8_0]
                 .iter()
-                .for_each(|b| b.to_bytes(out)),
+                .for_each(|b| block_to_bytes(b, out)),
         }
     }
 
@@ -261,7 +208,7 @@ impl Store {
                     .iter_mut()
                     .zip(src.chunks_exact(BLOCK_Q8_0_BYTES))
                 {
-                    *d = BlockQ8_0::from_bytes(c);
+                    *d = block_from_bytes(c);
                 }
             }
         }
@@ -424,6 +371,12 @@ impl KvCache {
         self.v.rows(self.span(layer, start, n))
     }
 
+    /// One layer's rows as a [`KvSource`] for the attention kernels.
+    pub fn layer(&self, layer: usize) -> LayerRows<'_> {
+        assert!(layer < self.n_layer, "KV layer out of range");
+        LayerRows { cache: self, layer }
+    }
+
     fn span(&self, layer: usize, start: usize, n: usize) -> std::ops::Range<usize> {
         assert!(
             layer < self.n_layer && start + n <= self.n_ctx,
@@ -441,6 +394,25 @@ impl KvCache {
     /// Bytes held for keys and values.
     pub fn bytes(&self) -> usize {
         self.n_ctx * self.bytes_per_token()
+    }
+}
+
+/// One layer of a [`KvCache`], read by the attention kernels.
+#[derive(Clone, Copy)]
+pub struct LayerRows<'a> {
+    cache: &'a KvCache,
+    layer: usize,
+}
+
+impl KvSource for LayerRows<'_> {
+    fn kv_dim(&self) -> usize {
+        self.cache.kv_dim
+    }
+    fn key_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+        self.cache.key_rows(self.layer, start, n)
+    }
+    fn value_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+        self.cache.value_rows(self.layer, start, n)
     }
 }
 

@@ -2,7 +2,6 @@
 //! a KV cache behind an attention seam, samples, and renders chat templates.
 
 pub mod attention;
-pub mod attention_simd;
 pub mod chat;
 pub mod engine;
 pub mod error;

@@ -137,7 +137,7 @@ pub fn encode(
             state.n_past()
         )));
     }
-    let kv = &state.kv;
+    let kv = state.kv();
     let mut out = Vec::with_capacity(HEADER + 4 * n + kv.prefix_bytes(n) + 32);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -276,7 +276,7 @@ pub fn load(path: &Path, model: &Model, state: &State) -> Result<PromptCache, Pr
         path: path.display().to_string(),
         source,
     })?;
-    let kv = &state.kv;
+    let kv = state.kv();
     decode(
         &bytes,
         &model_fingerprint(model),
@@ -307,13 +307,13 @@ impl PromptCache {
                 "cannot restore {n} of {total} tokens"
             )));
         }
-        if state.kv.types() != self.kv_types {
+        if state.kv().types() != self.kv_types {
             return Err(PromptCacheError::CacheType {
                 file: self.kv_types.to_string(),
-                want: state.kv.types().to_string(),
+                want: state.kv().types().to_string(),
             });
         }
-        if state.kv.n_layer() != self.n_layer || state.kv.kv_dim() != self.kv_dim {
+        if state.kv().n_layer() != self.n_layer || state.kv().kv_dim() != self.kv_dim {
             return Err(PromptCacheError::Other(
                 "state does not match the cache".into(),
             ));
@@ -333,11 +333,7 @@ impl PromptCache {
             at += total * rv;
         }
         state
-            .kv
             .import_prefix(n, &sel)
-            .map_err(PromptCacheError::Other)?;
-        state
-            .set_n_past(n)
             .map_err(|e| PromptCacheError::Other(e.to_string()))
     }
 }
@@ -366,13 +362,13 @@ mod tests {
         let toks: Vec<u32> = (0..10).map(|i| i * 7 % 256).collect();
         m.forward(&mut st, &toks, Logits::None).unwrap();
         let img = encode(&fp, &st, &toks).unwrap();
-        let (l, w) = (st.kv.n_layer(), st.kv.kv_dim());
+        let (l, w) = (st.kv().n_layer(), st.kv().kv_dim());
         let pc = decode(&img, &fp, KvType::F16, l, w, 64).unwrap();
         assert_eq!(pc.tokens, toks);
         let mut st2 = m.new_state(64, KvType::F16).unwrap();
         pc.restore(&mut st2, 6).unwrap();
         assert_eq!(st2.n_past(), 6);
-        assert_eq!(st2.kv.export_prefix(6), st.kv.export_prefix(6));
+        assert_eq!(st2.kv().export_prefix(6), st.kv().export_prefix(6));
 
         let err = |b: &[u8]| {
             decode(b, &fp, KvType::F16, l, w, 64)
@@ -447,11 +443,15 @@ mod tests {
                 let mut st = m.new_state(64, types).unwrap();
                 m.forward(&mut st, &toks, Logits::None).unwrap();
                 let img = encode(&fp, &st, &toks[..10]).unwrap();
-                let (l, w) = (st.kv.n_layer(), st.kv.kv_dim());
+                let (l, w) = (st.kv().n_layer(), st.kv().kv_dim());
                 let pc = decode(&img, &fp, types, l, w, 64).unwrap();
                 let mut st2 = m.new_state(64, types).unwrap();
                 pc.restore(&mut st2, 7).unwrap();
-                assert_eq!(st2.kv.export_prefix(7), st.kv.export_prefix(7), "{types}");
+                assert_eq!(
+                    st2.kv().export_prefix(7),
+                    st.kv().export_prefix(7),
+                    "{types}"
+                );
                 // Same cached prefix, same next logits.
                 let mut st3 = m.new_state(64, types).unwrap();
                 m.forward(&mut st3, &toks[..7], Logits::None).unwrap();
@@ -495,11 +495,11 @@ mod tests {
         img[45] = 0; // in version 2 this would say "f16 values"
         let sum: [u8; 32] = Sha256::digest(&img[..body]).into();
         img[body..].copy_from_slice(&sum);
-        let (l, w) = (st.kv.n_layer(), st.kv.kv_dim());
+        let (l, w) = (st.kv().n_layer(), st.kv().kv_dim());
         let pc = decode(&img, &fp, KvType::F32, l, w, 64).unwrap();
         let mut st2 = m.new_state(64, KvType::F32).unwrap();
         pc.restore(&mut st2, 12).unwrap();
-        assert_eq!(st2.kv.export_prefix(12), st.kv.export_prefix(12));
+        assert_eq!(st2.kv().export_prefix(12), st.kv().export_prefix(12));
         let e = decode(&img, &fp, KvTypes::new(KvType::F32, KvType::F16), l, w, 64)
             .err()
             .unwrap()

@@ -17,7 +17,7 @@
 use crate::attention::{attend_group, AttentionBackend, AttnShape, DenseAttention};
 use crate::kv_cache::KvCache;
 use rayon::prelude::*;
-use sparrow_attn::policy::{upper_bound_score, KeysView};
+use sparrow_attn::policy::{key_bounds, upper_bound_score, KeysView};
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -105,14 +105,9 @@ impl QuestAttention {
             cache.read_keys(layer, p * page, &mut keys);
             let lo = &mut pages.min[p * kv_dim..(p + 1) * kv_dim];
             let hi = &mut pages.max[p * kv_dim..(p + 1) * kv_dim];
-            lo.copy_from_slice(&keys[..kv_dim]);
-            hi.copy_from_slice(&keys[..kv_dim]);
-            for row in keys.chunks_exact(kv_dim).skip(1) {
-                for ((l, h), &x) in lo.iter_mut().zip(hi.iter_mut()).zip(row) {
-                    *l = l.min(x);
-                    *h = h.max(x);
-                }
-            }
+            lo.fill(f32::INFINITY);
+            hi.fill(f32::NEG_INFINITY);
+            key_bounds(&keys, kv_dim, lo, hi);
         }
         pages.pages = complete;
     }
@@ -284,29 +279,11 @@ impl AttentionBackend for QuestAttention {
         pages.pages = block + 1;
         pages.min.resize((block + 1) * kv_dim, 0.0);
         pages.max.resize((block + 1) * kv_dim, 0.0);
-        let hd = keys.head_dim();
-        let lo = &mut pages.min[block * kv_dim..(block + 1) * kv_dim];
+        let span = block * kv_dim..(block + 1) * kv_dim;
+        let (lo, hi) = (&mut pages.min[span.clone()], &mut pages.max[span]);
         lo.fill(f32::INFINITY);
-        for r in 0..keys.rows() {
-            for h in 0..keys.kv_heads() {
-                let k = keys.key(r, h);
-                lo[h * hd..(h + 1) * hd]
-                    .iter_mut()
-                    .zip(k)
-                    .for_each(|(l, &x)| *l = l.min(x));
-            }
-        }
-        let hi = &mut pages.max[block * kv_dim..(block + 1) * kv_dim];
         hi.fill(f32::NEG_INFINITY);
-        for r in 0..keys.rows() {
-            for h in 0..keys.kv_heads() {
-                let k = keys.key(r, h);
-                hi[h * hd..(h + 1) * hd]
-                    .iter_mut()
-                    .zip(k)
-                    .for_each(|(m, &x)| *m = m.max(x));
-            }
-        }
+        key_bounds(keys.as_slice(), kv_dim, lo, hi);
     }
 
     fn forget_from(&self, pos: usize) {

@@ -8,7 +8,7 @@
 
 mod quest;
 
-pub use quest::{upper_bound_score, BlockBounds, Quest, QuestConfig};
+pub use quest::{key_bounds, upper_bound_score, BlockBounds, Quest, QuestConfig};
 
 use crate::error::{AttnError, Result};
 
@@ -87,6 +87,11 @@ impl<'a> KeysView<'a> {
     /// Size of one head.
     pub fn head_dim(&self) -> usize {
         self.head_dim
+    }
+
+    /// All keys, `rows × kv_heads × head_dim`, row-major.
+    pub fn as_slice(&self) -> &'a [f32] {
+        self.keys
     }
 
     /// Key of `row` for `kv_head`.

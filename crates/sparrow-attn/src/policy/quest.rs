@@ -21,16 +21,7 @@ impl BlockBounds {
         let width = keys.kv_heads() * keys.head_dim();
         let mut min = vec![f32::INFINITY; width];
         let mut max = vec![f32::NEG_INFINITY; width];
-        for row in 0..keys.rows() {
-            for h in 0..keys.kv_heads() {
-                let k = keys.key(row, h);
-                let base = h * keys.head_dim();
-                for (d, &x) in k.iter().enumerate() {
-                    min[base + d] = min[base + d].min(x);
-                    max[base + d] = max[base + d].max(x);
-                }
-            }
-        }
+        key_bounds(keys.as_slice(), width, &mut min, &mut max);
         BlockBounds {
             head_dim: keys.head_dim(),
             min,
@@ -42,6 +33,18 @@ impl BlockBounds {
     pub fn score(&self, kv_head: usize, q: &[f32]) -> f32 {
         let r = kv_head * self.head_dim..(kv_head + 1) * self.head_dim;
         upper_bound_score(q, &self.min[r.clone()], &self.max[r])
+    }
+}
+
+/// Widen the element-wise bounds `min`/`max` (`width` values each) to cover every row of
+/// `rows` (row-major, `width` values per row): Quest's page summary, computed in one place
+/// for whoever builds it (at seal time or catching up from the cache).
+pub fn key_bounds(rows: &[f32], width: usize, min: &mut [f32], max: &mut [f32]) {
+    for row in rows.chunks_exact(width.max(1)) {
+        for ((l, h), &x) in min.iter_mut().zip(max.iter_mut()).zip(row) {
+            *l = l.min(x);
+            *h = h.max(x);
+        }
     }
 }
 

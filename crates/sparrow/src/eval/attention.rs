@@ -68,7 +68,7 @@ impl AttentionBackend for RecordingAttention {
 /// The model's activations at the end of a prompt: the cache with all `n_ctx` positions
 /// and, per layer, the query rows of the last `tail` positions.
 pub struct Capture {
-    /// The sequence state; `state.kv` holds positions `0..n_ctx` of every layer.
+    /// The sequence state; `state.kv()` holds positions `0..n_ctx` of every layer.
     pub state: State,
     pub shape: AttnShape,
     pub n_layer: usize,
@@ -364,7 +364,7 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
     let (phase, backend) = build_policy(&choice, cap.n_layer)?;
     let backend = backend.as_ref();
     let shape = cap.shape;
-    let kv = &cap.state.kv;
+    let kv = cap.state.kv();
     let n = cap.n_ctx;
     let kv_dim = shape.n_head_kv * shape.head_dim;
     let hd = shape.head_dim;

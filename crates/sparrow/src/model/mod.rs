@@ -61,7 +61,10 @@ pub enum Logits {
 /// Per-sequence state: the KV cache, how many positions are filled, the attention backend
 /// (a per-sequence choice, since sparse policies keep per-sequence metadata), and scratch.
 pub struct State {
-    pub kv: KvCache,
+    /// Private: everything outside the model reads it through [`State::kv`] and replaces
+    /// positions through [`State::import_prefix`], so a store that pages blocks out of RAM
+    /// can take its place without its users changing.
+    kv: KvCache,
     attention: Box<dyn AttentionBackend>,
     /// Which fixed-size blocks of each layer are sealed (the paged view of `kv`).
     blocks: BlockTable,
@@ -136,6 +139,24 @@ impl State {
 /// Prefix restore (prompt cache files, prefix reuse across requests). Added for the serving
 /// issue; nothing above depends on it.
 impl State {
+    /// The KV cache, read-only (its types and shape, exports for prompt cache files,
+    /// evaluation).
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Replace positions `0..n` with `bytes` made by [`KvCache::export_prefix`] on a cache of
+    /// the same types and shape, and continue from position `n`.
+    pub fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<()> {
+        if n > self.n_ctx() {
+            return Err(Error::ContextFull {
+                n_ctx: self.n_ctx(),
+            });
+        }
+        self.kv.import_prefix(n, bytes).map_err(Error::Other)?;
+        self.set_n_past(n)
+    }
+
     /// Declare positions `0..n` of the cache filled (after importing them into `kv`).
     pub fn set_n_past(&mut self, n: usize) -> Result<()> {
         if n > self.n_ctx() {

@@ -35,9 +35,10 @@
 //! flash kernel's SIMD score and P·V kernels over the copy, with a two-pass softmax between.
 
 use crate::attention::{AttentionBackend, AttnShape, DenseAttention};
-use crate::attention_simd::{pv, scores, Level};
 use crate::kv_cache::KvCache;
 use rayon::prelude::*;
+use sparrow_attn::kernel::tile::{pv, scores};
+use sparrow_attn::kernel::Level;
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -226,7 +227,7 @@ impl H2oAttention {
 /// kept rows of `head`, writing `out_group` and adding each position's summed probability
 /// to its score.
 ///
-/// Built from the flash kernel's SIMD score and P·V kernels ([`crate::attention_simd`])
+/// Built from the flash kernel's SIMD score and P·V kernels ([`sparrow_attn::kernel::tile`])
 /// but with a two-pass softmax, because H2O needs every key's normalised probability:
 /// scores of all kept keys, then max / exp / sum per query head, then the probabilities
 /// added to the scores and applied to the values.

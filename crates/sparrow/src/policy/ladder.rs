@@ -22,7 +22,7 @@
 //! value are the block means, not as the block's `block` keys. We do the same, so the two
 //! crates compute the same function.
 //!
-//! **How it runs.** The exact keys go through the engine's flash kernel ([`attend_unit`])
+//! **How it runs.** The exact keys go through the engine's flash kernel ([`attend_block`])
 //! with per-token key ranges: `O(log T)` ranges per token (sinks, ladder singletons, window),
 //! so prefill never builds per-token lists of `O(T)` positions. The landmarks live in a small
 //! f32 [`KvCache`] per layer (row `b` = block `b`'s mean key and mean value), so they go
@@ -34,13 +34,12 @@
 //! [`attend_batch`] over the same ranges, so a window covering everything *is* `full`, bit
 //! for bit. Layers in `dense_layers` use exact attention.
 
-use crate::attention::{
-    attend_batch, attend_unit, split_keys, union, write_merged, AttentionBackend, AttnShape,
-    DenseAttention, Partial, Unit, BLOCK_ROWS, MIN_PIECE,
-};
-use crate::attention_simd::Level;
+use crate::attention::{attend_batch, AttentionBackend, AttnShape, DenseAttention};
 use crate::kv_cache::{KvCache, KvType};
 use rayon::prelude::*;
+use sparrow_attn::kernel::{
+    attend_block, split_keys, union, write_merged, BlockPartial, Level, Unit, BLOCK_ROWS, MIN_PIECE,
+};
 use sparrow_attn::policy::KeysView;
 use std::ops::Range;
 use std::sync::Mutex;
@@ -310,13 +309,13 @@ impl LadderAttention {
                 }
             }
         }
-        let parts: Vec<Partial> = units
+        let parts: Vec<BlockPartial> = units
             .par_iter()
             .map(|(u, is_lm)| {
                 if *is_lm {
-                    attend_unit(level, shape, store, 0, q, u, &marks)
+                    attend_block(level, shape, &store.layer(0), q, u, &marks)
                 } else {
-                    attend_unit(level, shape, cache, layer, q, u, &exact)
+                    attend_block(level, shape, &cache.layer(layer), q, u, &exact)
                 }
             })
             .collect();

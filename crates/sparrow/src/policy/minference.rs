@@ -33,10 +33,12 @@
 //! Dense attention is used for layers in `dense_layers`, single-token calls, short contexts
 //! (≤ sinks + recent + 256) and budgets that cover the whole context.
 
-use crate::attention::{rows_of, AttentionBackend, AttnShape, DenseAttention};
-use crate::attention_simd::{pv, scores, softmax_tile, Level};
+use crate::attention::{AttentionBackend, AttnShape, DenseAttention};
 use crate::kv_cache::KvCache;
 use rayon::prelude::*;
+use sparrow_attn::kernel::head_rows;
+use sparrow_attn::kernel::tile::{pv, scores, softmax_tile};
+use sparrow_attn::kernel::Level;
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -472,7 +474,7 @@ impl HeadKv {
                             cache.key_rows(layer, start, n)
                         };
                         let (src, stride) =
-                            rows_of(level, rows, g * hd, cache.kv_dim(), hd, n, &mut tmp);
+                            head_rows(level, rows, g * hd, cache.kv_dim(), hd, n, &mut tmp);
                         for t in 0..n {
                             d[t * hd..(t + 1) * hd]
                                 .copy_from_slice(&src[t * stride..t * stride + hd]);

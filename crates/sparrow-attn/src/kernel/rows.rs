@@ -1,0 +1,112 @@
+//! What the tile kernel reads: runs of key or value rows in the store's element type, and
+//! the [`KvSource`] trait through which any store (the engine's cache, a tiered store, a
+//! policy's small side table of landmarks) hands them out.
+
+#[cfg(feature = "fp16")]
+use half::f16;
+
+/// Values per Q8_0 block.
+pub const QK8_0: usize = 32;
+/// Bytes of one Q8_0 block (f16 scale + 32 quants).
+pub const BLOCK_Q8_0_BYTES: usize = 2 + QK8_0;
+
+/// One Q8_0 block, laid out as ggml's `block_q8_0`: value `i` is `qs[i] * d`.
+#[cfg(feature = "fp16")]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Zeroable, bytemuck::Pod)]
+pub struct BlockQ8_0 {
+    /// Scale.
+    pub d: f16,
+    /// Quants.
+    pub qs: [i8; QK8_0],
+}
+
+#[cfg(feature = "fp16")]
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == BLOCK_Q8_0_BYTES);
+
+#[cfg(feature = "fp16")]
+impl BlockQ8_0 {
+    /// Quantize 32 values as ggml does (`d = max|x| / 127`, quants rounded to nearest),
+    /// except that the quants are computed against the f16-rounded scale that is stored, so
+    /// every finite element is within `d / 2` of its value (ggml divides by the f32 scale,
+    /// which can add up to 127 · the f16 rounding of `d`).
+    pub fn quantize(x: &[f32]) -> BlockQ8_0 {
+        assert_eq!(x.len(), QK8_0, "a Q8_0 block holds 32 values");
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let mut d = f16::from_f32(amax / 127.0);
+        if d.is_infinite() {
+            d = f16::MAX;
+        }
+        let df = d.to_f32();
+        let id = if df != 0.0 { 1.0 / df } else { 0.0 };
+        let mut qs = [0i8; QK8_0];
+        for (q, &v) in qs.iter_mut().zip(x) {
+            *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+        }
+        BlockQ8_0 { d, qs }
+    }
+
+    /// The 32 values (`qs[i] * d` in f32, one rounding).
+    pub fn dequantize(&self, dst: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (o, &q) in dst[..QK8_0].iter_mut().zip(&self.qs) {
+            *o = q as f32 * d;
+        }
+    }
+}
+
+/// A run of rows borrowed in the store's element type: `n` rows `kv_dim` values apart (for
+/// Q8_0, `kv_dim / 32` blocks apart).
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    /// f32 rows, read in place.
+    F32(&'a [f32]),
+    /// f16 rows, converted per tile (F16C on x86).
+    #[cfg(feature = "fp16")]
+    F16(&'a [f16]),
+    /// Q8_0 rows, dequantized per tile and kv head.
+    #[cfg(feature = "fp16")]
+    Q8_0(&'a [BlockQ8_0]),
+}
+
+/// Rows of keys and values addressed by position, as the tile kernel reads them. A source
+/// hands out runs of consecutive rows; a store whose rows are not all in one buffer (paged,
+/// tiered) says through [`KvSource::run_len`] how many rows from a position are contiguous,
+/// and the kernel cuts its tiles there.
+pub trait KvSource: Sync {
+    /// Values per row (kv heads × head size).
+    fn kv_dim(&self) -> usize;
+    /// Keys of positions `start..start + n`.
+    fn key_rows(&self, start: usize, n: usize) -> KvRows<'_>;
+    /// Values of positions `start..start + n`.
+    fn value_rows(&self, start: usize, n: usize) -> KvRows<'_>;
+    /// How many of the rows `start..start + max` can be borrowed as one run (≥ 1 when
+    /// `max ≥ 1`). Default: all of them.
+    fn run_len(&self, _start: usize, max: usize) -> usize {
+        max
+    }
+}
+
+/// f32 keys and values held in two row-major buffers (`rows × kv_dim` each): a policy's side
+/// table (landmarks, centroids) or a test's cache.
+#[derive(Clone, Copy, Debug)]
+pub struct F32Rows<'a> {
+    /// Keys, `rows × kv_dim`.
+    pub keys: &'a [f32],
+    /// Values, `rows × kv_dim`.
+    pub values: &'a [f32],
+    /// Values per row.
+    pub kv_dim: usize,
+}
+
+impl KvSource for F32Rows<'_> {
+    fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+    fn key_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+        KvRows::F32(&self.keys[start * self.kv_dim..(start + n) * self.kv_dim])
+    }
+    fn value_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+        KvRows::F32(&self.values[start * self.kv_dim..(start + n) * self.kv_dim])
+    }
+}
