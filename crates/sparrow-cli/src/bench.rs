@@ -7,10 +7,10 @@
 //! in llama-bench: the content does not change the cost. `--attn full,quest` measures
 //! several policies in one run, side by side on the same context.
 
-use crate::{AttnArgs, ModelArgs};
+use crate::{KvArgs, ModelArgs};
 use serde::Serialize;
 use sparrow::attention::AttentionChoice;
-use sparrow::{KvType, KvTypes, Logits, Model, State};
+use sparrow::{Logits, Model, State};
 use std::time::Instant;
 
 /// Arguments of `sparrow bench`.
@@ -19,7 +19,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
-    attn: AttnArgs,
+    kv: KvArgs,
     /// Prompt lengths to test (comma-separated; 0 skips).
     #[arg(
         short = 'p',
@@ -53,17 +53,6 @@ pub struct BenchArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
-    /// KV cache type for keys: f16, f32 or q8_0.
-    #[arg(
-        long = "cache-type-k",
-        short = 'k',
-        alias = "ctk",
-        default_value = "f16"
-    )]
-    cache_type: KvType,
-    /// KV cache type for values: f16, f32 or q8_0.
-    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
-    cache_type_v: KvType,
     /// Attention used to fill the `-d` context (untimed). Decode cost does not depend on the
     /// cached values, so a cheap fill (`streaming`) makes 32K rows take minutes, not a
     /// quarter of an hour; rows timing prefill at depth are unaffected too.
@@ -151,7 +140,7 @@ fn run_test(
     let n_layer = model.config.n_layer;
     let n_ctx = depth + n_prompt + n_gen + 1;
     let mut state = model
-        .new_state(n_ctx, KvTypes::new(a.cache_type, a.cache_type_v))
+        .new_state(n_ctx, a.kv.types())
         .map_err(|e| e.to_string())?;
     // One untimed warm-up pass pages the weights in and spins up the threads.
     fill(
@@ -160,7 +149,7 @@ fn run_test(
         &tokens(n_prompt.clamp(1, 16), vocab, 7),
         a.batch_size,
     )?;
-    let fill_choice = a.attn.choice_for(&a.fill_attn)?;
+    let fill_choice = a.kv.attn.choice_for(&a.fill_attn)?;
     let mut samples = vec![Vec::with_capacity(a.repetitions); policies.len()];
     let progress = depth >= 8192;
     for rep in 0..a.repetitions {
@@ -212,7 +201,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
     if !json && a.output != "md" {
         return Err(format!("unknown output format '{}' (md or json)", a.output));
     }
-    let policies = a.attn.choices()?;
+    let policies = a.kv.choices()?;
     let path = a.model.resolve()?;
     let model = Model::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
     let threads = if a.threads.is_empty() {
@@ -270,8 +259,8 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                     model_size: model.file().file_len(),
                     n_threads: t,
                     n_batch: a.batch_size,
-                    type_k: format!("{:?}", a.cache_type).to_lowercase(),
-                    type_v: a.cache_type_v.name().into(),
+                    type_k: a.kv.cache_type_k.name().into(),
+                    type_v: a.kv.cache_type_v.name().into(),
                     attention: choice.label(),
                     n_prompt: p,
                     n_gen: g,

@@ -2,12 +2,14 @@
 //! whole history is rendered each turn, and the KV cache keeps the prefix it shares with the
 //! previous turn, so only the new messages are prefilled. Ctrl-C stops the reply being
 //! generated and returns to the prompt; `/exit` or Ctrl-D ends the session, `/reset` clears
-//! the history.
+//! the history. The KV cache types and the attention policy come from the shared [`KvArgs`]
+//! flags; the policy's per-sequence state is rewound with the cache when a turn keeps only
+//! the prefix it shares with the previous one.
 
-use crate::{ModelArgs, SamplingArgs};
+use crate::{KvArgs, ModelArgs, SamplingArgs};
 use sparrow::grammar::{generate_json, JsonConstraint, JsonVocab, Root};
 use sparrow::prompt_cache::common_prefix;
-use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, KvTypes, Sampler};
+use sparrow::{generate, ChatMessage, Engine, GenerateOptions, Sampler};
 use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,17 +32,8 @@ pub struct ChatArgs {
     /// Threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// KV cache type for keys: f16, f32 or q8_0.
-    #[arg(
-        long = "cache-type-k",
-        short = 'k',
-        alias = "ctk",
-        default_value = "f16"
-    )]
-    cache_type_k: KvType,
-    /// KV cache type for values: f16, f32 or q8_0.
-    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
-    cache_type_v: KvType,
+    #[command(flatten)]
+    kv: KvArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Replies are JSON objects (constrained sampling).
@@ -52,6 +45,8 @@ static STOP: AtomicBool = AtomicBool::new(false);
 
 pub fn chat(a: ChatArgs) -> Result<(), String> {
     let cfg = a.sampling.config()?;
+    let kv_types = a.kv.types();
+    let attention = a.kv.choice()?;
     crate::run::init_threads(a.threads)?;
     let path = a.model.resolve()?;
     let engine = Engine::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
@@ -61,8 +56,11 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
         .ok_or("this model has no chat template; use `sparrow run`")?;
     let mut state = engine
         .model
-        .new_state(a.ctx_size, KvTypes::new(a.cache_type_k, a.cache_type_v))
+        .new_state(a.ctx_size, kv_types)
         .map_err(|e| e.to_string())?;
+    // The policy's per-sequence state follows the cache: `truncate` below (keeping the
+    // prefix shared with the previous turn) and `reset` rewind it too.
+    state.set_attention(attention.build(engine.model.config.n_layer)?);
     ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst))
         .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
     let json_vocab = a.json.then(|| Arc::new(JsonVocab::new(&engine.tokenizer)));
@@ -75,8 +73,10 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
     let mut history = system.clone();
     let mut cached: Vec<u32> = Vec::new();
     eprintln!(
-        "sparrow chat: {} — Ctrl-C stops a reply, /reset clears the history, /exit or Ctrl-D quits",
-        path.display()
+        "sparrow chat: {} (context {}, KV cache {kv_types}, attention {}) — Ctrl-C stops a reply, /reset clears the history, /exit or Ctrl-D quits",
+        path.display(),
+        a.ctx_size,
+        attention.label()
     );
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();

@@ -3,12 +3,12 @@
 //! attention policy follows exact attention on the real activations of a prompt.
 
 use crate::run::init_threads;
-use crate::{AttnArgs, ModelArgs};
+use crate::{KvArgs, ModelArgs};
 use indicatif::{ProgressBar, ProgressStyle};
 use sparrow::attention::AttentionChoice;
 use sparrow::eval::attention::{capture, evaluate, text_tokens, Phase, PolicyReport, Summary};
 use sparrow::eval::needle::{load_haystack, run_cell_policies, NeedleResult};
-use sparrow::{Engine, KvType, KvTypes};
+use sparrow::Engine;
 use std::io::IsTerminal;
 
 // The heatmap writer lives beside this file; only `eval needle` uses it.
@@ -31,7 +31,7 @@ pub struct NeedleArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
-    attn: AttnArgs,
+    kv: KvArgs,
     /// Folder of .txt files used as filler (read in file-name order).
     #[arg(long = "haystack")]
     haystack: std::path::PathBuf,
@@ -68,17 +68,6 @@ pub struct NeedleArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
-    /// KV cache type for keys: f16, f32 or q8_0.
-    #[arg(
-        long = "cache-type-k",
-        short = 'k',
-        alias = "ctk",
-        default_value = "f16"
-    )]
-    cache_type: KvType,
-    /// KV cache type for values: f16, f32 or q8_0.
-    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
-    cache_type_v: KvType,
 }
 
 /// Arguments of `sparrow eval attention`.
@@ -88,7 +77,7 @@ pub struct AttentionArgs {
     model: ModelArgs,
     /// Policies to measure: `--attn full,streaming,quest` (with their settings flags).
     #[command(flatten)]
-    attn: AttnArgs,
+    kv: KvArgs,
     /// Text file whose first tokens form the prompt.
     #[arg(short = 'f', long = "file")]
     file: Option<std::path::PathBuf>,
@@ -114,17 +103,6 @@ pub struct AttentionArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
-    /// KV cache type for keys: f16, f32 or q8_0.
-    #[arg(
-        long = "cache-type-k",
-        short = 'k',
-        alias = "ctk",
-        default_value = "f16"
-    )]
-    cache_type: KvType,
-    /// KV cache type for values: f16, f32 or q8_0.
-    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
-    cache_type_v: KvType,
 }
 
 pub fn eval(cmd: EvalCommand) -> Result<(), String> {
@@ -144,8 +122,8 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
     if a.repeats == 0 {
         return Err("--repeats must be at least 1".into());
     }
-    let choices = a.attn.choices()?;
-    let kv = KvTypes::new(a.cache_type, a.cache_type_v);
+    let choices = a.kv.choices()?;
+    let kv = a.kv.types();
     init_threads(a.threads)?;
     let haystack = load_haystack(&a.haystack).map_err(|e| e.to_string())?;
     let engine = a.model.load_engine()?;
@@ -324,7 +302,7 @@ fn print_table(
 }
 
 fn attention(a: AttentionArgs) -> Result<(), String> {
-    let choices = a.attn.choices()?;
+    let choices = a.kv.choices()?;
     if a.n_tokens < 2 {
         return Err("-c/--ctx-size: the prompt needs at least 2 tokens".into());
     }
@@ -371,7 +349,7 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
     let cap = capture(
         &engine.model,
         &tokens,
-        KvTypes::new(a.cache_type, a.cache_type_v),
+        a.kv.types(),
         a.batch_size,
         tail,
         |done, total| match &bar {
@@ -421,7 +399,7 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
             "n_head": cfg.n_head,
             "n_head_kv": cfg.n_head_kv,
             "head_dim": cfg.head_dim,
-            "kv_type": format!("{:?}", a.cache_type),
+            "kv_type": format!("{:?}", a.kv.cache_type_k),
             "prefill_rows": tail,
             "policies": reports
                 .iter()

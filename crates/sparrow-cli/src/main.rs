@@ -13,6 +13,7 @@ mod serve;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
+use sparrow::{KvType, KvTypes};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -45,8 +46,38 @@ enum Command {
     Chat(chat::ChatArgs),
 }
 
+/// llama.cpp's multi-letter single-dash spellings, which clap cannot declare as short flags:
+/// `-ctk q8_0` is read as `--ctk q8_0` (otherwise it would be `-c tk`, never valid).
+const LLAMA_DASH_ALIASES: &[&str] = &["ctk", "ctv"];
+
+/// The command line with llama.cpp's single-dash aliases (`-ctk`, `-ctv`, also as
+/// `-ctk=q8_0`) spelled with two dashes; everything after a `--` is left as it is.
+fn llama_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut past_separator = false;
+    args.into_iter()
+        .map(|arg| {
+            if past_separator {
+                return arg;
+            }
+            if arg == "--" {
+                past_separator = true;
+                return arg;
+            }
+            let Some(rest) = arg.to_str().and_then(|s| s.strip_prefix('-')) else {
+                return arg;
+            };
+            let name = rest.split_once('=').map_or(rest, |(n, _)| n);
+            if LLAMA_DASH_ALIASES.contains(&name) {
+                format!("--{rest}").into()
+            } else {
+                arg
+            }
+        })
+        .collect()
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_args(std::env::args_os()));
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Tokenize(a) => tokenize::tokenize(a),
@@ -101,54 +132,97 @@ impl ModelArgs {
     }
 }
 
-/// Which attention backend to run (`--attn`), shared by every command that runs the model.
+/// Where `--help` lists the [`KvArgs`] flags (set per flag: a struct-level
+/// `next_help_heading` would also claim the flags a command declares after the group).
+const KV_HEADING: &str = "KV cache and attention";
+
+/// The KV cache and the attention that reads it: `--cache-type-k/-v` and every attention
+/// flag. One group, flattened into every command that runs the model (`run`, `chat`,
+/// `serve`, `bench`, `perplexity`, `eval needle`, `eval attention`), so each takes the same
+/// flags with the same defaults.
+#[derive(clap::Args, Clone, Debug)]
+pub struct KvArgs {
+    /// KV cache type for keys: f16, f32 or q8_0 (llama.cpp's -ctk).
+    #[arg(
+        long = "cache-type-k",
+        short = 'k',
+        alias = "ctk",
+        default_value = "f16",
+        help_heading = KV_HEADING
+    )]
+    pub cache_type_k: KvType,
+    /// KV cache type for values: f16, f32 or q8_0 (llama.cpp's -ctv).
+    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16", help_heading = KV_HEADING)]
+    pub cache_type_v: KvType,
+    #[command(flatten)]
+    pub attn: AttnArgs,
+}
+
+impl KvArgs {
+    /// The key and value cache types.
+    pub fn types(&self) -> KvTypes {
+        KvTypes::new(self.cache_type_k, self.cache_type_v)
+    }
+
+    /// The attention choice (`--attn` with its settings), checked; see [`AttnArgs::choice`].
+    pub fn choice(&self) -> Result<sparrow::attention::AttentionChoice, String> {
+        self.attn.choice()
+    }
+
+    /// One checked choice per comma-separated `--attn` name; see [`AttnArgs::choices`].
+    pub fn choices(&self) -> Result<Vec<sparrow::attention::AttentionChoice>, String> {
+        self.attn.choices()
+    }
+}
+
+/// Which attention backend to run (`--attn`) and each policy's settings; part of [`KvArgs`].
 #[derive(clap::Args, Clone, Debug)]
 pub struct AttnArgs {
     /// Attention policy: full (exact), streaming (sinks + recent window), ladder (window +
     /// sinks + log-stride + block landmarks), quest (decode: best pages within a budget),
     /// minference (prefill: vertical-slash pattern), h2o (decode: heavy hitters + recent).
-    /// A phase the policy does not support runs `full`. `sparrow bench` takes a
-    /// comma-separated list and measures each.
-    #[arg(long = "attn", default_value = "full")]
+    /// A phase the policy does not support runs `full`. `sparrow bench` and `sparrow eval`
+    /// take a comma-separated list and measure each.
+    #[arg(long = "attn", default_value = "full", help_heading = KV_HEADING)]
     pub attn: String,
     /// Policy for prompt processing only (overrides --attn for prefill).
-    #[arg(long = "attn-prefill")]
+    #[arg(long = "attn-prefill", help_heading = KV_HEADING)]
     pub attn_prefill: Option<String>,
     /// Policy for generation only (overrides --attn for decode).
-    #[arg(long = "attn-decode")]
+    #[arg(long = "attn-decode", help_heading = KV_HEADING)]
     pub attn_decode: Option<String>,
     /// Positions per KV block: the cache is paged and sealed at this size, and it is
     /// Quest's page and the ladder's landmark block.
-    #[arg(long = "kv-block", alias = "quest-page", default_value_t = 16)]
+    #[arg(long = "kv-block", alias = "quest-page", default_value_t = 16, help_heading = KV_HEADING)]
     pub kv_block: usize,
     /// Streaming: number of sink tokens kept.
-    #[arg(long = "attn-sinks", default_value_t = 4)]
+    #[arg(long = "attn-sinks", default_value_t = 4, help_heading = KV_HEADING)]
     pub sinks: usize,
     /// Streaming: number of recent tokens kept.
-    #[arg(long = "attn-window", default_value_t = 2000)]
+    #[arg(long = "attn-window", default_value_t = 2000, help_heading = KV_HEADING)]
     pub window: usize,
     /// Quest: tokens read per decode step (pages chosen + the last, incomplete page).
-    #[arg(long = "quest-budget", default_value_t = 1024)]
+    #[arg(long = "quest-budget", default_value_t = 1024, help_heading = KV_HEADING)]
     pub quest_budget: usize,
     /// Ladder: recent tokens every query reads.
-    #[arg(long = "ladder-window", default_value_t = 256)]
+    #[arg(long = "ladder-window", default_value_t = 256, help_heading = KV_HEADING)]
     pub ladder_window: usize,
     /// Ladder: sink tokens every query reads.
-    #[arg(long = "ladder-sinks", default_value_t = 4)]
+    #[arg(long = "ladder-sinks", default_value_t = 4, help_heading = KV_HEADING)]
     pub ladder_sinks: usize,
     /// MInference: keys read per prompt token, as a fraction of its context (0..=1).
-    #[arg(long = "minference-budget", default_value_t = 0.3)]
+    #[arg(long = "minference-budget", default_value_t = 0.3, help_heading = KV_HEADING)]
     pub minference_budget: f64,
     /// H2O: heavy hitters kept, as a fraction of the context (0..=1).
-    #[arg(long = "h2o-heavy", default_value_t = 0.1)]
+    #[arg(long = "h2o-heavy", default_value_t = 0.1, help_heading = KV_HEADING)]
     pub h2o_heavy: f64,
     /// H2O: recent tokens kept, as a fraction of the context (0..=1).
-    #[arg(long = "h2o-recent", default_value_t = 0.1)]
+    #[arg(long = "h2o-recent", default_value_t = 0.1, help_heading = KV_HEADING)]
     pub h2o_recent: f64,
     /// Layers that keep exact attention under a sparse policy (comma-separated; empty for
     /// none). Default: each policy's own (Quest's authors keep layers 0 and 1 dense; the
     /// others none).
-    #[arg(long = "dense-layers", value_delimiter = ',')]
+    #[arg(long = "dense-layers", value_delimiter = ',', help_heading = KV_HEADING)]
     pub dense_layers: Option<Vec<String>>,
 }
 
@@ -278,5 +352,31 @@ impl PromptArgs {
                 .map_err(|e| format!("cannot read prompt file {}: {e}", f.display())),
             (None, None) => Err("no prompt: pass -p TEXT or -f FILE".into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::llama_args;
+    use std::ffi::OsString;
+
+    fn rewrite(args: &[&str]) -> Vec<String> {
+        llama_args(args.iter().map(OsString::from))
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn llama_single_dash_aliases_become_long_flags() {
+        assert_eq!(
+            rewrite(&["sparrow", "serve", "-ctk", "q8_0", "-ctv=f32", "-c", "64"]),
+            ["sparrow", "serve", "--ctk", "q8_0", "--ctv=f32", "-c", "64"]
+        );
+        // Other flags, long spellings and anything after `--` are left alone.
+        assert_eq!(
+            rewrite(&["sparrow", "run", "--ctk", "f16", "-ct", "-k", "f32", "--", "-ctk"]),
+            ["sparrow", "run", "--ctk", "f16", "-ct", "-k", "f32", "--", "-ctk"]
+        );
     }
 }

@@ -1,9 +1,8 @@
 //! `sparrow perplexity`: llama-perplexity's chunked perplexity over a text file.
 
 use crate::run::init_threads;
-use crate::{AttnArgs, ModelArgs};
+use crate::{KvArgs, ModelArgs};
 use sparrow::perplexity::{score_chunk_with, Perplexity};
-use sparrow::{KvType, KvTypes};
 use std::io::Write;
 use std::time::Instant;
 
@@ -13,7 +12,7 @@ pub struct PerplexityArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
-    attn: AttnArgs,
+    kv: KvArgs,
     /// Text file to score.
     #[arg(short = 'f', long = "file")]
     file: std::path::PathBuf,
@@ -33,17 +32,6 @@ pub struct PerplexityArgs {
     /// Threads (default: all available cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// KV cache type for keys: f16, f32 or q8_0.
-    #[arg(
-        long = "cache-type-k",
-        short = 'k',
-        alias = "ctk",
-        default_value = "f16"
-    )]
-    cache_type: KvType,
-    /// KV cache type for values: f16, f32 or q8_0.
-    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
-    cache_type_v: KvType,
 }
 
 pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
@@ -52,7 +40,7 @@ pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
     }
     let text = std::fs::read_to_string(&a.file)
         .map_err(|e| format!("cannot read {}: {e}", a.file.display()))?;
-    let attention = a.attn.choice()?;
+    let attention = a.kv.choice()?;
     init_threads(a.threads)?;
     let engine = a.model.load_engine()?;
     let tok = &engine.tokenizer;
@@ -87,7 +75,7 @@ pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
             chunk,
             bos,
             a.batch_size,
-            KvTypes::new(a.cache_type, a.cache_type_v),
+            a.kv.types(),
             &attention,
             a.decode,
         )

@@ -1,8 +1,8 @@
 //! `sparrow run`: generate from a prompt, streaming to stdout, statistics to stderr.
 
-use crate::{AttnArgs, ModelArgs, PromptArgs, SamplingArgs};
+use crate::{KvArgs, ModelArgs, PromptArgs, SamplingArgs};
 use indicatif::{ProgressBar, ProgressStyle};
-use sparrow::{ChatMessage, Engine, GenerateOptions, KvType, KvTypes, Sampler};
+use sparrow::{ChatMessage, Engine, GenerateOptions, Sampler};
 use std::io::{IsTerminal, Write};
 use std::ops::ControlFlow;
 
@@ -14,7 +14,7 @@ pub struct RunArgs {
     #[command(flatten)]
     prompt: PromptArgs,
     #[command(flatten)]
-    attn: AttnArgs,
+    kv: KvArgs,
     /// Number of tokens to generate (-1: until end of generation or a full context).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     n_predict: i64,
@@ -41,17 +41,6 @@ pub struct RunArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long = "ignore-eos")]
     ignore_eos: bool,
-    /// KV cache type for keys: f16, f32 or q8_0.
-    #[arg(
-        long = "cache-type-k",
-        short = 'k',
-        alias = "ctk",
-        default_value = "f16"
-    )]
-    cache_type_k: KvType,
-    /// KV cache type for values: f16, f32 or q8_0.
-    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
-    cache_type_v: KvType,
     /// Constrain the output to a JSON object.
     #[arg(long = "json")]
     json: bool,
@@ -78,9 +67,9 @@ pub fn init_threads(threads: Option<usize>) -> Result<usize, String> {
 }
 
 pub fn run(a: RunArgs) -> Result<(), String> {
-    let kv_types = KvTypes::new(a.cache_type_k, a.cache_type_v);
+    let kv_types = a.kv.types();
     let sampler_cfg = a.sampling.config()?;
-    let attention = a.attn.choice()?;
+    let attention = a.kv.choice()?;
     let text = a.prompt.text()?;
     let threads = init_threads(a.threads)?;
     let path = a.model.resolve()?;

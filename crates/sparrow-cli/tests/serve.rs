@@ -450,3 +450,221 @@ fn openai_client_on_real_model() {
     let s = Server::start(&qwen(), &["--api-key", "k", "-c", "1024"]);
     run_openai(&s, "k", 6);
 }
+
+// ---- The KV cache and attention flags (`KvArgs`) on `sparrow serve`. ----
+
+/// A prompt of about 600 tokens (the synthetic tokenizer is byte-level: one token a byte),
+/// so a Quest budget of 32 tokens reads a small part of it.
+fn long_prompt(tag: &str) -> String {
+    (0..30)
+        .map(|i| format!("{tag} sentence {i} of a long prompt. "))
+        .collect()
+}
+
+/// Greedy `POST /v1/completions`: (text, cached prompt tokens).
+fn complete(addr: &str, prompt: &str, max_tokens: usize) -> (String, u64) {
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        .to_string();
+    let (code, resp) = http(addr, "POST", "/v1/completions", None, &body);
+    assert_eq!(code, 200, "{resp}");
+    let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+    (
+        v["choices"][0]["text"].as_str().unwrap().to_string(),
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    )
+}
+
+/// What `sparrow run` generates greedily for `prompt` with `flags` (prefill in the
+/// server's default steps of 128 tokens).
+fn run_greedy(model: &Path, prompt: &str, max_tokens: usize, flags: &[&str]) -> String {
+    let n = max_tokens.to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_sparrow"))
+        .args(["run", "-m", model.to_str().unwrap(), "-p", prompt, "-n", &n])
+        .args(["-t", "1", "-b", "128", "--temp", "0", "--no-display-prompt"])
+        .args(flags)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    text.strip_suffix('\n').unwrap().to_string()
+}
+
+/// Quest reading 32 tokens per decode step, on every layer of the 2-layer model.
+const QUEST_32: &[&str] = &[
+    "--attn",
+    "quest",
+    "--quest-budget",
+    "32",
+    "--kv-block",
+    "16",
+    "--dense-layers",
+    "",
+];
+
+fn flags_with<'a>(policy: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    policy.iter().chain(extra).copied().collect()
+}
+
+#[test]
+fn serve_runs_the_attention_policy_in_every_slot_and_reuses_prefixes() {
+    let m = synthetic_model();
+    let s = Server::start(&m, &flags_with(QUEST_32, &["--parallel", "2"]));
+    let p1 = long_prompt("alpha");
+    let (a1, cached) = complete(&s.addr, &p1, 16);
+    assert_eq!(cached, 0);
+    assert_eq!(a1, run_greedy(&m, &p1, 16, QUEST_32));
+    assert_ne!(
+        a1,
+        run_greedy(&m, &p1, 16, &["--attn", "full"]),
+        "Quest reading 32 of ~600 positions answered as full attention: the policy is not in use"
+    );
+
+    // A prompt sharing most of p1 takes p1's slot and prefills only its tail: the policy's
+    // state is rewound to the shared prefix (`State::truncate` → `forget_from`), so the
+    // answer equals a fresh run's.
+    let p2 = format!("{}{}", &p1[..p1.len() - 60], &long_prompt("beta")[..200]);
+    let shared = p1
+        .bytes()
+        .zip(p2.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(shared >= p1.len() - 60);
+    let (a2, cached) = complete(&s.addr, &p2, 16);
+    assert_eq!(cached, shared as u64);
+    assert_eq!(a2, run_greedy(&m, &p2, 16, QUEST_32));
+    // And back: p1 again, from p2's cache.
+    assert_eq!(complete(&s.addr, &p1, 16), (a1.clone(), shared as u64));
+
+    // Two requests at once, one per slot, stepped in turn: each slot has its own backend,
+    // so neither request sees the other's page summaries.
+    let p3 = long_prompt("gamma");
+    let p4 = long_prompt("delta");
+    let handles: Vec<_> = [p3.clone(), p4.clone()]
+        .into_iter()
+        .map(|p| {
+            let addr = s.addr.clone();
+            std::thread::spawn(move || complete(&addr, &p, 16).0)
+        })
+        .collect();
+    let answers: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(answers[0], run_greedy(&m, &p3, 16, QUEST_32));
+    assert_eq!(answers[1], run_greedy(&m, &p4, 16, QUEST_32));
+
+    let (_, metrics) = http(&s.addr, "GET", "/metrics", None, "");
+    let info = r#"sparrow_info{attention="quest",attention_prefill="full",attention_decode="quest",cache_type_k="f16",cache_type_v="f16"} 1"#;
+    assert!(metrics.contains(info), "{metrics}");
+}
+
+#[test]
+fn serve_quest_covering_the_context_equals_full_attention() {
+    let m = synthetic_model();
+    let s = Server::start(&m, &["--attn", "quest", "--quest-budget", "4096"]);
+    let p = long_prompt("alpha");
+    let (answer, _) = complete(&s.addr, &p, 16);
+    assert_eq!(answer, run_greedy(&m, &p, 16, &["--attn", "full"]));
+}
+
+#[test]
+fn serve_with_a_q8_0_cache_and_a_policy() {
+    // Heads of 32 values (n_embd 128, 4 heads): Q8_0 blocks fit.
+    let p = tmp().join("heads32.gguf");
+    let spec = SyntheticSpec {
+        n_embd: 128,
+        n_ff: 160,
+        context_length: 4096,
+        ..Default::default()
+    };
+    std::fs::write(&p, synthetic_gguf(&spec)).unwrap();
+    // llama.cpp's spelling, `-ctk`.
+    let flags = flags_with(QUEST_32, &["-ctk", "q8_0"]);
+    let s = Server::start(&p, &flags);
+    let prompt = long_prompt("alpha");
+    let (answer, _) = complete(&s.addr, &prompt, 16);
+    assert_eq!(answer, run_greedy(&p, &prompt, 16, &flags));
+    let (_, metrics) = http(&s.addr, "GET", "/metrics", None, "");
+    assert!(
+        metrics.contains(r#"cache_type_k="q8_0",cache_type_v="f16""#),
+        "{metrics}"
+    );
+}
+
+/// `sparrow serve` with `flags` must exit 1 before listening, with one `error:` line.
+fn refused_at_startup(model: &Path, flags: &[&str]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sparrow"))
+        .args([
+            "serve",
+            "-m",
+            model.to_str().unwrap(),
+            "--port",
+            "0",
+            "-t",
+            "1",
+        ])
+        .args(flags)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve {flags:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{flags:?}: {stderr}");
+    assert!(!stderr.contains("listening"), "{flags:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{flags:?}: {stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{flags:?}: want one error line: {stderr}");
+    errors[0].to_string()
+}
+
+#[test]
+fn serve_refuses_bad_attention_settings_at_startup() {
+    let m = synthetic_model();
+    for (flags, needles) in [
+        (
+            &["--attn", "nope"][..],
+            &["unknown attention policy 'nope'", "quest"][..],
+        ),
+        (
+            &["--attn", "quest", "--quest-budget", "8"][..],
+            &["quest budget 8"][..],
+        ),
+        (
+            &["--attn", "h2o", "--h2o-recent", "0"][..],
+            &["h2o recent"][..],
+        ),
+        (
+            &["--attn-prefill", "quest"][..],
+            &["does not support prefill"][..],
+        ),
+        (
+            &["--dense-layers", "1,two"][..],
+            &["--dense-layers", "'two'"][..],
+        ),
+        // The default synthetic model's heads hold 16 values: no Q8_0 cache.
+        (&["-ctk", "q8_0"][..], &["q8_0", "16"][..]),
+    ] {
+        let e = refused_at_startup(&m, flags);
+        for n in needles {
+            assert!(e.contains(n), "{flags:?}: {e}");
+        }
+    }
+}

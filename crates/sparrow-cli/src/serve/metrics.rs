@@ -22,6 +22,40 @@ pub struct Metrics {
     pub queue_depth: AtomicUsize,
     pub active: AtomicUsize,
     pub slots: AtomicUsize,
+    /// The server's fixed settings, reported as `sparrow_info`.
+    pub info: Info,
+}
+
+/// Settings fixed at startup, shown as the labels of the `sparrow_info` gauge.
+#[derive(Clone, Debug)]
+pub struct Info {
+    /// The policy as results name it (`--attn` and the phase overrides).
+    pub attention: String,
+    /// The policy prompt processing runs.
+    pub attention_prefill: String,
+    /// The policy generation runs.
+    pub attention_decode: String,
+    pub cache_type_k: String,
+    pub cache_type_v: String,
+}
+
+impl Default for Info {
+    fn default() -> Self {
+        Info {
+            attention: "full".into(),
+            attention_prefill: "full".into(),
+            attention_decode: "full".into(),
+            cache_type_k: "f16".into(),
+            cache_type_v: "f16".into(),
+        }
+    }
+}
+
+/// A Prometheus label value with `\`, `"` and newlines escaped.
+fn label_value(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 impl Metrics {
@@ -141,6 +175,21 @@ impl Metrics {
             "gauge",
             "Requests being generated.",
             &[("", self.active.load(Ordering::Relaxed) as f64)],
+        );
+        let i = &self.info;
+        let info = format!(
+            "{{attention=\"{}\",attention_prefill=\"{}\",attention_decode=\"{}\",cache_type_k=\"{}\",cache_type_v=\"{}\"}}",
+            label_value(&i.attention),
+            label_value(&i.attention_prefill),
+            label_value(&i.attention_decode),
+            label_value(&i.cache_type_k),
+            label_value(&i.cache_type_v),
+        );
+        metric(
+            "sparrow_info",
+            "gauge",
+            "The server's attention policy and KV cache types (always 1).",
+            &[(info.as_str(), 1.0)],
         );
         metric(
             "sparrow_slots",

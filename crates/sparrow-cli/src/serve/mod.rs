@@ -11,7 +11,7 @@ pub mod api;
 pub mod metrics;
 pub mod scheduler;
 
-use crate::ModelArgs;
+use crate::{KvArgs, ModelArgs};
 use api::ApiError;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -25,7 +25,7 @@ use metrics::Metrics;
 use scheduler::{Event, Job, Scheduler};
 use serde_json::{json, Value};
 use sparrow::grammar::JsonVocab;
-use sparrow::{ChatTemplate, Engine, KvType, KvTypes};
+use sparrow::{ChatTemplate, Engine};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -67,12 +67,10 @@ pub struct ServeArgs {
     /// Threads for the model math (default: all cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// KV cache type for keys: f16, f32 or q8_0.
-    #[arg(long = "cache-type-k", alias = "ctk", default_value = "f16")]
-    cache_type: KvType,
-    /// KV cache type for values: f16, f32 or q8_0.
-    #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16")]
-    cache_type_v: KvType,
+    /// KV cache types and the attention policy, for every slot (each slot has its own cache
+    /// and its own instance of the policy).
+    #[command(flatten)]
+    kv: KvArgs,
     /// Name reported by /v1/models (default: the file name).
     #[arg(long = "alias")]
     alias: Option<String>,
@@ -112,6 +110,9 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     if a.parallel == 0 {
         return Err("--parallel must be at least 1".into());
     }
+    // Bad policy names and settings are refused here, before the model is loaded.
+    let kv_types = a.kv.types();
+    let attention = a.kv.choice()?;
     let threads = crate::run::init_threads(a.threads)?;
     let path = a.model.resolve()?;
     let mut engine = Engine::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
@@ -125,7 +126,17 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             ChatTemplate::new(FALLBACK_TEMPLATE, "", "").map_err(|e| e.to_string())?
         }
     };
-    let metrics = Arc::new(Metrics::default());
+    let (attn_prefill, attn_decode) = attention.phase_names()?;
+    let metrics = Arc::new(Metrics {
+        info: metrics::Info {
+            attention: attention.label(),
+            attention_prefill: attn_prefill,
+            attention_decode: attn_decode,
+            cache_type_k: kv_types.k.name().into(),
+            cache_type_v: kv_types.v.name().into(),
+        },
+        ..Metrics::default()
+    });
     metrics.slots.store(a.parallel, Ordering::Relaxed);
     let json_vocab = Arc::new(JsonVocab::new(&engine.tokenizer));
     let scheduler = scheduler::start(
@@ -135,7 +146,8 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
         scheduler::Config {
             slots: a.parallel,
             n_ctx: a.ctx_size,
-            kv_type: KvTypes::new(a.cache_type, a.cache_type_v),
+            kv_type: kv_types,
+            attention: attention.clone(),
             queue: a.queue_size,
             batch: a.batch_size,
         },
@@ -176,10 +188,11 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             .local_addr()
             .map_err(|e| format!("cannot read the bound address: {e}"))?;
         eprintln!(
-            "sparrow serve: {} ({} slots × {} tokens, {threads} threads), listening on http://{local}",
+            "sparrow serve: {} ({} slots × {} tokens, KV cache {kv_types}, attention {}, {threads} threads), listening on http://{local}",
             path.display(),
             a.parallel,
-            a.ctx_size
+            a.ctx_size,
+            attention.label()
         );
         axum::serve(listener, router(state))
             .with_graceful_shutdown(async {

@@ -7,6 +7,7 @@
 //! step runs on the rayon pool.
 
 use super::metrics::Metrics;
+use sparrow::attention::AttentionChoice;
 use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
 use sparrow::prompt_cache::common_prefix;
 use sparrow::tokenizer::StreamDecoder;
@@ -90,6 +91,9 @@ pub struct Config {
     pub slots: usize,
     pub n_ctx: usize,
     pub kv_type: KvTypes,
+    /// The attention policy; each slot gets its own backend built from it (policies keep
+    /// per-sequence state, rewound with the slot's cache by `State::truncate`).
+    pub attention: AttentionChoice,
     pub queue: usize,
     pub batch: usize,
 }
@@ -127,10 +131,12 @@ pub fn start(
 ) -> Result<Scheduler, String> {
     let mut slots = Vec::new();
     for _ in 0..cfg.slots.max(1) {
+        let mut state = model
+            .new_state(cfg.n_ctx, cfg.kv_type)
+            .map_err(|e| e.to_string())?;
+        state.set_attention(cfg.attention.build(model.config.n_layer)?);
         slots.push(Slot {
-            state: model
-                .new_state(cfg.n_ctx, cfg.kv_type)
-                .map_err(|e| e.to_string())?,
+            state,
             tokens: Vec::new(),
             last_used: 0,
         });
@@ -255,6 +261,8 @@ impl Worker {
             .max_by_key(|&(s, n)| (n, u64::MAX - self.slots[s].last_used))
             .expect("a free slot exists");
         let sl = &mut self.slots[slot];
+        // Rewinds the attention policy's per-position state too (`forget_from`), so a
+        // sparse policy's summaries of the previous request's tail never leak into this one.
         sl.state.truncate(shared);
         sl.tokens.truncate(shared);
         let mut sampler = Sampler::new(job.sampler.clone());
