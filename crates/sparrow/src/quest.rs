@@ -280,6 +280,7 @@ impl AttentionBackend for QuestAttention {
         pages.min.resize((block + 1) * kv_dim, 0.0);
         pages.max.resize((block + 1) * kv_dim, 0.0);
         let span = block * kv_dim..(block + 1) * kv_dim;
+        let pages = &mut *pages;
         let (lo, hi) = (&mut pages.min[span.clone()], &mut pages.max[span]);
         lo.fill(f32::INFINITY);
         hi.fill(f32::NEG_INFINITY);
