@@ -244,14 +244,7 @@ fn describe_choice(c: &AttentionChoice) -> String {
         .iter()
         .filter(|n| n.as_str() != "full")
         .map(|n| {
-            let settings = match n.as_str() {
-                "streaming" => format!("sinks {}, window {}", c.sinks, c.window),
-                "quest" => fields(format!("{:?}", c.quest)),
-                "ladder" => fields(format!("{:?}", c.ladder)),
-                "minference" => fields(format!("{:?}", c.minference)),
-                "h2o" => fields(format!("{:?}", c.h2o)),
-                _ => String::new(),
-            };
+            let settings = fields(c.describe(n));
             let phase = match (n == &prefill, n == &decode) {
                 (true, false) => " prefill",
                 (false, true) => " decode",

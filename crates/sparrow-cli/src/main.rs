@@ -175,67 +175,26 @@ impl KvArgs {
     }
 }
 
-/// Which attention backend to run (`--attn`) and each policy's settings; part of [`KvArgs`].
+/// Which attention policy to run (`--attn`) and every policy's settings — the engine's
+/// [`sparrow::attention::AttentionChoice`], whose policies declare their own flags; part of
+/// [`KvArgs`].
 #[derive(clap::Args, Clone, Debug)]
 pub struct AttnArgs {
-    /// Attention policy: full (exact), streaming (sinks + recent window), ladder (window +
-    /// sinks + log-stride + block landmarks), quest (decode: best pages within a budget),
-    /// minference (prefill: vertical-slash pattern), h2o (decode: heavy hitters + recent).
-    /// A phase the policy does not support runs `full`. `sparrow bench` and `sparrow eval`
-    /// take a comma-separated list and measure each.
-    #[arg(long = "attn", default_value = "full", help_heading = KV_HEADING)]
-    pub attn: String,
-    /// Policy for prompt processing only (overrides --attn for prefill).
-    #[arg(long = "attn-prefill", help_heading = KV_HEADING)]
-    pub attn_prefill: Option<String>,
-    /// Policy for generation only (overrides --attn for decode).
-    #[arg(long = "attn-decode", help_heading = KV_HEADING)]
-    pub attn_decode: Option<String>,
-    /// Positions per KV block: the cache is paged and sealed at this size, and it is
-    /// Quest's page and the ladder's landmark block.
-    #[arg(long = "kv-block", alias = "quest-page", default_value_t = 16, help_heading = KV_HEADING)]
-    pub kv_block: usize,
-    /// Streaming: number of sink tokens kept.
-    #[arg(long = "attn-sinks", default_value_t = 4, help_heading = KV_HEADING)]
-    pub sinks: usize,
-    /// Streaming: number of recent tokens kept.
-    #[arg(long = "attn-window", default_value_t = 2000, help_heading = KV_HEADING)]
-    pub window: usize,
-    /// Quest: tokens read per decode step (pages chosen + the last, incomplete page).
-    #[arg(long = "quest-budget", default_value_t = 1024, help_heading = KV_HEADING)]
-    pub quest_budget: usize,
-    /// Ladder: recent tokens every query reads.
-    #[arg(long = "ladder-window", default_value_t = 256, help_heading = KV_HEADING)]
-    pub ladder_window: usize,
-    /// Ladder: sink tokens every query reads.
-    #[arg(long = "ladder-sinks", default_value_t = 4, help_heading = KV_HEADING)]
-    pub ladder_sinks: usize,
-    /// MInference: keys read per prompt token, as a fraction of its context (0..=1).
-    #[arg(long = "minference-budget", default_value_t = 0.3, help_heading = KV_HEADING)]
-    pub minference_budget: f64,
-    /// H2O: heavy hitters kept, as a fraction of the context (0..=1).
-    #[arg(long = "h2o-heavy", default_value_t = 0.1, help_heading = KV_HEADING)]
-    pub h2o_heavy: f64,
-    /// H2O: recent tokens kept, as a fraction of the context (0..=1).
-    #[arg(long = "h2o-recent", default_value_t = 0.1, help_heading = KV_HEADING)]
-    pub h2o_recent: f64,
-    /// Layers that keep exact attention under a sparse policy (comma-separated; empty for
-    /// none). Default: each policy's own (Quest's authors keep layers 0 and 1 dense; the
-    /// others none).
-    #[arg(long = "dense-layers", value_delimiter = ',', help_heading = KV_HEADING)]
-    pub dense_layers: Option<Vec<String>>,
+    #[command(flatten)]
+    pub choice: sparrow::attention::AttentionChoice,
 }
 
 impl AttnArgs {
     /// The choice as the engine takes it; unknown names and bad settings are refused here,
     /// before any work.
     pub fn choice(&self) -> Result<sparrow::attention::AttentionChoice, String> {
-        self.choice_named(&self.attn)
+        self.choice_named(&self.choice.name)
     }
 
-    /// One choice per comma-separated name of `--attn` (for `sparrow bench`).
+    /// One choice per comma-separated name of `--attn` (for `sparrow bench` and `eval`).
     pub fn choices(&self) -> Result<Vec<sparrow::attention::AttentionChoice>, String> {
-        self.attn
+        self.choice
+            .name
             .split(',')
             .map(|n| self.choice_named(n.trim()))
             .collect()
@@ -247,34 +206,7 @@ impl AttnArgs {
     }
 
     fn choice_named(&self, name: &str) -> Result<sparrow::attention::AttentionChoice, String> {
-        let mut c = sparrow::attention::AttentionChoice::named(name);
-        c.prefill = self.attn_prefill.clone();
-        c.decode = self.attn_decode.clone();
-        c.sinks = self.sinks;
-        c.window = self.window;
-        c.quest.page = self.kv_block;
-        c.quest.budget = self.quest_budget;
-        c.ladder.block = self.kv_block;
-        c.ladder.window = self.ladder_window;
-        c.ladder.sinks = self.ladder_sinks;
-        c.minference.budget = self.minference_budget;
-        c.h2o.heavy = self.h2o_heavy;
-        c.h2o.recent = self.h2o_recent;
-        if let Some(list) = &self.dense_layers {
-            let layers = list
-                .iter()
-                .map(|s| s.trim())
-                .filter(|s| !s.is_empty())
-                .map(|s| {
-                    s.parse::<usize>()
-                        .map_err(|_| format!("--dense-layers: '{s}' is not a layer number"))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            c.quest.dense_layers = layers.clone();
-            c.ladder.dense_layers = layers.clone();
-            c.minference.dense_layers = layers.clone();
-            c.h2o.dense_layers = layers;
-        }
+        let c = self.choice.with_name(name);
         c.build(0)?;
         Ok(c)
     }
@@ -359,6 +291,15 @@ impl PromptArgs {
 mod tests {
     use super::llama_args;
     use std::ffi::OsString;
+
+    /// clap's own consistency checks over every command (unique argument ids across the
+    /// flattened policy settings, valid defaults), which otherwise fire only when a command
+    /// is parsed.
+    #[test]
+    fn every_command_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 
     fn rewrite(args: &[&str]) -> Vec<String> {
         llama_args(args.iter().map(OsString::from))

@@ -248,7 +248,7 @@ fn every_command_refuses_a_bad_policy() {
         for (flags, needle) in [
             (&["--attn", "sparse-magic"][..], "'sparse-magic'"),
             (&["--attn", "streaming", "--attn-window", "0"][..], "window"),
-            (&["--attn", "quest", "--kv-block", "0"][..], "page size 0"),
+            (&["--attn", "quest", "--kv-block", "0"][..], "block size 0"),
         ] {
             let mut args = cmd.to_vec();
             args.extend(["-m", m, "-t", "1"]);

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p sparrow --example attn_timing -- [depth] [threads] [f16|f32]`
 
-use sparrow::attention::{AttentionBackend, AttnShape, DenseAttention};
+use sparrow::attention::{attend, AttnShape, DenseAttention};
 use sparrow::{KvCache, KvType};
 use std::time::Instant;
 
@@ -49,7 +49,8 @@ fn main() {
                 continue;
             }
             let pos0 = depth + batch - n;
-            DenseAttention.attend(
+            attend(
+                &mut DenseAttention,
                 shape,
                 &cache,
                 0,
@@ -60,7 +61,8 @@ fn main() {
             let mut times: Vec<f64> = (0..reps)
                 .map(|_| {
                     let t0 = Instant::now();
-                    DenseAttention.attend(
+                    attend(
+                        &mut DenseAttention,
                         shape,
                         &cache,
                         0,

@@ -2,10 +2,10 @@
 //! followed by greedy decode steps — so two builds can be checked bit for bit (`full`
 //! attention must not change when the attention code is refactored).
 //!
-//! `cargo run --release -p sparrow --example logits_digest -- MODEL [N_DECODE]`
+//! `cargo run --release -p sparrow --example logits_digest -- MODEL [N_DECODE] [K_TYPE V_TYPE]`
 //! (set `SPARROW_SIMD=scalar` to check the scalar kernels).
 
-use sparrow::{Engine, KvType, Logits};
+use sparrow::{Engine, KvType, KvTypes, Logits};
 
 const PROMPTS: &[&str] = &[
     "The capital of France is",
@@ -29,12 +29,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let path = args.get(1).ok_or("usage: logits_digest MODEL [N_DECODE]")?;
     let steps: usize = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(16);
+    let ty = |i: usize| -> Result<KvType, Box<dyn std::error::Error>> {
+        Ok(args
+            .get(i)
+            .map(|s| s.parse())
+            .transpose()?
+            .unwrap_or(KvType::F16))
+    };
+    let types = KvTypes::new(ty(3)?, ty(4)?);
     let engine = Engine::load(path)?;
     // A long prompt too, so decode splits its keys across threads and merges the pieces.
     let long = PROMPTS[2].repeat(12);
     for prompt in PROMPTS.iter().copied().chain([long.as_str()]) {
         let tokens = engine.tokenizer.encode(prompt, true, true);
-        let mut state = engine.model.new_state(1024, KvType::F16)?;
+        let mut state = engine.model.new_state(1024, types)?;
         let mut h = 0xcbf29ce484222325u64;
         let logits = engine.model.forward(&mut state, &tokens, Logits::All)?;
         fnv(&mut h, logits);

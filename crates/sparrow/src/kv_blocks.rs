@@ -1,7 +1,7 @@
 //! The paged view of the KV cache: each layer's positions are cut into fixed-size blocks
 //! (block `b` holds positions `b * size .. (b + 1) * size`). A block is *sealed* once every
 //! position in it has been written; sealing hands its keys to the attention policy
-//! ([`AttentionBackend::on_block_sealed`]) while they are hot, which is where block summaries
+//! ([`SparsePolicy::on_block_sealed`]) while they are hot, which is where block summaries
 //! (Quest's min/max keys, landmark means) are built.
 //!
 //! The storage itself stays one contiguous, lazily backed buffer per layer
@@ -9,7 +9,7 @@
 //! table would only add an indirection until blocks move out of RAM. The block table here is
 //! the bookkeeping a tiered store would extend.
 
-use crate::attention::{AttentionBackend, AttnShape};
+use crate::attention::{AttnShape, SparsePolicy};
 use crate::kv_cache::KvCache;
 use sparrow_attn::policy::KeysView;
 
@@ -68,7 +68,7 @@ impl BlockTable {
         cache: &KvCache,
         layer: usize,
         filled: usize,
-        policy: &dyn AttentionBackend,
+        policy: &mut dyn SparsePolicy,
     ) {
         let Some(sealed) = self.sealed.get(layer).copied() else {
             return;
@@ -94,40 +94,28 @@ impl BlockTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::DenseAttention;
+    use crate::attention::{PlanContext, ReadPlan};
     use crate::kv_cache::KvType;
-    use std::sync::Mutex;
 
     /// Records every seal call: (layer, block, first key value of head 1).
     struct Recorder {
         size: usize,
-        seen: Mutex<Vec<(usize, usize, f32)>>,
+        seen: Vec<(usize, usize, f32)>,
     }
 
-    impl AttentionBackend for Recorder {
+    impl SparsePolicy for Recorder {
         fn name(&self) -> &str {
             "recorder"
         }
-        fn attend(
-            &self,
-            shape: AttnShape,
-            cache: &KvCache,
-            layer: usize,
-            q: &[f32],
-            pos0: usize,
-            out: &mut [f32],
-        ) {
-            DenseAttention.attend(shape, cache, layer, q, pos0, out)
+        fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+            ReadPlan::causal(ctx.shape, ctx.pos0, ctx.n_tokens())
         }
         fn block_size(&self) -> Option<usize> {
             Some(self.size)
         }
-        fn on_block_sealed(&self, layer: usize, block: usize, keys: KeysView<'_>) {
+        fn on_block_sealed(&mut self, layer: usize, block: usize, keys: KeysView<'_>) {
             assert_eq!(keys.rows(), self.size);
-            self.seen
-                .lock()
-                .unwrap()
-                .push((layer, block, keys.key(0, 1)[0]));
+            self.seen.push((layer, block, keys.key(0, 1)[0]));
         }
     }
 
@@ -152,44 +140,38 @@ mod tests {
     #[test]
     fn complete_blocks_are_sealed_once_in_order_with_their_keys() {
         let c = cache(40);
-        let r = Recorder {
+        let mut r = Recorder {
             size: 8,
-            seen: Mutex::default(),
+            seen: Vec::new(),
         };
         let mut t = BlockTable::new(8, 2);
-        t.seal(SHAPE, &c, 1, 7, &r);
-        assert!(
-            r.seen.lock().unwrap().is_empty(),
-            "no block is complete yet"
-        );
-        t.seal(SHAPE, &c, 1, 17, &r);
-        t.seal(SHAPE, &c, 1, 17, &r);
-        t.seal(SHAPE, &c, 1, 24, &r);
-        assert_eq!(
-            *r.seen.lock().unwrap(),
-            vec![(1, 0, 1000.0), (1, 1, 1008.0), (1, 2, 1016.0)]
-        );
+        t.seal(SHAPE, &c, 1, 7, &mut r);
+        assert!(r.seen.is_empty(), "no block is complete yet");
+        t.seal(SHAPE, &c, 1, 17, &mut r);
+        t.seal(SHAPE, &c, 1, 17, &mut r);
+        t.seal(SHAPE, &c, 1, 24, &mut r);
+        assert_eq!(r.seen, vec![(1, 0, 1000.0), (1, 1, 1008.0), (1, 2, 1016.0)]);
         assert_eq!((t.sealed(0), t.sealed(1)), (0, 3));
     }
 
     #[test]
     fn a_rewind_unseals_the_blocks_it_touches() {
         let c = cache(40);
-        let r = Recorder {
+        let mut r = Recorder {
             size: 8,
-            seen: Mutex::default(),
+            seen: Vec::new(),
         };
         let mut t = BlockTable::new(8, 2);
-        t.seal(SHAPE, &c, 0, 32, &r);
+        t.seal(SHAPE, &c, 0, 32, &mut r);
         t.forget_from(20); // block 2 (16..24) holds position 20
         assert_eq!(t.sealed(0), 2);
-        r.seen.lock().unwrap().clear();
-        t.seal(SHAPE, &c, 0, 32, &r);
-        assert_eq!(*r.seen.lock().unwrap(), vec![(0, 2, 16.0), (0, 3, 24.0)]);
+        r.seen.clear();
+        t.seal(SHAPE, &c, 0, 32, &mut r);
+        assert_eq!(r.seen, vec![(0, 2, 16.0), (0, 3, 24.0)]);
         t.forget_layer_from(0, 0);
         assert_eq!(t.sealed(0), 0);
         // Beyond the cache's capacity nothing is sealed.
-        t.seal(SHAPE, &c, 0, 1000, &r);
+        t.seal(SHAPE, &c, 0, 1000, &mut r);
         assert_eq!(t.sealed(0), 5);
     }
 }

@@ -238,6 +238,8 @@ impl Store {
 
 /// Keys and values for `n_layer` layers and up to `n_ctx` positions.
 pub struct KvCache {
+    /// One past the highest position written (any layer).
+    high_water: usize,
     types: KvTypes,
     n_layer: usize,
     n_ctx: usize,
@@ -285,6 +287,7 @@ impl KvCache {
                 format!("KV cache of {n_layer} layers × {n_ctx} positions × {kv_dim} is too large")
             })?;
         Ok(KvCache {
+            high_water: 0,
             types,
             n_layer,
             n_ctx,
@@ -336,6 +339,7 @@ impl KvCache {
         let at = self.offset(layer, pos);
         self.k.write(at, k);
         self.v.write(at, v);
+        self.high_water = self.high_water.max(pos + 1);
     }
 
     fn check_read(&self, layer: usize, start: usize, len: usize) -> usize {
@@ -389,6 +393,11 @@ impl KvCache {
     /// Bytes of keys plus values of one position across all layers.
     pub fn bytes_per_token(&self) -> usize {
         self.n_layer * (self.types.k.row_bytes(self.kv_dim) + self.types.v.row_bytes(self.kv_dim))
+    }
+
+    /// One past the highest position written so far.
+    pub fn high_water(&self) -> usize {
+        self.high_water
     }
 
     /// Bytes held for keys and values.
@@ -466,6 +475,7 @@ impl KvCache {
             self.v.import(r, &bytes[at..at + vb]);
             at += vb;
         }
+        self.high_water = self.high_water.max(n);
         Ok(())
     }
 
@@ -489,6 +499,7 @@ impl KvCache {
             self.k.copy_from(a, &other.k, b..b + len)?;
             self.v.copy_from(a, &other.v, b..b + len)?;
         }
+        self.high_water = self.high_water.max(n);
         Ok(())
     }
 }

@@ -5,6 +5,7 @@
 mod common;
 
 use sparrow::attention::AttentionChoice;
+use sparrow::attention::StreamingAttention;
 use sparrow::eval::attention::{capture, evaluate, text_tokens, Capture, Phase, PolicyReport};
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow::{Engine, KvType, Model};
@@ -53,8 +54,10 @@ fn full_attention_measures_exact_and_streaming_reads_its_window() {
     assert_eq!(full.fraction_read, 1.0);
 
     let streaming = AttentionChoice {
-        sinks: 3,
-        window: 10,
+        streaming: StreamingAttention {
+            sinks: 3,
+            window: 10,
+        },
         ..AttentionChoice::named("streaming")
     };
     let r = evaluate(&cap, &streaming).unwrap();

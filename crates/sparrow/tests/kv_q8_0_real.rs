@@ -24,9 +24,10 @@
 
 mod common;
 
-use sparrow::attention::{AttentionBackend, AttnShape, DenseAttention};
+use sparrow::attention::{PlanContext, ReadPlan, SideTable, Source, SparsePolicy};
 use sparrow::kv_cache::{BlockQ8_0, QK8_0};
-use sparrow::{Engine, KvCache, KvType, KvTypes, Logits, Model};
+use sparrow::{Engine, KvType, KvTypes, Logits, Model};
+use sparrow_attn::kernel::{read_f32, F32Rows};
 
 const STEPS: usize = 16;
 
@@ -52,8 +53,13 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Dense attention over an f32 cache's keys and values rounded through Q8_0 blocks.
-struct EmulatedQ8;
+/// Dense attention over the cache's keys and values rounded through Q8_0 blocks: a plan
+/// over a side table holding the rounded rows of every position so far.
+#[derive(Default)]
+struct EmulatedQ8 {
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
 
 fn round_q8(x: &mut [f32]) {
     for b in x.chunks_exact_mut(QK8_0) {
@@ -61,39 +67,34 @@ fn round_q8(x: &mut [f32]) {
     }
 }
 
-impl AttentionBackend for EmulatedQ8 {
+impl SparsePolicy for EmulatedQ8 {
     fn name(&self) -> &str {
         "emulated-q8_0"
     }
 
-    fn attend(
-        &self,
-        shape: AttnShape,
-        cache: &KvCache,
-        layer: usize,
-        q: &[f32],
-        pos0: usize,
-        out: &mut [f32],
-    ) {
-        let n = pos0 + q.len() / (shape.n_head * shape.head_dim);
-        let w = cache.kv_dim();
-        let mut rounded = KvCache::new(KvType::F32, 1, n, w);
-        let (mut k, mut v) = (vec![0.0; w], vec![0.0; w]);
-        for t in 0..n {
-            cache.read_keys(layer, t, &mut k);
-            cache.read_values(layer, t, &mut v);
-            round_q8(&mut k);
-            round_q8(&mut v);
-            rounded.write(0, t, &k, &v);
-        }
-        DenseAttention.attend(shape, &rounded, 0, q, pos0, out);
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+        let n = ctx.pos0 + ctx.n_tokens();
+        let w = ctx.store.kv_dim();
+        self.k.resize(n * w, 0.0);
+        self.v.resize(n * w, 0.0);
+        read_f32(ctx.store, false, 0, &mut self.k);
+        read_f32(ctx.store, true, 0, &mut self.v);
+        round_q8(&mut self.k);
+        round_q8(&mut self.v);
+        let mut plan = ReadPlan::causal(ctx.shape, ctx.pos0, ctx.n_tokens());
+        plan.entries[0].source = Source::Side(0);
+        plan.side.push(SideTable {
+            rows: F32Rows::all_heads(&self.k, &self.v, w),
+            positions: None,
+        });
+        plan
     }
 }
 
 fn state(model: &Model, types: KvTypes, emulate: bool) -> sparrow::State {
     let mut st = model.new_state(1024, types).unwrap();
     if emulate {
-        st.set_attention(Box::new(EmulatedQ8));
+        st.set_attention(Box::<EmulatedQ8>::default());
     }
     st
 }

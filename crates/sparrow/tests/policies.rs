@@ -2,7 +2,8 @@
 //! be, active where they claim to save work, and consistent across rewinds.
 
 use sparrow::attention::AttentionChoice;
-use sparrow::quest::QuestSettings;
+use sparrow::attention::StreamingAttention;
+use sparrow::policy::quest::QuestSettings;
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow::{KvType, Logits, Model, State};
 use sparrow_gguf::GgufFile;
@@ -176,8 +177,10 @@ fn phases_route_to_their_own_policy() {
     );
     let streaming_prefill = AttentionChoice {
         prefill: Some("streaming".into()),
-        window: 16,
-        sinks: 0,
+        streaming: StreamingAttention {
+            window: 16,
+            sinks: 0,
+        },
         ..AttentionChoice::named("full")
     };
     let got = decode_logits(&m, &mut state(&m, &streaming_prefill), &p, &d);

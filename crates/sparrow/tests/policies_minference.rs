@@ -4,13 +4,15 @@
 
 mod common;
 
-use sparrow::attention::{AttentionBackend, AttentionChoice, AttnShape, DenseAttention};
+use sparrow::attention::{
+    attend, AttentionChoice, AttnShape, DenseAttention, PlanContext, ReadPlan, SparsePolicy,
+};
 use sparrow::kv_cache::KvCache;
 use sparrow::policy::minference::{attend_pattern, HeadScores, Pattern};
 use sparrow::policy::{MInferenceAttention, MInferenceSettings};
 use sparrow::{Engine, KvType, Logits, Model, State};
 use std::collections::BTreeSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 struct Rng(u64);
@@ -142,14 +144,14 @@ fn budget_one_equals_dense_on_random_caches() {
         for ty in [KvType::F32, KvType::F16] {
             let depth = 1500;
             let (cache, _, _) = random_cache(ty, depth, n_head_kv * head_dim, &mut rng);
-            let mi = MInferenceAttention::new(settings(1.0), 1).unwrap();
+            let mut mi = MInferenceAttention::new(settings(1.0), 1).unwrap();
             for n in [1usize, 77, 300] {
                 let q_dim = n_head * head_dim;
                 let q = rng.vec(n * q_dim, 1.0);
                 let pos0 = depth - n;
                 let (mut want, mut got) = (vec![0.0; n * q_dim], vec![1.0; n * q_dim]);
-                DenseAttention.attend(shape, &cache, 0, &q, pos0, &mut want);
-                mi.attend(shape, &cache, 0, &q, pos0, &mut got);
+                attend(&mut DenseAttention, shape, &cache, 0, &q, pos0, &mut want);
+                attend(&mut mi, shape, &cache, 0, &q, pos0, &mut got);
                 let d = max_diff(&want, &got);
                 assert!(d < 1e-5, "{shape:?} {ty:?} n {n}: {d}");
             }
@@ -182,8 +184,9 @@ fn sparse_kernel_over_a_covering_pattern_equals_dense() {
             };
             let patterns = vec![pattern; n_head_kv];
             let (mut want, mut got) = (vec![0.0; n * q_dim], vec![1.0; n * q_dim]);
-            DenseAttention.attend(shape, &cache, 0, &q, pos0, &mut want);
-            let (sum, count) = attend_pattern(shape, &cache, 0, &q, pos0, &patterns, &mut got);
+            attend(&mut DenseAttention, shape, &cache, 0, &q, pos0, &mut want);
+            let (sum, count) =
+                attend_pattern(shape, &cache.layer(0), &q, pos0, &patterns, &mut got);
             let d = max_diff(&want, &got);
             assert!(d < 1e-5, "{shape:?} {ty:?}: {d}");
             assert!(
@@ -198,7 +201,7 @@ fn sparse_kernel_over_a_covering_pattern_equals_dense() {
                 };
                 n_head_kv
             ];
-            attend_pattern(shape, &cache, 0, &q, pos0, &diag_only, &mut got);
+            attend_pattern(shape, &cache.layer(0), &q, pos0, &diag_only, &mut got);
             let d = max_diff(&want, &got);
             assert!(d < 1e-5, "diagonals only {shape:?} {ty:?}: {d}");
         }
@@ -221,9 +224,9 @@ fn sparse_output_matches_an_f64_reference_over_its_own_pattern() {
             let q_dim = n_head * head_dim;
             let q = rng.vec(n * q_dim, 1.5);
             let pos0 = depth - n;
-            let mi = MInferenceAttention::new(settings(0.2), 1).unwrap();
+            let mut mi = MInferenceAttention::new(settings(0.2), 1).unwrap();
             let patterns = mi
-                .patterns(shape, &cache, 0, &q, pos0)
+                .patterns(shape, &cache.layer(0), 0, &q, pos0)
                 .expect("a 2300-token context at budget 0.2 is sparse");
             for p in &patterns {
                 // Both parts beyond the forced ones are exercised.
@@ -231,7 +234,7 @@ fn sparse_output_matches_an_f64_reference_over_its_own_pattern() {
                 assert!(p.columns.len() + p.offsets.len() <= 460 + 1);
             }
             let mut got = vec![0.0; n * q_dim];
-            mi.attend(shape, &cache, 0, &q, pos0, &mut got);
+            attend(&mut mi, shape, &cache, 0, &q, pos0, &mut got);
             let mut frac = 0.0;
             for i in 0..n {
                 let pos = pos0 + i;
@@ -250,7 +253,7 @@ fn sparse_output_matches_an_f64_reference_over_its_own_pattern() {
             assert!(measured < 0.3, "{measured}");
             // And it differs from full attention.
             let mut full = vec![0.0; n * q_dim];
-            DenseAttention.attend(shape, &cache, 0, &q, pos0, &mut full);
+            attend(&mut DenseAttention, shape, &cache, 0, &q, pos0, &mut full);
             assert!(max_diff(&full, &got) > 1e-3);
         }
     }
@@ -270,7 +273,7 @@ fn estimate_equals_naive_softmax_sums() {
     let q = rng.vec(n * 96, 2.0);
     let pos0 = depth - n;
     let mi = MInferenceAttention::new(settings(0.3), 1).unwrap();
-    let got = mi.estimate(shape, &cache, 0, &q, pos0);
+    let got = mi.estimate(shape, &cache.layer(0), &q, pos0);
     let (sinks, recent) = (30, 100);
     for g in 0..2 {
         let mut vert = vec![0.0f64; depth];
@@ -343,7 +346,7 @@ fn sinks_and_recent_diagonals_are_always_selected() {
     };
     let (cache, _, _) = random_cache(KvType::F32, 3000, 64, &mut rng);
     let q = rng.vec(200 * 128, 1.0);
-    let patterns = mi.patterns(shape, &cache, 0, &q, 2800).unwrap();
+    let patterns = mi.patterns(shape, &cache.layer(0), 0, &q, 2800).unwrap();
     for p in &patterns {
         assert!(p.columns.starts_with(&(0..30).collect::<Vec<_>>()));
         assert!(p.offsets.starts_with(&(0..100).collect::<Vec<_>>()));
@@ -393,7 +396,7 @@ fn planted_vertical_column_and_slash_diagonal_are_selected() {
     }
     let (cache, _, _) = cache_of(KvType::F16, keys, vals);
     let mi = MInferenceAttention::new(settings(0.05), 1).unwrap();
-    let patterns = mi.patterns(shape, &cache, 0, &q, pos0).unwrap();
+    let patterns = mi.patterns(shape, &cache.layer(0), 0, &q, pos0).unwrap();
     assert!(
         patterns[0].columns.contains(&col),
         "{:?}",
@@ -418,7 +421,7 @@ fn short_contexts_dense_layers_and_single_rows_run_dense() {
     };
     let mut rng = Rng(13);
     let (cache, _, _) = random_cache(KvType::F16, 2000, 64, &mut rng);
-    let mi = MInferenceAttention::new(
+    let mut mi = MInferenceAttention::new(
         MInferenceSettings {
             dense_layers: vec![0],
             ..settings(0.3)
@@ -426,19 +429,22 @@ fn short_contexts_dense_layers_and_single_rows_run_dense() {
         1,
     )
     .unwrap();
-    let sparse = MInferenceAttention::new(settings(0.3), 1).unwrap();
-    let check = |be: &MInferenceAttention, n: usize, pos0: usize, dense: bool| {
+    let mut sparse = MInferenceAttention::new(settings(0.3), 1).unwrap();
+    let check = |be: &mut MInferenceAttention, n: usize, pos0: usize, dense: bool| {
         let q = Rng(n as u64).vec(n * 128, 1.0);
-        assert_eq!(be.patterns(shape, &cache, 0, &q, pos0).is_none(), dense);
+        assert_eq!(
+            be.patterns(shape, &cache.layer(0), 0, &q, pos0).is_none(),
+            dense
+        );
         let (mut want, mut got) = (vec![0.0; n * 128], vec![0.0; n * 128]);
-        DenseAttention.attend(shape, &cache, 0, &q, pos0, &mut want);
-        be.attend(shape, &cache, 0, &q, pos0, &mut got);
+        attend(&mut DenseAttention, shape, &cache, 0, &q, pos0, &mut want);
+        attend(be, shape, &cache, 0, &q, pos0, &mut got);
         assert_eq!(want == got, dense, "n {n} pos0 {pos0}");
     };
-    check(&sparse, 300, 0, true); // context 300 ≤ 30 + 100 + 256
-    check(&sparse, 1, 1900, true); // decode
-    check(&mi, 300, 1600, true); // dense layer
-    check(&sparse, 300, 1600, false);
+    check(&mut sparse, 300, 0, true); // context 300 ≤ 30 + 100 + 256
+    check(&mut sparse, 1, 1900, true); // decode
+    check(&mut mi, 300, 1600, true); // dense layer
+    check(&mut sparse, 300, 1600, false);
 }
 
 #[test]
@@ -555,23 +561,23 @@ fn state_with(q: &Qwen, choice: &AttentionChoice) -> State {
     s
 }
 
-/// Lends a shared backend to a state, so its measurements stay readable.
-struct Shared(Arc<MInferenceAttention>);
+/// Lends a shared policy to a state, so its measurements stay readable.
+struct Shared(Arc<Mutex<MInferenceAttention>>);
 
-impl AttentionBackend for Shared {
+impl SparsePolicy for Shared {
     fn name(&self) -> &str {
-        self.0.name()
+        "minference"
     }
-    fn attend(
-        &self,
-        shape: AttnShape,
-        cache: &KvCache,
-        l: usize,
-        q: &[f32],
-        p: usize,
-        o: &mut [f32],
-    ) {
-        self.0.attend(shape, cache, l, q, p, o)
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+        // MInference's plans own everything (no side tables), so they outlive the lock.
+        let entries = self.0.lock().unwrap().plan(ctx).entries;
+        ReadPlan {
+            entries,
+            side: Vec::new(),
+        }
+    }
+    fn attend_own(&mut self, ctx: &PlanContext<'_>, out: &mut [f32]) -> bool {
+        self.0.lock().unwrap().attend_own(ctx, out)
     }
 }
 
@@ -588,13 +594,15 @@ fn qwen_minference_prefill_keeps_full_attentions_first_token() {
     assert_eq!(got[0], q.full[0], "full {:?} minference {:?}", q.full, got);
 
     // The same backend, shared so its selectivity can be read: sparse prefill did run.
-    let be = Arc::new(MInferenceAttention::new(Default::default(), m.config.n_layer).unwrap());
+    let be = Arc::new(Mutex::new(
+        MInferenceAttention::new(Default::default(), m.config.n_layer).unwrap(),
+    ));
     let mut s = m.new_state(2048, KvType::F16).unwrap();
     s.set_attention(Box::new(Shared(be.clone())));
     for chunk in q.prompt.chunks(512) {
         m.forward(&mut s, chunk, Logits::None).unwrap();
     }
-    let sel = be.last_selectivity().unwrap();
+    let sel = be.lock().unwrap().last_selectivity().unwrap();
     eprintln!("last batch selectivity {sel:.3}");
     assert!(sel < 0.6, "{sel}");
 }
@@ -639,22 +647,22 @@ fn time_minference_vs_full_16k() {
             })
             .fold(f64::INFINITY, f64::min)
     };
-    let mi = MInferenceAttention::new(Default::default(), 1).unwrap();
-    let patterns = mi.patterns(shape, &cache, 0, &q, pos0).unwrap();
+    let mut mi = MInferenceAttention::new(Default::default(), 1).unwrap();
+    let patterns = mi.patterns(shape, &cache.layer(0), 0, &q, pos0).unwrap();
     // Interleaved, best of 5 each: the machine may be shared.
     let (mut full, mut sparse, mut est, mut kernel) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
     for _ in 0..5 {
         full = full.min(best(&mut || {
-            DenseAttention.attend(shape, &cache, 0, &q, pos0, &mut out)
+            attend(&mut DenseAttention, shape, &cache, 0, &q, pos0, &mut out)
         }));
         sparse = sparse.min(best(&mut || {
-            mi.attend(shape, &cache, 0, &q, pos0, &mut out)
+            attend(&mut mi, shape, &cache, 0, &q, pos0, &mut out)
         }));
         est = est.min(best(&mut || {
-            mi.patterns(shape, &cache, 0, &q, pos0).unwrap();
+            mi.patterns(shape, &cache.layer(0), 0, &q, pos0).unwrap();
         }));
         kernel = kernel.min(best(&mut || {
-            attend_pattern(shape, &cache, 0, &q, pos0, &patterns, &mut out);
+            attend_pattern(shape, &cache.layer(0), &q, pos0, &patterns, &mut out);
         }));
     }
     let cols: usize = patterns.iter().map(|p| p.columns.len()).sum();

@@ -94,7 +94,7 @@ pub fn attend_block<S: KvSource + ?Sized>(
     let group = shape.group();
     let q_dim = shape.q_dim();
     let kv_dim = src.kv_dim();
-    let head_off = unit.kv_head * hd;
+    let head_off = src.head_offset(unit.kv_head, hd);
     let scale = 1.0 / (hd as f32).sqrt();
     let rows = unit.tokens.len() * group;
     let rw = rows.div_ceil(8) * 8;
@@ -165,7 +165,7 @@ pub fn attend_block<S: KvSource + ?Sized>(
 /// converted into `buf` from f16 ones, dequantized into `buf` from Q8_0 ones (whose head
 /// size and offset must then be whole 32-value blocks). `head_off` is the head's first
 /// value within a row of `kv_dim`.
-#[allow(unused_variables)]
+#[allow(unused_variables, clippy::ptr_arg)] // without `fp16` only f32 rows exist: nothing to convert
 pub fn head_rows<'a>(
     level: Level,
     rows: KvRows<'a>,
@@ -361,18 +361,20 @@ pub fn attend_batch<S: KvSource + ?Sized>(
         .iter()
         .map(|u| (u.tokens.clone(), u.kv_head))
         .collect();
-    write_merged(shape, &owners, &parts, out);
+    write_merged(shape, &owners, &parts, out, None);
 }
 
 /// Write the results of a batch's tasks to `out`: consecutive parts that share an owner
 /// (token range, kv head) are merged by log-sum-exp and normalised; row `r` of an owner is
 /// head `r % group` of its kv head's group for token `tokens.start + r / group`. A row no
-/// part saw a key for is written as zeros.
+/// part saw a key for is written as zeros. With `lse` (`tokens × n_head`), each row's
+/// log-sum-exp of its scores is written too (`-inf` for a row that saw no key).
 pub fn write_merged(
     shape: AttnShape,
     owners: &[(Range<usize>, usize)],
     parts: &[BlockPartial],
     out: &mut [f32],
+    mut lse: Option<&mut [f32]>,
 ) {
     let hd = shape.head_dim;
     let q_dim = shape.q_dim();
@@ -390,8 +392,12 @@ pub fn write_merged(
                 .iter()
                 .map(|p| p.m[r])
                 .fold(f32::NEG_INFINITY, f32::max);
+            let lse_at = token * shape.n_head + head;
             if mx == f32::NEG_INFINITY {
                 dst.fill(0.0);
+                if let Some(l) = lse.as_deref_mut() {
+                    l[lse_at] = f32::NEG_INFINITY;
+                }
                 continue;
             }
             if let [p] = pieces {
@@ -399,6 +405,9 @@ pub fn write_merged(
                 dst.iter_mut()
                     .zip(&p.o[r * hd..(r + 1) * hd])
                     .for_each(|(d, &a)| *d = a * inv);
+                if let Some(l) = lse.as_deref_mut() {
+                    l[lse_at] = p.m[r] + p.l[r].ln();
+                }
                 continue;
             }
             dst.fill(0.0);
@@ -415,6 +424,9 @@ pub fn write_merged(
             }
             let inv = 1.0 / l;
             dst.iter_mut().for_each(|d| *d *= inv);
+            if let Some(ls) = lse.as_deref_mut() {
+                ls[lse_at] = mx + l.ln();
+            }
         }
         i = j;
     }

@@ -14,6 +14,7 @@
 pub(crate) mod avx2;
 pub mod block;
 pub mod level;
+pub mod reference;
 pub mod rows;
 #[cfg(all(test, feature = "fp16"))]
 mod tests;
@@ -26,4 +27,4 @@ pub use block::{
 pub use level::Level;
 #[cfg(feature = "fp16")]
 pub use rows::BlockQ8_0;
-pub use rows::{F32Rows, KvRows, KvSource, BLOCK_Q8_0_BYTES, QK8_0};
+pub use rows::{read_f32, F32Rows, KvRows, KvSource, BLOCK_Q8_0_BYTES, QK8_0};

@@ -69,6 +69,26 @@ pub enum KvRows<'a> {
     Q8_0(&'a [BlockQ8_0]),
 }
 
+impl KvRows<'_> {
+    /// The first `dst.len()` values as f32 (whole rows; for Q8_0, whole 32-value blocks).
+    pub fn to_f32(&self, dst: &mut [f32]) {
+        match self {
+            KvRows::F32(x) => dst.copy_from_slice(&x[..dst.len()]),
+            #[cfg(feature = "fp16")]
+            KvRows::F16(x) => {
+                use half::slice::HalfFloatSliceExt;
+                x[..dst.len()].convert_to_f32_slice(dst)
+            }
+            #[cfg(feature = "fp16")]
+            KvRows::Q8_0(x) => {
+                for (b, d) in x.iter().zip(dst.chunks_exact_mut(QK8_0)) {
+                    b.dequantize(d);
+                }
+            }
+        }
+    }
+}
+
 /// Rows of keys and values addressed by position, as the tile kernel reads them. A source
 /// hands out runs of consecutive rows; a store whose rows are not all in one buffer (paged,
 /// tiered) says through [`KvSource::run_len`] how many rows from a position are contiguous,
@@ -85,10 +105,35 @@ pub trait KvSource: Sync {
     fn run_len(&self, _start: usize, max: usize) -> usize {
         max
     }
+    /// Where KV head `kv_head`'s values start within a row. Default: heads side by side,
+    /// `kv_head × head_dim`.
+    fn head_offset(&self, kv_head: usize, head_dim: usize) -> usize {
+        kv_head * head_dim
+    }
+}
+
+/// Keys (or, with `values`, values) of positions `start..start + dst.len() / kv_dim` of `src`
+/// as f32, in runs as the source hands them out.
+pub fn read_f32<S: KvSource + ?Sized>(src: &S, values: bool, start: usize, dst: &mut [f32]) {
+    let kv_dim = src.kv_dim().max(1);
+    let n = dst.len() / kv_dim;
+    let mut done = 0;
+    while done < n {
+        let run = src.run_len(start + done, n - done).max(1);
+        let rows = if values {
+            src.value_rows(start + done, run)
+        } else {
+            src.key_rows(start + done, run)
+        };
+        rows.to_f32(&mut dst[done * kv_dim..(done + run) * kv_dim]);
+        done += run;
+    }
 }
 
 /// f32 keys and values held in two row-major buffers (`rows × kv_dim` each): a policy's side
-/// table (landmarks, centroids) or a test's cache.
+/// table (landmarks, centroids, a per-head copy of kept rows) or a test's cache. A row holds
+/// KV heads `first_head..` side by side (0 for a table of every head; a table of one head's
+/// rows is `kv_dim = head_dim` with `first_head` that head).
 #[derive(Clone, Copy, Debug)]
 pub struct F32Rows<'a> {
     /// Keys, `rows × kv_dim`.
@@ -97,9 +142,26 @@ pub struct F32Rows<'a> {
     pub values: &'a [f32],
     /// Values per row.
     pub kv_dim: usize,
+    /// The KV head a row's first values belong to.
+    pub first_head: usize,
+}
+
+impl<'a> F32Rows<'a> {
+    /// A table of rows holding every KV head.
+    pub fn all_heads(keys: &'a [f32], values: &'a [f32], kv_dim: usize) -> Self {
+        F32Rows {
+            keys,
+            values,
+            kv_dim,
+            first_head: 0,
+        }
+    }
 }
 
 impl KvSource for F32Rows<'_> {
+    fn head_offset(&self, kv_head: usize, head_dim: usize) -> usize {
+        (kv_head - self.first_head) * head_dim
+    }
     fn kv_dim(&self) -> usize {
         self.kv_dim
     }

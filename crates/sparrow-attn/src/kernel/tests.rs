@@ -2,6 +2,8 @@
 //! with tails, MHA and GQA groups, batches of several blocks, forced key splits, per-token
 //! masks, and a source that cuts its runs short.
 
+#![allow(clippy::single_range_in_vec_init)] // lists of key ranges that may hold one
+
 use super::*;
 use half::f16;
 use std::ops::Range;
@@ -87,7 +89,7 @@ fn rng(mut seed: u64) -> impl FnMut() -> f32 {
     }
 }
 
-/// Naive f64 attention of one token's query row over the listed key positions.
+/// The f64 oracle over the same positions for every KV head.
 fn reference(
     shape: AttnShape,
     keys: &[Vec<f32>],
@@ -95,36 +97,13 @@ fn reference(
     q: &[f32],
     visible: &[usize],
 ) -> Vec<f32> {
-    let hd = shape.head_dim;
-    let group = shape.group();
-    let mut out = vec![0.0f32; shape.n_head * hd];
-    for h in 0..shape.n_head {
-        let g = h / group;
-        let qh = &q[h * hd..(h + 1) * hd];
-        let s: Vec<f64> = visible
-            .iter()
-            .map(|&t| {
-                let k = &keys[t][g * hd..(g + 1) * hd];
-                qh.iter()
-                    .zip(k)
-                    .map(|(a, b)| *a as f64 * *b as f64)
-                    .sum::<f64>()
-                    / (hd as f64).sqrt()
-            })
-            .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f64 = w.iter().sum();
-        for d in 0..hd {
-            let v: f64 = visible
-                .iter()
-                .enumerate()
-                .map(|(i, &t)| w[i] * vals[t][g * hd + d] as f64)
-                .sum();
-            out[h * hd + d] = (v / z) as f32;
-        }
-    }
-    out
+    super::reference::attention_f64(
+        shape,
+        keys,
+        vals,
+        q,
+        &vec![visible.to_vec(); shape.n_head_kv],
+    )
 }
 
 /// Sinks + a sliding window: a per-token mask with a gap that moves within a batch.
@@ -230,11 +209,7 @@ fn a_row_with_no_keys_is_zero() {
     };
     let keys = vec![1.0f32; 8 * 10];
     let vals = vec![2.0f32; 8 * 10];
-    let src = F32Rows {
-        keys: &keys,
-        values: &vals,
-        kv_dim: 8,
-    };
+    let src = F32Rows::all_heads(&keys, &vals, 8);
     let q = vec![0.5f32; 2 * 16];
     let visible = vec![vec![], vec![3..5]];
     let mut out = vec![f32::NAN; 2 * 16];

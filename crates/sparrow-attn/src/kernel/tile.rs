@@ -202,6 +202,7 @@ use super::avx2;
 mod tests {
     use super::*;
 
+    #[cfg(feature = "fp16")]
     fn rng(seed: u64) -> impl FnMut() -> f32 {
         let mut s = seed;
         move || {
@@ -212,6 +213,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "fp16")]
     fn close(a: &[f32], b: &[f32], tol: f32) {
         assert_eq!(a.len(), b.len());
         for (i, (x, y)) in a.iter().zip(b).enumerate() {

@@ -1,43 +1,138 @@
-//! Sparse policies: the seam through which a model's attention chooses which KV blocks each
-//! query reads. A policy sees block summaries collected when blocks are sealed and, per
-//! query group, picks blocks; the attention itself is then computed exactly over the chosen
-//! blocks with [`crate::partial_attention`] and merged with [`crate::merge`].
+//! Sparse policies as read plans (after nano-vllm's `SparsePolicy`). A policy never computes
+//! attention: per layer and batch it *plans* what to read ([`SparsePolicy::plan`] →
+//! [`ReadPlan`]) — key ranges per KV head and token, plus small side tables of its own —
+//! and one executor ([`execute`]) runs every plan through the kernel and merges by
+//! log-sum-exp. Between the two, a store can fetch what the plan names
+//! ([`SparsePolicy::requires_block_selection`]).
 //!
-//! This module holds the contract and the block-selecting policies' arithmetic; wiring into
-//! the engine's paged KV store lives in the engine.
+//! Summaries are built when a KV block is sealed ([`SparsePolicy::on_block_sealed`], keys
+//! at hand) and dropped on a rewind ([`SparsePolicy::forget_from`]). Policies are
+//! per-sequence and take `&mut self`: no locks.
 
+mod plan;
 mod quest;
 
-pub use quest::{key_bounds, upper_bound_score, BlockBounds, Quest, QuestConfig};
+pub use plan::{execute, PlanEntry, ReadPlan, SideTable, Source};
+pub use quest::{key_bounds, upper_bound_score, BlockBounds};
 
 use crate::error::{AttnError, Result};
+use crate::kernel::{AttnShape, KvSource};
 
 /// Index of a sealed KV block within one layer (block `b` holds positions
 /// `b * block_size .. (b + 1) * block_size`).
 pub type BlockId = usize;
 
-/// Which phase a query belongs to; policies may act in one and not the other.
+/// Which phase a batch belongs to; policies may act in one and not the other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
-    /// Processing the prompt.
+    /// Processing the prompt (a batch of several tokens).
     Prefill,
     /// Generating one token at a time.
     Decode,
 }
 
-/// What a policy sees when it chooses blocks for one query group.
-#[derive(Clone, Copy, Debug)]
-pub struct PolicyContext<'a> {
+/// What a policy sees when it plans one layer's reads for one batch.
+#[derive(Clone, Copy)]
+pub struct PlanContext<'a> {
     /// Layer index.
     pub layer: usize,
-    /// Prefill or decode.
-    pub phase: Phase,
-    /// The KV head whose blocks are chosen.
-    pub kv_head: usize,
-    /// The query heads sharing that KV head, `group × head_dim`, already rotated.
-    pub queries: &'a [f32],
-    /// Size of one head.
-    pub head_dim: usize,
+    /// Head counts and size.
+    pub shape: AttnShape,
+    /// Position of the batch's first token; token `i` is at `pos0 + i` and may read
+    /// positions `0..=pos0 + i`, which are written.
+    pub pos0: usize,
+    /// The batch's query rows, `n × n_head × head_dim`, already rotated.
+    pub q: &'a [f32],
+    /// The layer's keys and values (positions `0..pos0 + n` are valid). Reading it costs a
+    /// policy what reading it costs the kernel; most plan from their summaries instead.
+    pub store: &'a dyn KvSource,
+}
+
+impl PlanContext<'_> {
+    /// Tokens in the batch.
+    pub fn n_tokens(&self) -> usize {
+        self.q.len() / self.shape.q_dim().max(1)
+    }
+
+    /// Decode for a single token, prefill otherwise.
+    pub fn phase(&self) -> Phase {
+        if self.n_tokens() == 1 {
+            Phase::Decode
+        } else {
+            Phase::Prefill
+        }
+    }
+
+    /// The query rows of batch token `token` for the heads sharing `kv_head`
+    /// (`group × head_dim`).
+    pub fn group_queries(&self, token: usize, kv_head: usize) -> &[f32] {
+        let width = self.shape.group() * self.shape.head_dim;
+        &self.q[token * self.shape.q_dim() + kv_head * width..][..width]
+    }
+}
+
+/// A sparse attention policy: plans what each layer reads.
+pub trait SparsePolicy: Send {
+    /// Short name (`quest`, `streaming`, …).
+    fn name(&self) -> &str;
+
+    /// Whether the policy may run prompt processing (batches of several tokens).
+    fn supports_prefill(&self) -> bool {
+        true
+    }
+
+    /// Whether the policy may run generation (one token at a time).
+    fn supports_decode(&self) -> bool {
+        true
+    }
+
+    /// True when the policy chooses which KV blocks are read from its summaries, so a tiered
+    /// store need only bring those blocks in (its plans name them before they are read).
+    fn requires_block_selection(&self) -> bool {
+        false
+    }
+
+    /// Positions per KV block the policy summarises, if any: the store is paged and blocks
+    /// sealed at this size.
+    fn block_size(&self) -> Option<usize> {
+        None
+    }
+
+    /// Block `block` of `layer` has been completely written: `keys` holds its keys (f32).
+    /// Blocks are sealed in order; after a rewind ([`Self::forget_from`]) a block may be
+    /// sealed again.
+    fn on_block_sealed(&mut self, _layer: usize, _block: BlockId, _keys: KeysView<'_>) {}
+
+    /// Positions from `pos` on are about to be rewritten (a rewind, a restored prefix):
+    /// forget what is known about them.
+    fn forget_from(&mut self, _pos: usize) {}
+
+    /// What layer `ctx.layer` reads for the batch in `ctx`. Side tables may borrow from the
+    /// policy.
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p>;
+
+    /// Called after the plan ran, with each row's log-sum-exp of its scores (`n × n_head`),
+    /// when [`Self::wants_lse`] is true: for policies that track attention probabilities.
+    fn after_attend(&mut self, _ctx: &PlanContext<'_>, _lse: &[f32]) {}
+
+    /// Whether [`Self::after_attend`] should be called (the executor then computes the
+    /// log-sum-exp of every row).
+    fn wants_lse(&self) -> bool {
+        false
+    }
+
+    /// Compute the layer's attention for this batch itself instead of planning it, writing
+    /// `out`; return false to be planned. An escape hatch for a pattern the executor does
+    /// not run efficiently yet — MInference's token-level diagonals, read with tokens as
+    /// vector lanes — until block-sparse prefill replaces it. Every other policy plans.
+    fn attend_own(&mut self, _ctx: &PlanContext<'_>, _out: &mut [f32]) -> bool {
+        false
+    }
+
+    /// Fraction of `n_ctx` cached positions one decode query reads (1.0 when exact).
+    fn fraction_read(&self, _n_ctx: usize) -> f64 {
+        1.0
+    }
 }
 
 /// Keys of one sealed block: `rows × kv_heads × head_dim`, row-major.
@@ -99,25 +194,4 @@ impl<'a> KeysView<'a> {
         let at = (row * self.kv_heads + kv_head) * self.head_dim;
         &self.keys[at..at + self.head_dim]
     }
-}
-
-/// A sparse attention policy (after nano-vllm's `SparsePolicy`).
-pub trait SparsePolicy: Send + Sync {
-    /// Short name (`quest`, `streaming`, …).
-    fn name(&self) -> &'static str;
-    /// Whether the policy changes prefill attention.
-    fn supports_prefill(&self) -> bool;
-    /// Whether the policy changes decode attention.
-    fn supports_decode(&self) -> bool;
-    /// True when the policy decides which KV blocks are read, so a tiered store need only
-    /// load the selected blocks from its cold tier.
-    fn requires_block_selection(&self) -> bool;
-    /// Choose among the sealed blocks `available` (ascending) for the query group in `ctx`;
-    /// append the chosen ids to `out` in ascending order. The unsealed tail block is always
-    /// read by the caller and is not offered.
-    fn select_blocks(&self, ctx: &PolicyContext<'_>, available: &[BlockId], out: &mut Vec<BlockId>);
-    /// A block of `layer` was filled and sealed: collect its summary while it is hot.
-    fn on_block_sealed(&mut self, _layer: usize, _block: BlockId, _keys: KeysView<'_>) {}
-    /// Forget all per-sequence state.
-    fn reset(&mut self) {}
 }

@@ -4,8 +4,7 @@
 //! block, so ranking blocks by it and reading the top ones (within a token budget) keeps the
 //! keys that can matter most.
 
-use super::{BlockId, KeysView, Phase, PolicyContext, SparsePolicy};
-use crate::error::{AttnError, Result};
+use super::KeysView;
 
 /// Element-wise bounds of one block's keys, per KV head (`kv_heads × head_dim` each).
 #[derive(Clone, Debug, PartialEq)]
@@ -77,144 +76,6 @@ pub fn upper_bound_score(q: &[f32], min: &[f32], max: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Quest's settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QuestConfig {
-    /// Tokens per block ("page"); Quest uses 16.
-    pub block_size: usize,
-    /// Tokens read per query beyond the tail block; Quest's default is 1024.
-    pub budget_tokens: usize,
-}
-
-impl Default for QuestConfig {
-    fn default() -> Self {
-        QuestConfig {
-            block_size: 16,
-            budget_tokens: 1024,
-        }
-    }
-}
-
-/// The Quest policy: per-layer block bounds, top-k selection under a token budget. Scores of
-/// the query heads sharing a KV head are summed, so a GQA group reads one set of blocks.
-#[derive(Clone, Debug)]
-pub struct Quest {
-    config: QuestConfig,
-    /// `bounds[layer][block]`.
-    bounds: Vec<Vec<BlockBounds>>,
-}
-
-impl Quest {
-    /// A Quest policy; errors on a zero block size or budget.
-    pub fn new(config: QuestConfig) -> Result<Quest> {
-        if config.block_size == 0 {
-            return Err(AttnError::InvalidConfig {
-                field: "block_size",
-                reason: "must be at least 1",
-            });
-        }
-        if config.budget_tokens == 0 {
-            return Err(AttnError::InvalidConfig {
-                field: "budget_tokens",
-                reason: "must be at least 1",
-            });
-        }
-        Ok(Quest {
-            config,
-            bounds: Vec::new(),
-        })
-    }
-
-    /// Settings.
-    pub fn config(&self) -> QuestConfig {
-        self.config
-    }
-
-    /// Blocks read per query group.
-    pub fn max_blocks(&self) -> usize {
-        (self.config.budget_tokens / self.config.block_size).max(1)
-    }
-
-    /// The bounds recorded for `layer`'s `block`, if sealed.
-    pub fn bounds(&self, layer: usize, block: BlockId) -> Option<&BlockBounds> {
-        self.bounds.get(layer)?.get(block)
-    }
-}
-
-impl SparsePolicy for Quest {
-    fn name(&self) -> &'static str {
-        "quest"
-    }
-
-    fn supports_prefill(&self) -> bool {
-        false
-    }
-
-    fn supports_decode(&self) -> bool {
-        true
-    }
-
-    fn requires_block_selection(&self) -> bool {
-        true
-    }
-
-    fn select_blocks(
-        &self,
-        ctx: &PolicyContext<'_>,
-        available: &[BlockId],
-        out: &mut Vec<BlockId>,
-    ) {
-        let k = self.max_blocks();
-        if ctx.phase == Phase::Prefill || available.len() <= k {
-            out.extend_from_slice(available);
-            return;
-        }
-        let layer = self.bounds.get(ctx.layer).map(Vec::as_slice).unwrap_or(&[]);
-        let mut scored: Vec<(f32, BlockId)> = available
-            .iter()
-            .map(|&b| {
-                let s = match layer.get(b) {
-                    // A block without bounds cannot be ranked: keep it (never drop silently).
-                    None => f32::INFINITY,
-                    Some(bb) => ctx
-                        .queries
-                        .chunks_exact(ctx.head_dim.max(1))
-                        .map(|q| bb.score(ctx.kv_head, q))
-                        .sum(),
-                };
-                (if s.is_nan() { f32::INFINITY } else { s }, b)
-            })
-            .collect();
-        // Highest score first; ties to the earlier block, so selection is deterministic.
-        scored.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let start = out.len();
-        out.extend(scored[..k].iter().map(|&(_, b)| b));
-        out[start..].sort_unstable();
-    }
-
-    fn on_block_sealed(&mut self, layer: usize, block: BlockId, keys: KeysView<'_>) {
-        if self.bounds.len() <= layer {
-            self.bounds.resize_with(layer + 1, Vec::new);
-        }
-        let blocks = &mut self.bounds[layer];
-        if blocks.len() <= block {
-            blocks.resize(
-                block + 1,
-                BlockBounds {
-                    head_dim: keys.head_dim(),
-                    min: Vec::new(),
-                    max: Vec::new(),
-                },
-            );
-        }
-        blocks[block] = BlockBounds::from_keys(keys);
-    }
-
-    fn reset(&mut self) {
-        self.bounds.clear();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,91 +128,19 @@ mod tests {
         }
     }
 
-    fn sealed(n_blocks: usize, needle_block: usize, needle: &[f32]) -> Quest {
-        let (bs, dim) = (16, needle.len());
-        let mut quest = Quest::new(QuestConfig {
-            block_size: bs,
-            budget_tokens: 32,
-        })
-        .unwrap();
-        let mut r = Lcg(3);
-        for b in 0..n_blocks {
-            let mut keys: Vec<f32> = (0..bs * dim).map(|_| r.next() * 0.1).collect();
-            if b == needle_block {
-                keys[5 * dim..6 * dim].copy_from_slice(needle);
-            }
-            quest.on_block_sealed(0, b, KeysView::new(&keys, bs, 1, dim).unwrap());
-        }
-        quest
+    #[test]
+    fn bad_views_are_errors() {
+        assert!(KeysView::new(&[0.0; 8], 2, 2, 2).is_ok());
+        assert!(KeysView::new(&[0.0; 7], 2, 2, 2).is_err());
+        assert!(KeysView::new(&[], 0, 2, 2).is_err());
+        assert!(KeysView::new(&[0.0; 8], usize::MAX, 2, 2).is_err());
     }
 
     #[test]
-    fn selects_the_block_holding_a_key_aligned_with_the_query() {
-        let needle = [3.0f32, -2.0, 1.0, 4.0];
-        let quest = sealed(40, 23, &needle);
-        let available: Vec<BlockId> = (0..40).collect();
-        let ctx = PolicyContext {
-            layer: 0,
-            phase: Phase::Decode,
-            kv_head: 0,
-            queries: &needle,
-            head_dim: 4,
-        };
-        let mut out = Vec::new();
-        quest.select_blocks(&ctx, &available, &mut out);
-        assert_eq!(out.len(), 2, "budget 32 tokens = 2 blocks of 16");
-        assert!(out.contains(&23), "{out:?}");
-        assert!(out.windows(2).all(|w| w[0] < w[1]));
-        // Prefill, or a budget covering everything, reads every block.
-        let mut all = Vec::new();
-        quest.select_blocks(
-            &PolicyContext {
-                phase: Phase::Prefill,
-                ..ctx
-            },
-            &available,
-            &mut all,
-        );
-        assert_eq!(all, available);
-        let mut few = Vec::new();
-        quest.select_blocks(&ctx, &available[..2], &mut few);
-        assert_eq!(few, vec![0, 1]);
-    }
-
-    #[test]
-    fn unsealed_blocks_are_kept_and_reset_forgets() {
-        let needle = [1.0f32, 0.0, 0.0, 0.0];
-        let mut quest = sealed(4, 0, &needle);
-        let ctx = PolicyContext {
-            layer: 0,
-            phase: Phase::Decode,
-            kv_head: 0,
-            queries: &needle,
-            head_dim: 4,
-        };
-        let mut out = Vec::new();
-        quest.select_blocks(&ctx, &[0, 1, 2, 3, 9], &mut out);
-        assert!(
-            out.contains(&9),
-            "block 9 has no bounds and must not be dropped: {out:?}"
-        );
-        quest.reset();
-        assert!(quest.bounds(0, 0).is_none());
-    }
-
-    #[test]
-    fn bad_settings_and_views_are_errors() {
-        assert!(Quest::new(QuestConfig {
-            block_size: 0,
-            budget_tokens: 8
-        })
-        .is_err());
-        assert!(Quest::new(QuestConfig {
-            block_size: 8,
-            budget_tokens: 0
-        })
-        .is_err());
-        assert!(KeysView::new(&[0.0; 10], 2, 1, 4).is_err());
-        assert!(KeysView::new(&[], 0, 1, 4).is_err());
+    fn key_bounds_cover_every_row() {
+        let rows = [1.0, -2.0, 3.0, 0.5, 4.0, -1.0];
+        let (mut lo, mut hi) = ([f32::INFINITY; 2], [f32::NEG_INFINITY; 2]);
+        key_bounds(&rows, 2, &mut lo, &mut hi);
+        assert_eq!((lo, hi), ([1.0, -2.0], [4.0, 0.5]));
     }
 }

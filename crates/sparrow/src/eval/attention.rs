@@ -7,21 +7,24 @@
 //! fed every sealed block of every layer, and asked to attend with the recorded queries.
 //! Per layer and query head this gives:
 //!
-//! - **selectivity**: positions in the policy's [`AttentionBackend::read_set`] for the
-//!   head's KV head, over `N`;
+//! - **selectivity**: store positions the policy's plan reads ([`read_set`]) for the head's
+//!   KV head, over `N`;
 //! - **relative L2 error** `‖o_P − o_full‖ / ‖o_full‖` of the attention output;
 //! - **attention mass captured**: the sum of the exact softmax probabilities (in f64, from
 //!   the cached keys) over the positions the policy reads.
 //!
 //! Policies that cannot decode (MInference) are measured on the last prefill rows instead:
-//! only the error and the backend's own [`AttentionBackend::fraction_read`] are reported.
-//! Everything goes through the [`AttentionBackend`] trait, so a policy's internals do not
-//! matter here.
+//! only the error and the policy's own [`SparsePolicy::fraction_read`] are reported.
+//! Everything goes through the [`SparsePolicy`] trait and the executor, so a policy's
+//! internals do not matter here.
 
-use crate::attention::{AttentionBackend, AttentionChoice, AttnShape, DenseAttention};
+use crate::attention::{
+    attend, read_set, AttentionChoice, AttnShape, DenseAttention, PlanContext, ReadPlan,
+    SparsePolicy,
+};
 use crate::error::{Error, Result};
 use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
-use crate::kv_cache::{KvCache, KvTypes};
+use crate::kv_cache::KvTypes;
 use crate::model::{Logits, Model, State};
 use crate::policy::MInferenceAttention;
 use crate::tokenizer::Tokenizer;
@@ -40,28 +43,20 @@ struct RecordingAttention {
     rows: Recorded,
 }
 
-impl AttentionBackend for RecordingAttention {
+impl SparsePolicy for RecordingAttention {
     fn name(&self) -> &str {
         "full"
     }
 
-    fn attend(
-        &self,
-        shape: AttnShape,
-        cache: &KvCache,
-        layer: usize,
-        q: &[f32],
-        pos0: usize,
-        out: &mut [f32],
-    ) {
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
         {
             let mut rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
-            if rows.len() <= layer {
-                rows.resize_with(layer + 1, Vec::new);
+            if rows.len() <= ctx.layer {
+                rows.resize_with(ctx.layer + 1, Vec::new);
             }
-            rows[layer].push((pos0, q.to_vec()));
+            rows[ctx.layer].push((ctx.pos0, ctx.q.to_vec()));
         }
-        DenseAttention.attend(shape, cache, layer, q, pos0, out)
+        ReadPlan::causal(ctx.shape, ctx.pos0, ctx.n_tokens())
     }
 }
 
@@ -338,13 +333,13 @@ fn probabilities(
 fn build_policy(
     choice: &AttentionChoice,
     n_layer: usize,
-) -> Result<(Phase, Box<dyn AttentionBackend>)> {
+) -> Result<(Phase, Box<dyn SparsePolicy>)> {
     let (_, decode) = choice.phase_names().map_err(Error::Other)?;
     if decode == choice.name {
         let backend = choice.build(n_layer).map_err(Error::Other)?;
         return Ok((Phase::Decode, backend));
     }
-    let backend: Box<dyn AttentionBackend> = match choice.name.as_str() {
+    let backend: Box<dyn SparsePolicy> = match choice.name.as_str() {
         "minference" => Box::new(
             MInferenceAttention::new(choice.minference.clone(), n_layer).map_err(Error::Other)?,
         ),
@@ -361,8 +356,8 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
         decode: None,
         ..choice.clone()
     };
-    let (phase, backend) = build_policy(&choice, cap.n_layer)?;
-    let backend = backend.as_ref();
+    let (phase, mut backend) = build_policy(&choice, cap.n_layer)?;
+    let backend = backend.as_mut();
     let shape = cap.shape;
     let kv = cap.state.kv();
     let n = cap.n_ctx;
@@ -381,14 +376,16 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
             Phase::Decode => (cap.decode_query(layer), n - 1),
             Phase::Prefill => (cap.queries[layer].as_slice(), n - cap.tail),
         };
+        // The read set first: it is the plan the query then runs (a policy that updates
+        // its state after attending, like H2O's eviction, would report its next step's).
+        let read = (phase == Phase::Decode).then(|| read_set(backend, shape, kv, layer, q, n - 1));
         let mut full = vec![0.0f32; q.len()];
         let mut out = vec![0.0f32; q.len()];
-        DenseAttention.attend(shape, kv, layer, q, pos0, &mut full);
-        backend.attend(shape, kv, layer, q, pos0, &mut out);
+        attend(&mut DenseAttention, shape, kv, layer, q, pos0, &mut full);
+        attend(backend, shape, kv, layer, q, pos0, &mut out);
         let errors = head_errors(shape, &out, &full);
 
-        let heads: Vec<HeadStats> = if phase == Phase::Decode {
-            let read = backend.read_set(shape, kv, layer, q, n - 1);
+        let heads: Vec<HeadStats> = if let Some(read) = read {
             kv.read_keys(layer, 0, &mut keys);
             (0..shape.n_head)
                 .map(|h| {

@@ -6,10 +6,11 @@ pub mod config;
 pub mod rope;
 pub mod weights;
 
-use crate::attention::{AttentionBackend, AttnShape, DenseAttention};
+use crate::attention::{attend, AttnShape, DenseAttention, SparsePolicy};
 use crate::error::{Error, Result};
 use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
 use crate::kv_cache::{KvCache, KvTypes};
+use crate::kv_store::KvStore;
 pub use config::{Architecture, ModelConfig, RopeLayout};
 use rope::RopeTable;
 use sparrow_gguf::GgufFile;
@@ -65,7 +66,7 @@ pub struct State {
     /// positions through [`State::import_prefix`], so a store that pages blocks out of RAM
     /// can take its place without its users changing.
     kv: KvCache,
-    attention: Box<dyn AttentionBackend>,
+    attention: Box<dyn SparsePolicy>,
     /// Which fixed-size blocks of each layer are sealed (the paged view of `kv`).
     blocks: BlockTable,
     rope: Arc<RopeTable>,
@@ -102,7 +103,7 @@ impl State {
     /// Replace the attention backend (e.g. with a sparse policy) for what follows.
     /// The new backend's block size pages the cache; blocks already complete are sealed for
     /// it at the next forward pass.
-    pub fn set_attention(&mut self, backend: Box<dyn AttentionBackend>) {
+    pub fn set_attention(&mut self, backend: Box<dyn SparsePolicy>) {
         self.blocks = BlockTable::new(
             backend.block_size().unwrap_or(DEFAULT_BLOCK),
             self.kv.n_layer(),
@@ -111,7 +112,7 @@ impl State {
     }
 
     /// The attention backend in use.
-    pub fn attention(&self) -> &dyn AttentionBackend {
+    pub fn attention(&self) -> &dyn SparsePolicy {
         self.attention.as_ref()
     }
 
@@ -360,7 +361,7 @@ impl Model {
                 state
                     .rope
                     .apply(&mut s.k[i * kvd..(i + 1) * kvd], c.head_dim, pos);
-                state.kv.write(
+                state.kv.append(
                     l,
                     pos,
                     &s.k[i * kvd..(i + 1) * kvd],
@@ -372,10 +373,16 @@ impl Model {
             state.blocks.forget_layer_from(l, pos0);
             state
                 .blocks
-                .seal(shape, &state.kv, l, pos0 + n, state.attention.as_ref());
-            state
-                .attention
-                .attend(shape, &state.kv, l, &s.q, pos0, &mut s.att);
+                .seal(shape, &state.kv, l, pos0 + n, state.attention.as_mut());
+            attend(
+                state.attention.as_mut(),
+                shape,
+                &state.kv,
+                l,
+                &s.q,
+                pos0,
+                &mut s.att,
+            );
             self.linear(&w.wo, &s.att, n, &mut s.proj)?;
             s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
 

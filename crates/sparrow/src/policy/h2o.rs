@@ -25,31 +25,49 @@
 //! step of a layer with no H2O state attends over the whole context once, seeds every
 //! position's score with that step's probabilities, and then evicts to the budget.
 //!
-//! Prefill (batches of several tokens) and layers in `dense_layers` use exact attention.
+//! Prefill (batches of several tokens) and layers in `dense_layers` read everything.
 //! Each layer keeps a compact f32 copy of its kept keys and values per KV head (H2O's
-//! bounded cache; rows join it from the engine's cache as positions are written, and leave
-//! it on eviction): heavy hitters are scattered, and reading them in place would cost a
-//! memory miss per row. Its size is at most the budget, `(heavy + recent) · n × kv_dim × 8`
-//! bytes per layer — 0.4× an f16 cache at the default 20%. The per-key probabilities need
-//! their own small kernel (the flash kernel's online softmax only keeps running sums): the
-//! flash kernel's SIMD score and P·V kernels over the copy, with a two-pass softmax between.
+//! bounded cache; rows join it from the store as positions are written, and leave it on
+//! eviction): heavy hitters are scattered, and reading them in place would cost a memory
+//! miss per row. Its size is at most the budget, `(heavy + recent) · n × kv_dim × 8` bytes
+//! per layer — 0.4× an f16 cache at the default 20%. The plan reads each head's copy as a
+//! side table (whose rows name their store positions); the executor returns each query
+//! row's log-sum-exp, from which [`SparsePolicy::after_attend`] recomputes the kept keys'
+//! probabilities (scores again, `exp(s − lse)`) to add to their scores before evicting.
 
-use crate::attention::{AttentionBackend, AttnShape, DenseAttention};
-use crate::kv_cache::KvCache;
-use rayon::prelude::*;
-use sparrow_attn::kernel::tile::{pv, scores};
-use sparrow_attn::kernel::Level;
-use std::ops::Range;
-use std::sync::Mutex;
+use super::{AttentionChoice, PolicyEntry};
+use sparrow_attn::kernel::tile::scores;
+use sparrow_attn::kernel::{read_f32, F32Rows, Level};
+use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, SideTable, Source, SparsePolicy};
+
+/// The registry's entry: a decode policy.
+pub const ENTRY: PolicyEntry = PolicyEntry {
+    name: "h2o",
+    prefill: false,
+    decode: true,
+    build: |c, n_layer| Ok(Box::new(H2oAttention::new(settings(c)?, n_layer)?)),
+    describe: |c| settings(c).map_or_else(|e| e, |s| format!("{s:?}")),
+};
+
+/// The settings with the shared `--dense-layers` applied.
+fn settings(c: &AttentionChoice) -> Result<H2oSettings, String> {
+    let mut s = c.h2o.clone();
+    s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
+    Ok(s)
+}
 
 /// H2O settings (defaults from the method's code: 10% heavy hitters + 10% recent).
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct H2oSettings {
-    /// Heavy hitters kept, as a fraction of the context.
+    /// H2O: heavy hitters kept, as a fraction of the context (0..=1).
+    #[cfg_attr(feature = "cli", arg(id = "H2O_HEAVY", long = "h2o-heavy", default_value_t = 0.1, help_heading = crate::policy::HELP_HEADING))]
     pub heavy: f64,
-    /// Recent tokens kept, as a fraction of the context.
+    /// H2O: recent tokens kept, as a fraction of the context (0..=1).
+    #[cfg_attr(feature = "cli", arg(id = "H2O_RECENT", long = "h2o-recent", default_value_t = 0.1, help_heading = crate::policy::HELP_HEADING))]
     pub recent: f64,
-    /// Layers that keep exact attention.
+    /// Layers that keep exact attention (set by `--dense-layers`).
+    #[cfg_attr(feature = "cli", arg(skip))]
     pub dense_layers: Vec<usize>,
 }
 
@@ -146,22 +164,10 @@ impl LayerKeep {
     }
 }
 
-/// The H2O decode backend (one per sequence).
+/// The H2O decode policy (one per sequence).
 pub struct H2oAttention {
     settings: H2oSettings,
-    layers: Vec<Mutex<Option<LayerKeep>>>,
-}
-
-/// Ascending positions as ascending ranges of consecutive positions.
-fn runs(pos: &[usize]) -> Vec<Range<usize>> {
-    let mut out: Vec<Range<usize>> = Vec::new();
-    for &p in pos {
-        match out.last_mut() {
-            Some(last) if last.end == p => last.end = p + 1,
-            _ => out.push(p..p + 1),
-        }
-    }
-    out
+    layers: Vec<Option<LayerKeep>>,
 }
 
 impl H2oAttention {
@@ -171,7 +177,7 @@ impl H2oAttention {
         settings.validate()?;
         Ok(H2oAttention {
             settings,
-            layers: (0..n_layer).map(|_| Mutex::default()).collect(),
+            layers: (0..n_layer).map(|_| None).collect(),
         })
     }
 
@@ -183,9 +189,9 @@ impl H2oAttention {
     /// The positions `layer` keeps per KV head (ascending), or `None` before its first
     /// decode step (or a dense layer): for inspection and tests.
     pub fn kept(&self, layer: usize) -> Option<Vec<Vec<usize>>> {
-        let slot = self.layers.get(layer)?;
-        let st = slot.lock().unwrap_or_else(|e| e.into_inner());
-        st.as_ref()
+        self.layers
+            .get(layer)?
+            .as_ref()
             .map(|s| s.heads.iter().map(|h| h.pos.clone()).collect())
     }
 
@@ -223,26 +229,13 @@ impl H2oAttention {
     }
 }
 
-/// Exact attention of the group's query heads (`q_group`, `group × head_dim`) over the
-/// kept rows of `head`, writing `out_group` and adding each position's summed probability
-/// to its score.
-///
-/// Built from the flash kernel's SIMD score and P·V kernels ([`sparrow_attn::kernel::tile`])
-/// but with a two-pass softmax, because H2O needs every key's normalised probability:
-/// scores of all kept keys, then max / exp / sum per query head, then the probabilities
-/// added to the scores and applied to the values.
-fn attend_kept(
-    level: Level,
-    hd: usize,
-    q_group: &[f32],
-    head: &mut HeadKeep,
-    out_group: &mut [f32],
-) {
+/// Add to each kept key of `head` the probability the group's query heads (`q_group`,
+/// `group × head_dim`) gave it: its score `q · k / √d` recomputed with the flash kernel's
+/// score kernel, and `exp(score − lse)` with each head's log-sum-exp from the executor.
+fn accumulate(level: Level, hd: usize, q_group: &[f32], lse: &[f32], head: &mut HeadKeep) {
     let group = q_group.len() / hd;
     let rw = group.div_ceil(8) * 8;
-    let scale = 1.0 / (hd as f32).sqrt();
     let m = head.pos.len();
-    out_group.fill(0.0);
     if m == 0 {
         return;
     }
@@ -253,39 +246,37 @@ fn attend_kept(
             qt[d * rw + r] = x;
         }
     }
-    // Pass 1: scores `s[t * rw + r]` of kept key `t` for query head `r`.
     let mut s = vec![0f32; m * rw];
-    scores(level, &head.k, hd, m, hd, &qt, rw, scale, &mut s);
-    // Pass 2: normalised probabilities per query head.
-    for r in 0..group {
-        let mx = (0..m)
-            .map(|t| s[t * rw + r])
-            .fold(f32::NEG_INFINITY, f32::max);
-        if !mx.is_finite() {
-            (0..m).for_each(|t| s[t * rw + r] = 0.0);
-            continue;
-        }
-        let mut l = 0.0f32;
-        for t in 0..m {
-            let e = (s[t * rw + r] - mx).exp();
-            s[t * rw + r] = e;
-            l += e;
-        }
-        let inv = 1.0 / l;
-        (0..m).for_each(|t| s[t * rw + r] *= inv);
-    }
-    // Accumulated attention: the group's probabilities summed per key.
+    scores(
+        level,
+        &head.k,
+        hd,
+        m,
+        hd,
+        &qt,
+        rw,
+        1.0 / (hd as f32).sqrt(),
+        &mut s,
+    );
     for (t, score) in head.score.iter_mut().enumerate() {
-        let p: f32 = s[t * rw..t * rw + group].iter().sum();
+        let p: f32 = (0..group)
+            .filter(|&r| lse[r].is_finite())
+            .map(|r| (s[t * rw + r] - lse[r]).exp())
+            .sum();
         if p.is_finite() {
             *score += p;
         }
     }
-    // Pass 3: P·V, already normalised.
-    pv(level, &s, rw, group, &head.v, hd, m, hd, out_group);
 }
 
-impl AttentionBackend for H2oAttention {
+impl H2oAttention {
+    /// Whether layer `layer` runs H2O for a batch of `n` tokens (else it reads everything).
+    fn sparse_for(&self, layer: usize, n: usize) -> bool {
+        n == 1 && layer < self.layers.len() && !self.settings.dense_layers.contains(&layer)
+    }
+}
+
+impl SparsePolicy for H2oAttention {
     fn name(&self) -> &str {
         "h2o"
     }
@@ -294,33 +285,21 @@ impl AttentionBackend for H2oAttention {
         false
     }
 
-    fn attend(
-        &self,
-        shape: AttnShape,
-        cache: &KvCache,
-        layer: usize,
-        q: &[f32],
-        pos0: usize,
-        out: &mut [f32],
-    ) {
-        let q_dim = shape.n_head * shape.head_dim;
-        let Some(slot) = self.layers.get(layer) else {
-            return DenseAttention.attend(shape, cache, layer, q, pos0, out);
-        };
-        if q.len() != q_dim || self.settings.dense_layers.contains(&layer) {
-            return DenseAttention.attend(shape, cache, layer, q, pos0, out);
+    /// Per KV head, the head's kept rows (a side table: the copy of its kept positions,
+    /// the positions written since the last step having just joined it).
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+        let (shape, pos0) = (ctx.shape, ctx.pos0);
+        if !self.sparse_for(ctx.layer, ctx.n_tokens()) {
+            return ReadPlan::causal(shape, pos0, ctx.n_tokens());
         }
-        let ctx = pos0 + 1;
-        // A poisoned lock only means another thread panicked mid-step; the state is a
-        // consistent (if possibly stale) kept set, so take it as it is.
-        let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let n = pos0 + 1;
         let hd = shape.head_dim;
         let fresh = || LayerKeep {
             n: 0,
             head_dim: hd,
             heads: vec![HeadKeep::default(); shape.n_head_kv],
         };
-        let st = guard.get_or_insert_with(fresh);
+        let st = self.layers[ctx.layer].get_or_insert_with(fresh);
         if st.heads.len() != shape.n_head_kv || st.head_dim != hd {
             *st = fresh();
         }
@@ -329,38 +308,78 @@ impl AttentionBackend for H2oAttention {
         st.truncate(pos0);
         // Positions written since the last step join with a score of 0 (all of them at a
         // layer's first step: the seeding pass over the full context).
-        if st.n < ctx {
-            let kv_dim = cache.kv_dim();
-            let mut kb = vec![0f32; (ctx - st.n) * kv_dim];
+        if st.n < n {
+            let kv_dim = shape.kv_dim();
+            let mut kb = vec![0f32; (n - st.n) * kv_dim];
             let mut vb = vec![0f32; kb.len()];
-            cache.read_keys(layer, st.n, &mut kb);
-            cache.read_values(layer, st.n, &mut vb);
+            read_f32(ctx.store, false, st.n, &mut kb);
+            read_f32(ctx.store, true, st.n, &mut vb);
             for (h, head) in st.heads.iter_mut().enumerate() {
-                head.pos.extend(st.n..ctx);
+                head.pos.extend(st.n..n);
                 head.score.resize(head.pos.len(), 0.0);
                 for (kr, vr) in kb.chunks_exact(kv_dim).zip(vb.chunks_exact(kv_dim)) {
                     head.k.extend_from_slice(&kr[h * hd..(h + 1) * hd]);
                     head.v.extend_from_slice(&vr[h * hd..(h + 1) * hd]);
                 }
             }
-            st.n = ctx;
+            st.n = n;
         }
-        let level = Level::active();
-        let group_width = q_dim / shape.n_head_kv;
-        st.heads
-            .par_iter_mut()
-            .zip(out[..q_dim].par_chunks_mut(group_width))
-            .enumerate()
-            .for_each(|(kv_head, (head, out_group))| {
-                let q_group = &q[kv_head * group_width..(kv_head + 1) * group_width];
-                attend_kept(level, hd, q_group, head, out_group);
-                self.evict(head, ctx, hd);
-            });
+        let st = &*st;
+        ReadPlan {
+            entries: (0..shape.n_head_kv)
+                .map(|h| PlanEntry {
+                    kv_heads: h..h + 1,
+                    source: Source::Side(h),
+                    visible: vec![vec![0..st.heads[h].pos.len()]],
+                })
+                .collect(),
+            side: st
+                .heads
+                .iter()
+                .enumerate()
+                .map(|(h, head)| SideTable {
+                    rows: F32Rows {
+                        keys: &head.k,
+                        values: &head.v,
+                        kv_dim: hd,
+                        first_head: h,
+                    },
+                    positions: Some(&head.pos),
+                })
+                .collect(),
+        }
     }
 
-    fn forget_from(&self, pos: usize) {
-        for slot in &self.layers {
-            let mut st = slot.lock().unwrap_or_else(|e| e.into_inner());
+    fn wants_lse(&self) -> bool {
+        true
+    }
+
+    /// The kept keys' probabilities join their scores; then eviction to the budget.
+    fn after_attend(&mut self, ctx: &PlanContext<'_>, lse: &[f32]) {
+        if !self.sparse_for(ctx.layer, ctx.n_tokens()) {
+            return;
+        }
+        let Some(mut st) = self.layers[ctx.layer].take() else {
+            return;
+        };
+        let (hd, group) = (ctx.shape.head_dim, ctx.shape.group());
+        let level = Level::active();
+        let n = ctx.pos0 + 1;
+        for (h, head) in st.heads.iter_mut().enumerate() {
+            accumulate(
+                level,
+                hd,
+                ctx.group_queries(0, h),
+                &lse[h * group..(h + 1) * group],
+                head,
+            );
+            self.evict(head, n, hd);
+        }
+        self.layers[ctx.layer] = Some(st);
+    }
+
+    fn forget_from(&mut self, pos: usize) {
+        for st in &mut self.layers {
             if pos == 0 {
                 *st = None;
             } else if let Some(s) = st.as_mut() {
@@ -379,51 +398,13 @@ impl AttentionBackend for H2oAttention {
         let (heavy, recent) = self.settings.budget(n_ctx);
         (heavy + recent).min(n_ctx) as f64 / n_ctx as f64
     }
-
-    /// The positions a decode query at `pos` would read: per KV head, the kept positions
-    /// below `pos + 1` plus those written since the last step; everything before a layer's
-    /// first decode step (which seeds from the full context) and for dense layers.
-    fn read_set(
-        &self,
-        shape: AttnShape,
-        _cache: &KvCache,
-        layer: usize,
-        _q: &[f32],
-        pos: usize,
-    ) -> Vec<Vec<Range<usize>>> {
-        let full = vec![std::iter::once(0..pos + 1).collect(); shape.n_head_kv];
-        let Some(slot) = self.layers.get(layer) else {
-            return full;
-        };
-        if self.settings.dense_layers.contains(&layer) {
-            return full;
-        }
-        let st = slot.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = st.as_ref().filter(|s| s.heads.len() == shape.n_head_kv) else {
-            return full;
-        };
-        s.heads
-            .iter()
-            .map(|h| {
-                let below = h.pos.partition_point(|&p| p <= pos);
-                let mut r = runs(&h.pos[..below]);
-                let new = s.n..pos + 1;
-                if !new.is_empty() {
-                    match r.last_mut() {
-                        Some(last) if last.end == new.start => last.end = new.end,
-                        _ => r.push(new),
-                    }
-                }
-                r
-            })
-            .collect()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::KvType;
+    use crate::attention::{attend, read_set, AttnShape, DenseAttention, FixedReads};
+    use crate::kv_cache::{KvCache, KvType};
 
     fn rng(mut seed: u64) -> impl FnMut() -> f32 {
         move || {
@@ -499,13 +480,13 @@ mod tests {
     fn a_budget_covering_the_context_equals_dense() {
         for ty in [KvType::F32, KvType::F16] {
             let cache = random_cache(ty, 300, 4);
-            let h = h2o(0.5, 0.5);
+            let mut h = h2o(0.5, 0.5);
             let mut r = rng(8);
             for pos in 250..300 {
                 let q: Vec<f32> = (0..Q_DIM).map(|_| r()).collect();
                 let (mut want, mut got) = (vec![0f32; Q_DIM], vec![0f32; Q_DIM]);
-                DenseAttention.attend(SHAPE, &cache, 1, &q, pos, &mut want);
-                h.attend(SHAPE, &cache, 1, &q, pos, &mut got);
+                attend(&mut DenseAttention, SHAPE, &cache, 1, &q, pos, &mut want);
+                attend(&mut h, SHAPE, &cache, 1, &q, pos, &mut got);
                 for (a, b) in got.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-5, "{ty:?} pos {pos}: {a} vs {b}");
                 }
@@ -521,18 +502,20 @@ mod tests {
     #[test]
     fn kept_set_fits_the_budget_and_keeps_the_recent_window() {
         let cache = random_cache(KvType::F32, 400, 6);
-        let h = h2o(0.1, 0.05);
+        let mut h = h2o(0.1, 0.05);
         let mut r = rng(2);
         for pos in 200..400 {
             let q: Vec<f32> = (0..Q_DIM).map(|_| r()).collect();
-            let read = h.read_set(SHAPE, &cache, 1, &q, pos);
+            let read = read_set(&mut h, SHAPE, &cache, 1, &q, pos);
             let mut got = vec![0f32; Q_DIM];
-            h.attend(SHAPE, &cache, 1, &q, pos, &mut got);
+            attend(&mut h, SHAPE, &cache, 1, &q, pos, &mut got);
             // The same as dense attention restricted to the read set (one kv head at a time).
             for (kv_head, ranges) in read.iter().enumerate() {
-                let mut want = vec![0f32; 3 * 16];
-                crate::attention::attend_group(SHAPE, &cache, 1, &q, kv_head, ranges, &mut want);
-                for (a, b) in got[kv_head * 48..(kv_head + 1) * 48].iter().zip(&want) {
+                let mut want = vec![0f32; Q_DIM];
+                let mut exact = FixedReads(vec![ranges.clone(); 2]);
+                attend(&mut exact, SHAPE, &cache, 1, &q, pos, &mut want);
+                let want = &want[kv_head * 48..(kv_head + 1) * 48];
+                for (a, b) in got[kv_head * 48..(kv_head + 1) * 48].iter().zip(want) {
                     assert!((a - b).abs() < 1e-5, "pos {pos}: {a} vs {b}");
                 }
             }
@@ -551,7 +534,10 @@ mod tests {
         assert!(h.fraction_read(400) < 0.16);
         // Layer 0 never decoded: it would read everything (the seeding step).
         let q = vec![0f32; Q_DIM];
-        assert_eq!(h.read_set(SHAPE, &cache, 0, &q, 9), vec![vec![0..10]; 2]);
+        assert_eq!(
+            read_set(&mut h, SHAPE, &cache, 0, &q, 9),
+            vec![vec![0..10]; 2]
+        );
     }
 
     /// A position whose key matches every query strongly collects attention and survives
@@ -575,13 +561,13 @@ mod tests {
             let v: Vec<f32> = (0..KV_DIM).map(|_| r()).collect();
             cache.write(1, t, &k, &v);
         }
-        let h = h2o(0.02, 0.02);
+        let mut h = h2o(0.02, 0.02);
         for pos in 300..n {
             let q: Vec<f32> = (0..6)
                 .flat_map(|_| dir.iter().map(|&x| 4.0 * x + 0.1 * r()).collect::<Vec<_>>())
                 .collect();
             let mut out = vec![0f32; Q_DIM];
-            h.attend(SHAPE, &cache, 1, &q, pos, &mut out);
+            attend(&mut h, SHAPE, &cache, 1, &q, pos, &mut out);
             let kept = h.kept(1).unwrap();
             assert!(kept[0].contains(&37), "evicted at {pos}: {:?}", kept[0]);
             assert!(kept[0].len() <= 24);
@@ -594,31 +580,25 @@ mod tests {
     #[test]
     fn rewinds_drop_state_and_later_positions() {
         let cache = random_cache(KvType::F32, 120, 3);
-        let h = h2o(0.1, 0.1);
+        let mut h = h2o(0.1, 0.1);
         let q = vec![0.3f32; Q_DIM];
         let mut out = vec![0f32; Q_DIM];
         for pos in 80..120 {
-            h.attend(SHAPE, &cache, 1, &q, pos, &mut out);
+            attend(&mut h, SHAPE, &cache, 1, &q, pos, &mut out);
         }
         h.forget_from(100);
         assert!(h.kept(1).unwrap().iter().flatten().all(|&p| p < 100));
         // The next step re-adds the positions written since and reads them.
-        let read = h.read_set(SHAPE, &cache, 1, &q, 100);
+        let read = read_set(&mut h, SHAPE, &cache, 1, &q, 100);
         assert!(read[0].last().unwrap().contains(&100));
         h.forget_from(0);
         assert!(h.kept(1).is_none());
         // Prefill rows and dense layers are exact.
         let q2 = vec![0.1f32; 2 * Q_DIM];
         let (mut a, mut b) = (vec![0f32; 2 * Q_DIM], vec![0f32; 2 * Q_DIM]);
-        h.attend(SHAPE, &cache, 1, &q2, 50, &mut a);
-        DenseAttention.attend(SHAPE, &cache, 1, &q2, 50, &mut b);
+        attend(&mut h, SHAPE, &cache, 1, &q2, 50, &mut a);
+        attend(&mut DenseAttention, SHAPE, &cache, 1, &q2, 50, &mut b);
         assert_eq!(a, b);
         assert!(h.kept(1).is_none());
-    }
-
-    #[test]
-    fn runs_merge_consecutive_positions() {
-        assert_eq!(runs(&[0, 1, 2, 5, 7, 8]), vec![0..3, 5..6, 7..9]);
-        assert!(runs(&[]).is_empty());
     }
 }

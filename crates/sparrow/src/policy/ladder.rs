@@ -22,42 +22,63 @@
 //! value are the block means, not as the block's `block` keys. We do the same, so the two
 //! crates compute the same function.
 //!
-//! **How it runs.** The exact keys go through the engine's flash kernel ([`attend_block`])
-//! with per-token key ranges: `O(log T)` ranges per token (sinks, ladder singletons, window),
-//! so prefill never builds per-token lists of `O(T)` positions. The landmarks live in a small
-//! f32 [`KvCache`] per layer (row `b` = block `b`'s mean key and mean value), so they go
-//! through the same kernel as a second partial softmax (range `0..blocks` per token); the
-//! two partials — running max `m`, denominator `l`, unnormalised output — are merged by
-//! log-sum-exp. Key means are computed when a block is sealed (its keys are at hand then);
-//! value means lazily, the first time a query needs the landmark, from the cache. When no
-//! token of a batch has a landmark (e.g. the window covers the context) the pass is exactly
-//! [`attend_batch`] over the same ranges, so a window covering everything *is* `full`, bit
-//! for bit. Layers in `dense_layers` use exact attention.
+//! **Its plan.** The exact keys are one store entry with per-token key ranges: `O(log T)`
+//! ranges per token (sinks, ladder singletons, window), so prefill never builds per-token
+//! lists of `O(T)` positions. The landmarks are a side table the policy owns (row `b` =
+//! block `b`'s mean key and mean value, f32), read by a second entry (range `0..blocks` per
+//! token); the executor merges the two partial softmaxes by log-sum-exp. Key means are
+//! computed when a block is sealed (its keys are at hand then); value means lazily, the
+//! first time a query needs the landmark, from the store. When no token of a batch has a
+//! landmark (e.g. the window covers the context) the plan is the exact entry alone, so a
+//! window covering everything *is* `full`, bit for bit. Layers in `dense_layers` read
+//! everything.
 
-use crate::attention::{attend_batch, AttentionBackend, AttnShape, DenseAttention};
-use crate::kv_cache::{KvCache, KvType};
-use rayon::prelude::*;
-use sparrow_attn::kernel::{
-    attend_block, split_keys, union, write_merged, BlockPartial, Level, Unit, BLOCK_ROWS, MIN_PIECE,
+use super::{AttentionChoice, PolicyEntry};
+use sparrow_attn::kernel::{read_f32, F32Rows, KvSource};
+use sparrow_attn::policy::{
+    KeysView, PlanContext, PlanEntry, ReadPlan, SideTable, Source, SparsePolicy,
 };
-use sparrow_attn::policy::KeysView;
 use std::ops::Range;
-use std::sync::Mutex;
+
+/// The registry's entry: both phases; `--kv-block` is its landmark block.
+pub const ENTRY: PolicyEntry = PolicyEntry {
+    name: "ladder",
+    prefill: true,
+    decode: true,
+    build: |c, n_layer| Ok(Box::new(LadderAttention::new(settings(c)?, n_layer)?)),
+    describe: |c| settings(c).map_or_else(|e| e, |s| format!("{s:?}")),
+};
+
+/// The ladder's settings with the shared `--kv-block` (its landmark block) and
+/// `--dense-layers` applied.
+fn settings(c: &AttentionChoice) -> Result<LadderSettings, String> {
+    let mut s = c.ladder.clone();
+    s.block = c.kv_block.unwrap_or(s.block);
+    s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
+    Ok(s)
+}
 
 /// Ladder settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct LadderSettings {
-    /// Most recent positions every query reads (its own included).
+    /// Ladder: recent tokens every query reads (its own included).
+    #[cfg_attr(feature = "cli", arg(id = "LADDER_WINDOW", long = "ladder-window", default_value_t = 256, help_heading = crate::policy::HELP_HEADING))]
     pub window: usize,
-    /// First positions every query reads.
+    /// Ladder: sink tokens every query reads.
+    #[cfg_attr(feature = "cli", arg(id = "LADDER_SINKS", long = "ladder-sinks", default_value_t = 4, help_heading = crate::policy::HELP_HEADING))]
     pub sinks: usize,
-    /// Positions per landmark block (the KV store's block size).
+    /// Positions per landmark block (the KV store's block size; set by `--kv-block`).
+    #[cfg_attr(feature = "cli", arg(skip = 16usize))]
     pub block: usize,
     /// Read single keys at distances 1, 2, 4, … beyond the window.
+    #[cfg_attr(feature = "cli", arg(skip = true))]
     pub log_stride: bool,
     /// Summarise blocks outside the window by landmark (mean key, mean value).
+    #[cfg_attr(feature = "cli", arg(skip = true))]
     pub landmarks: bool,
-    /// Layers that keep exact attention.
+    /// Layers that keep exact attention (set by `--dense-layers`).
+    #[cfg_attr(feature = "cli", arg(skip))]
     pub dense_layers: Vec<usize>,
 }
 
@@ -96,22 +117,20 @@ impl LadderSettings {
     }
 }
 
-/// One layer's landmarks.
+/// One layer's landmarks: rows `0..keyed` of `key_means` and `0..valued` of `value_means`
+/// (`kv_dim` each) hold blocks' mean keys and mean values.
 #[derive(Default)]
 struct LayerLandmarks {
-    /// Blocks `0..keyed` have their mean key in `key_means` (`keyed × kv_dim`).
     keyed: usize,
     key_means: Vec<f32>,
-    /// Rows `0..stored` of `store` hold (mean key, mean value) of blocks `0..stored`.
-    stored: usize,
-    /// One-layer f32 cache with one row per block, read by the flash kernel.
-    store: Option<KvCache>,
+    valued: usize,
+    value_means: Vec<f32>,
 }
 
-/// The ladder backend (one per sequence).
+/// The ladder policy (one per sequence).
 pub struct LadderAttention {
     settings: LadderSettings,
-    layers: Vec<Mutex<LayerLandmarks>>,
+    layers: Vec<LayerLandmarks>,
 }
 
 /// Mean of the `kv_dim`-wide rows of `rows` into `dst`, summed in row order then scaled by
@@ -145,7 +164,7 @@ impl LadderAttention {
         settings.validate()?;
         Ok(LadderAttention {
             settings,
-            layers: (0..n_layer).map(|_| Mutex::default()).collect(),
+            layers: (0..n_layer).map(|_| LayerLandmarks::default()).collect(),
         })
     }
 
@@ -199,28 +218,18 @@ impl LadderAttention {
         }
     }
 
-    /// Make rows `0..need` of the layer's landmark store hold (mean key, mean value): key
-    /// means not recorded at seal time are computed from the cache, value means always are.
-    fn prepare(&self, lm: &mut LayerLandmarks, cache: &KvCache, layer: usize, need: usize) {
+    /// Make rows `0..need` of `lm` hold (mean key, mean value): key means not recorded at
+    /// seal time are computed from the store, value means always are.
+    fn prepare(&self, lm: &mut LayerLandmarks, store: &dyn KvSource, need: usize) {
         let bs = self.settings.block;
-        let kv_dim = cache.kv_dim();
-        let fits = lm
-            .store
-            .as_ref()
-            .is_some_and(|s| s.kv_dim() == kv_dim && s.n_ctx() >= need);
-        if !fits {
-            let cap = (cache.n_ctx() / bs).max(need).max(1);
-            lm.store = Some(KvCache::new(KvType::F32, 1, cap, kv_dim));
-            lm.stored = 0;
-        }
-        if lm.key_means.len() < lm.keyed * kv_dim {
-            lm.keyed = lm.key_means.len() / kv_dim.max(1);
-        }
+        let kv_dim = store.kv_dim();
+        lm.keyed = lm.keyed.min(lm.key_means.len() / kv_dim.max(1));
+        lm.valued = lm.valued.min(lm.keyed);
         let mut rows = vec![0f32; bs * kv_dim];
         if lm.keyed < need {
             lm.key_means.resize(need * kv_dim, 0.0);
             for b in lm.keyed..need {
-                cache.read_keys(layer, b * bs, &mut rows);
+                read_f32(store, false, b * bs, &mut rows);
                 mean_rows(
                     &rows,
                     kv_dim,
@@ -229,106 +238,22 @@ impl LadderAttention {
             }
             lm.keyed = need;
         }
-        if lm.stored < need {
-            let mut vmean = vec![0f32; kv_dim];
-            let store = lm.store.as_mut().expect("allocated above");
-            for b in lm.stored..need {
-                cache.read_values(layer, b * bs, &mut rows);
-                mean_rows(&rows, kv_dim, &mut vmean);
-                store.write(0, b, &lm.key_means[b * kv_dim..(b + 1) * kv_dim], &vmean);
+        if lm.valued < need {
+            lm.value_means.resize(need * kv_dim, 0.0);
+            for b in lm.valued..need {
+                read_f32(store, true, b * bs, &mut rows);
+                mean_rows(
+                    &rows,
+                    kv_dim,
+                    &mut lm.value_means[b * kv_dim..(b + 1) * kv_dim],
+                );
             }
-            lm.stored = need;
+            lm.valued = need;
         }
-    }
-
-    /// Exact keys plus landmarks for the `n` tokens of a batch: both as flash units over
-    /// their own cache, merged per (token block, kv head) by log-sum-exp. The work split
-    /// follows [`attend_batch`]'s (token blocks of [`BLOCK_ROWS`] rows, long key lists cut
-    /// into pieces when there are few tasks per thread).
-    #[allow(clippy::too_many_arguments)]
-    fn attend_with_landmarks(
-        &self,
-        shape: AttnShape,
-        cache: &KvCache,
-        store: &KvCache,
-        layer: usize,
-        q: &[f32],
-        pos0: usize,
-        out: &mut [f32],
-    ) {
-        let hd = shape.head_dim;
-        let q_dim = shape.n_head * hd;
-        let group = shape.n_head / shape.n_head_kv;
-        let n = q.len() / q_dim;
-        let level = Level::active();
-        let exact: Vec<Vec<Range<usize>>> = (0..n).map(|i| self.ranges(pos0 + i)).collect();
-        let marks: Vec<Vec<Range<usize>>> = (0..n)
-            .map(|i| match self.landmark_blocks(pos0 + i) {
-                0 => Vec::new(),
-                b => std::iter::once(0..b).collect(),
-            })
-            .collect();
-        let block = (BLOCK_ROWS / group).max(1);
-        let n_blocks = n.div_ceil(block);
-        let base = n_blocks * shape.n_head_kv;
-        let target = 4 * rayon::current_num_threads().max(1);
-        let pieces_for = |keys: &[Range<usize>]| {
-            let total: usize = keys.iter().map(|r| r.len()).sum();
-            if base >= target {
-                1
-            } else {
-                target.div_ceil(base).min(total / MIN_PIECE).max(1)
-            }
-        };
-        // (unit, reads landmarks), ordered by (token block, kv head).
-        let mut units: Vec<(Unit, bool)> = Vec::new();
-        for b in 0..n_blocks {
-            let tokens = b * block..((b + 1) * block).min(n);
-            let ek = union(exact[tokens.clone()].concat());
-            let lk = union(marks[tokens.clone()].concat());
-            let split_e = split_keys(&ek, pieces_for(&ek));
-            let split_l = if lk.is_empty() {
-                Vec::new()
-            } else {
-                split_keys(&lk, pieces_for(&lk))
-            };
-            for kv_head in 0..shape.n_head_kv {
-                for (piece, is_lm) in split_e
-                    .iter()
-                    .map(|p| (p, false))
-                    .chain(split_l.iter().map(|p| (p, true)))
-                {
-                    units.push((
-                        Unit {
-                            tokens: tokens.clone(),
-                            kv_head,
-                            keys: piece.clone(),
-                        },
-                        is_lm,
-                    ));
-                }
-            }
-        }
-        let parts: Vec<BlockPartial> = units
-            .par_iter()
-            .map(|(u, is_lm)| {
-                if *is_lm {
-                    attend_block(level, shape, &store.layer(0), q, u, &marks)
-                } else {
-                    attend_block(level, shape, &cache.layer(layer), q, u, &exact)
-                }
-            })
-            .collect();
-
-        let owners: Vec<(Range<usize>, usize)> = units
-            .iter()
-            .map(|(u, _)| (u.tokens.clone(), u.kv_head))
-            .collect();
-        write_merged(shape, &owners, &parts, out);
     }
 }
 
-impl AttentionBackend for LadderAttention {
+impl SparsePolicy for LadderAttention {
     fn name(&self) -> &str {
         "ladder"
     }
@@ -337,82 +262,86 @@ impl AttentionBackend for LadderAttention {
         Some(self.settings.block)
     }
 
-    fn attend(
-        &self,
-        shape: AttnShape,
-        cache: &KvCache,
-        layer: usize,
-        q: &[f32],
-        pos0: usize,
-        out: &mut [f32],
-    ) {
-        let q_dim = shape.n_head * shape.head_dim;
-        let n = q.len() / q_dim;
-        if n == 0 {
-            return;
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+        let (n, pos0, layer) = (ctx.n_tokens(), ctx.pos0, ctx.layer);
+        if layer >= self.layers.len() || self.settings.dense_layers.contains(&layer) {
+            return ReadPlan::causal(ctx.shape, pos0, n);
         }
-        let Some(slot) = self.layers.get(layer) else {
-            return DenseAttention.attend(shape, cache, layer, q, pos0, out);
-        };
-        if self.settings.dense_layers.contains(&layer) {
-            return DenseAttention.attend(shape, cache, layer, q, pos0, out);
-        }
+        let exact: Vec<Vec<Range<usize>>> = (0..n).map(|i| self.ranges(pos0 + i)).collect();
         // Landmark counts grow with the position: the batch's last token needs the most.
         let need = self.landmark_blocks(pos0 + n - 1);
         if need == 0 {
-            return attend_batch(shape, cache, layer, q, pos0, out, |p| self.ranges(p));
+            return ReadPlan::same_for_all_heads(ctx.shape, exact);
         }
-        // A poisoned lock only means another thread panicked mid-update; every landmark
-        // row below `stored` was completely written, so take the state as it is.
-        let mut lm = slot.lock().unwrap_or_else(|e| e.into_inner());
-        self.prepare(&mut lm, cache, layer, need);
-        let store = lm.store.as_ref().expect("prepared");
-        self.attend_with_landmarks(shape, cache, store, layer, q, pos0, out);
+        let marks: Vec<Vec<Range<usize>>> = (0..n)
+            .map(|i| match self.landmark_blocks(pos0 + i) {
+                0 => Vec::new(),
+                b => std::iter::once(0..b).collect(),
+            })
+            .collect();
+        let mut lm = std::mem::take(&mut self.layers[layer]);
+        self.prepare(&mut lm, ctx.store, need);
+        self.layers[layer] = lm;
+        let lm = &self.layers[layer];
+        let kv_dim = ctx.shape.kv_dim();
+        let heads = 0..ctx.shape.n_head_kv;
+        ReadPlan {
+            entries: vec![
+                PlanEntry {
+                    kv_heads: heads.clone(),
+                    source: Source::Store,
+                    visible: exact,
+                },
+                PlanEntry {
+                    kv_heads: heads,
+                    source: Source::Side(0),
+                    visible: marks,
+                },
+            ],
+            side: vec![SideTable {
+                rows: F32Rows::all_heads(
+                    &lm.key_means[..need * kv_dim],
+                    &lm.value_means[..need * kv_dim],
+                    kv_dim,
+                ),
+                positions: None,
+            }],
+        }
     }
 
     /// Record the sealed block's mean key per KV head while its keys are at hand. A block
     /// sealed again (after a rewind) replaces its mean and drops everything after it.
-    fn on_block_sealed(&self, layer: usize, block: usize, keys: KeysView<'_>) {
+    fn on_block_sealed(&mut self, layer: usize, block: usize, keys: KeysView<'_>) {
         if !self.settings.landmarks
             || keys.rows() != self.settings.block
             || self.settings.dense_layers.contains(&layer)
         {
-            // No landmarks (or none for this layer), or paged at another size: `attend`
-            // reads the cache if it ever needs them.
+            // No landmarks (or none for this layer), or paged at another size: `plan`
+            // reads the store if it ever needs them.
             return;
         }
-        let Some(slot) = self.layers.get(layer) else {
+        let Some(lm) = self.layers.get_mut(layer) else {
             return;
         };
-        let mut lm = slot.lock().unwrap_or_else(|e| e.into_inner());
         if block > lm.keyed {
-            return; // an earlier block is missing: `attend` catches up from the cache
+            return; // an earlier block is missing: `plan` catches up from the store
         }
-        let (heads, hd) = (keys.kv_heads(), keys.head_dim());
-        let kv_dim = heads * hd;
+        let kv_dim = keys.kv_heads() * keys.head_dim();
         lm.key_means.resize((block + 1) * kv_dim, 0.0);
-        let dst = &mut lm.key_means[block * kv_dim..(block + 1) * kv_dim];
-        dst.fill(0.0);
-        for r in 0..keys.rows() {
-            for h in 0..heads {
-                dst[h * hd..(h + 1) * hd]
-                    .iter_mut()
-                    .zip(keys.key(r, h))
-                    .for_each(|(a, &x)| *a += x);
-            }
-        }
-        let inv = 1.0 / keys.rows() as f32;
-        dst.iter_mut().for_each(|a| *a *= inv);
+        mean_rows(
+            keys.as_slice(),
+            kv_dim,
+            &mut lm.key_means[block * kv_dim..(block + 1) * kv_dim],
+        );
         lm.keyed = block + 1;
-        lm.stored = lm.stored.min(block);
+        lm.valued = lm.valued.min(block);
     }
 
-    fn forget_from(&self, pos: usize) {
+    fn forget_from(&mut self, pos: usize) {
         let keep = pos / self.settings.block;
-        for slot in &self.layers {
-            let mut lm = slot.lock().unwrap_or_else(|e| e.into_inner());
+        for lm in &mut self.layers {
             lm.keyed = lm.keyed.min(keep);
-            lm.stored = lm.stored.min(keep);
+            lm.valued = lm.valued.min(keep);
             if pos == 0 {
                 *lm = LayerLandmarks::default();
             }
@@ -429,28 +358,13 @@ impl AttentionBackend for LadderAttention {
         let keys: usize = self.ranges(pos).iter().map(|r| r.len()).sum();
         (keys + self.landmark_blocks(pos)) as f64 / n_ctx as f64
     }
-
-    /// The exact keys only (sinks, ladder, window), the same for every KV head. Landmarks
-    /// are not listed: they are summaries, not cache positions, so counting their blocks as
-    /// read would overstate the attention mass the policy really captures.
-    fn read_set(
-        &self,
-        shape: AttnShape,
-        _cache: &KvCache,
-        layer: usize,
-        _q: &[f32],
-        pos: usize,
-    ) -> Vec<Vec<Range<usize>>> {
-        if self.settings.dense_layers.contains(&layer) || layer >= self.layers.len() {
-            return vec![std::iter::once(0..pos + 1).collect(); shape.n_head_kv];
-        }
-        vec![self.ranges(pos); shape.n_head_kv]
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::{attend, read_set, AttnShape, DenseAttention};
+    use crate::kv_cache::{KvCache, KvType};
     use sparrow_attn::{candidates_for, LandmarkMode, SparseConfig};
 
     fn rng(mut seed: u64) -> impl FnMut() -> f32 {
@@ -627,7 +541,7 @@ mod tests {
             for &(window, sinks, block, log) in
                 &[(40, 3, 8, true), (70, 0, 16, false), (1, 1, 5, true)]
             {
-                let l = ladder(window, sinks, block, log, true);
+                let mut l = ladder(window, sinks, block, log, true);
                 // Seal the first half of the blocks the way the block table does; the rest
                 // are computed from the cache.
                 let mut kb = vec![0f32; block * kv_dim];
@@ -647,7 +561,7 @@ mod tests {
                 for &(pos0, len) in &[(0usize, 120usize), (120, 150), (270, 129), (399, 1)] {
                     let q: Vec<f32> = (0..len * q_dim).map(|_| r()).collect();
                     let mut out = vec![0f32; len * q_dim];
-                    l.attend(shape, &cache, 1, &q, pos0, &mut out);
+                    attend(&mut l, shape, &cache, 1, &q, pos0, &mut out);
                     for i in 0..len {
                         let c = candidates_for(&cfg, pos0 + i + 1, pos0 + i).unwrap();
                         let want = reference(
@@ -683,14 +597,14 @@ mod tests {
         };
         let (kv_dim, q_dim, n) = (128, 14 * 64, 300);
         let (cache, _, _) = random_cache(KvType::F16, n, kv_dim, 5);
-        let l = ladder(n, 4, 16, true, true);
+        let mut l = ladder(n, 4, 16, true, true);
         let mut r = rng(9);
         for &(pos0, len) in &[(0usize, 299usize), (299, 1), (250, 50)] {
             let q: Vec<f32> = (0..len * q_dim).map(|_| r()).collect();
             let mut want = vec![0f32; len * q_dim];
             let mut got = vec![1f32; len * q_dim];
-            DenseAttention.attend(shape, &cache, 1, &q, pos0, &mut want);
-            l.attend(shape, &cache, 1, &q, pos0, &mut got);
+            attend(&mut DenseAttention, shape, &cache, 1, &q, pos0, &mut want);
+            attend(&mut l, shape, &cache, 1, &q, pos0, &mut got);
             assert_eq!(want, got);
         }
         assert_eq!(l.fraction_read(n), 1.0);
@@ -704,7 +618,7 @@ mod tests {
             head_dim: 16,
         };
         let (cache, _, _) = random_cache(KvType::F32, 500, 32, 11);
-        let l = LadderAttention::new(
+        let mut l = LadderAttention::new(
             LadderSettings {
                 window: 32,
                 dense_layers: vec![1],
@@ -716,12 +630,15 @@ mod tests {
         let mut r = rng(1);
         let q: Vec<f32> = (0..64).map(|_| r()).collect();
         let (mut want, mut got) = (vec![0f32; 64], vec![0f32; 64]);
-        DenseAttention.attend(shape, &cache, 1, &q, 499, &mut want);
-        l.attend(shape, &cache, 1, &q, 499, &mut got);
+        attend(&mut DenseAttention, shape, &cache, 1, &q, 499, &mut want);
+        attend(&mut l, shape, &cache, 1, &q, 499, &mut got);
         assert_eq!(want, got);
-        assert_eq!(l.read_set(shape, &cache, 1, &q, 499), vec![vec![0..500]; 2]);
+        assert_eq!(
+            read_set(&mut l, shape, &cache, 1, &q, 499),
+            vec![vec![0..500]; 2]
+        );
         // Layer 0 is sparse: 4 sinks, a 32-token window, the ladder and 29 landmarks.
-        let set = l.read_set(shape, &cache, 0, &q, 499);
+        let set = read_set(&mut l, shape, &cache, 0, &q, 499);
         let read: usize = set[0].iter().map(|r| r.len()).sum();
         assert_eq!(set[0], l.ranges(499));
         assert!(read < 50, "{read}");
@@ -739,20 +656,20 @@ mod tests {
             head_dim: 8,
         };
         let (mut cache, _, _) = random_cache(KvType::F32, 200, 8, 2);
-        let l = ladder(16, 0, 8, false, true);
+        let mut l = ladder(16, 0, 8, false, true);
         let q: Vec<f32> = (0..16).map(|i| i as f32 / 8.0).collect();
         let mut out = vec![0f32; 16];
-        l.attend(shape, &cache, 1, &q, 199, &mut out);
+        attend(&mut l, shape, &cache, 1, &q, 199, &mut out);
         // Rewrite positions 40.. and rewind: a fresh backend must agree.
         for t in 40..200 {
             let k = vec![(t % 7) as f32; 8];
             cache.write(1, t, &k, &k);
         }
         l.forget_from(40);
-        l.attend(shape, &cache, 1, &q, 199, &mut out);
-        let fresh = ladder(16, 0, 8, false, true);
+        attend(&mut l, shape, &cache, 1, &q, 199, &mut out);
+        let mut fresh = ladder(16, 0, 8, false, true);
         let mut want = vec![0f32; 16];
-        fresh.attend(shape, &cache, 1, &q, 199, &mut want);
+        attend(&mut fresh, shape, &cache, 1, &q, 199, &mut want);
         assert_eq!(out, want);
     }
 }

@@ -33,27 +33,47 @@
 //! Dense attention is used for layers in `dense_layers`, single-token calls, short contexts
 //! (≤ sinks + recent + 256) and budgets that cover the whole context.
 
-use crate::attention::{AttentionBackend, AttnShape, DenseAttention};
-use crate::kv_cache::KvCache;
+use super::{AttentionChoice, PolicyEntry};
 use rayon::prelude::*;
-use sparrow_attn::kernel::head_rows;
 use sparrow_attn::kernel::tile::{pv, scores, softmax_tile};
-use sparrow_attn::kernel::Level;
+use sparrow_attn::kernel::{head_rows, AttnShape, KvSource, Level};
+use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
 use std::ops::Range;
-use std::sync::Mutex;
+
+/// The registry's entry: a prefill policy.
+pub const ENTRY: PolicyEntry = PolicyEntry {
+    name: "minference",
+    prefill: true,
+    decode: false,
+    build: |c, n_layer| Ok(Box::new(MInferenceAttention::new(settings(c)?, n_layer)?)),
+    describe: |c| settings(c).map_or_else(|e| e, |s| format!("{s:?}")),
+};
+
+/// The settings with the shared `--dense-layers` applied.
+fn settings(c: &AttentionChoice) -> Result<MInferenceSettings, String> {
+    let mut s = c.minference.clone();
+    s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
+    Ok(s)
+}
 
 /// MInference settings (defaults from the method's code).
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct MInferenceSettings {
     /// First key columns every query reads.
+    #[cfg_attr(feature = "cli", arg(skip = 30usize))]
     pub sinks: usize,
     /// Most recent diagonals every query reads.
+    #[cfg_attr(feature = "cli", arg(skip = 100usize))]
     pub recent: usize,
-    /// Keys read per query as a fraction of its context.
+    /// MInference: keys read per prompt token, as a fraction of its context (0..=1).
+    #[cfg_attr(feature = "cli", arg(id = "MINFERENCE_BUDGET", long = "minference-budget", default_value_t = 0.3, help_heading = crate::policy::HELP_HEADING))]
     pub budget: f64,
     /// Queries at the end of each prefill batch used to estimate the pattern.
+    #[cfg_attr(feature = "cli", arg(skip = 64usize))]
     pub last_q: usize,
-    /// Layers that keep exact attention.
+    /// Layers that keep exact attention (set by `--dense-layers`).
+    #[cfg_attr(feature = "cli", arg(skip))]
     pub dense_layers: Vec<usize>,
 }
 
@@ -103,7 +123,7 @@ const UNIT: usize = 64;
 const EST_CHUNK: usize = 1024;
 /// Contexts up to `sinks + recent + DENSE_MARGIN` run dense attention.
 const DENSE_MARGIN: usize = 256;
-/// Batch size assumed by [`AttentionBackend::fraction_read`]'s estimate (the default).
+/// Batch size assumed by [`SparsePolicy::fraction_read`]'s estimate (the default).
 const PREFILL_BATCH: usize = 512;
 
 /// One KV head's estimated scores for a batch: attention mass of the last queries per key
@@ -129,7 +149,7 @@ pub struct MInferenceAttention {
     n_layer: usize,
     /// Per layer, for the last batch: (sum over query rows × KV heads of the fraction of
     /// visible keys read, number of such rows).
-    last: Vec<Mutex<(f64, f64)>>,
+    last: Vec<(f64, f64)>,
 }
 
 impl MInferenceAttention {
@@ -139,7 +159,7 @@ impl MInferenceAttention {
         Ok(MInferenceAttention {
             settings,
             n_layer,
-            last: (0..n_layer).map(|_| Mutex::new((0.0, 0.0))).collect(),
+            last: vec![(0.0, 0.0); n_layer],
         })
     }
 
@@ -154,7 +174,6 @@ impl MInferenceAttention {
         let (sum, count) = self
             .last
             .iter()
-            .map(|m| *m.lock().unwrap())
             .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
         (count > 0.0).then(|| sum / count)
     }
@@ -168,9 +187,9 @@ impl MInferenceAttention {
             || s.budget_keys(ctx) >= ctx
     }
 
-    fn record(&self, layer: usize, sum: f64, count: f64) {
-        if let Some(m) = self.last.get(layer) {
-            *m.lock().unwrap() = (sum, count);
+    fn record(&mut self, layer: usize, sum: f64, count: f64) {
+        if let Some(m) = self.last.get_mut(layer) {
+            *m = (sum, count);
         }
     }
 
@@ -179,7 +198,7 @@ impl MInferenceAttention {
     pub fn patterns(
         &self,
         shape: AttnShape,
-        cache: &KvCache,
+        store: &dyn KvSource,
         layer: usize,
         q: &[f32],
         pos0: usize,
@@ -188,7 +207,7 @@ impl MInferenceAttention {
         if self.dense_for(layer, n, pos0 + n) {
             return None;
         }
-        let scores = self.estimate(shape, cache, layer, q, pos0);
+        let scores = self.estimate(shape, store, q, pos0);
         Some(scores.iter().map(|s| self.select(s, pos0 + n)).collect())
     }
 
@@ -197,8 +216,7 @@ impl MInferenceAttention {
     pub fn estimate(
         &self,
         shape: AttnShape,
-        cache: &KvCache,
-        layer: usize,
+        store: &dyn KvSource,
         q: &[f32],
         pos0: usize,
     ) -> Vec<HeadScores> {
@@ -206,7 +224,7 @@ impl MInferenceAttention {
         let ctx = pos0 + q.len() / (shape.n_head * shape.head_dim);
         (0..shape.n_head_kv)
             .map(|g| {
-                let kv = HeadKv::new(level, cache, layer, g, shape.head_dim, ctx);
+                let kv = HeadKv::new(level, store, g, shape.head_dim, ctx);
                 self.estimate_head(level, shape, q, pos0, g, &kv)
             })
             .collect()
@@ -459,7 +477,7 @@ struct HeadKv {
 }
 
 impl HeadKv {
-    fn new(level: Level, cache: &KvCache, layer: usize, g: usize, hd: usize, ctx: usize) -> Self {
+    fn new(level: Level, store: &dyn KvSource, g: usize, hd: usize, ctx: usize) -> Self {
         let convert = |values: bool| {
             let mut dst = vec![0.0f32; ctx * hd];
             dst.par_chunks_mut(EST_CHUNK * hd)
@@ -469,12 +487,12 @@ impl HeadKv {
                     for (i, d) in dst.chunks_mut(TILE * hd).enumerate() {
                         let (start, n) = (c * EST_CHUNK + i * TILE, d.len() / hd);
                         let rows = if values {
-                            cache.value_rows(layer, start, n)
+                            store.value_rows(start, n)
                         } else {
-                            cache.key_rows(layer, start, n)
+                            store.key_rows(start, n)
                         };
                         let (src, stride) =
-                            head_rows(level, rows, g * hd, cache.kv_dim(), hd, n, &mut tmp);
+                            head_rows(level, rows, g * hd, store.kv_dim(), hd, n, &mut tmp);
                         for t in 0..n {
                             d[t * hd..(t + 1) * hd]
                                 .copy_from_slice(&src[t * stride..t * stride + hd]);
@@ -727,14 +745,30 @@ fn diag_pv(
     diag_pv_body::<false>(p, vt, width, base, hd, heads, o)
 }
 
+/// The keys a query at `p` reads under `pat`: columns `k ≤ p` and keys `p − o` for offsets
+/// `o ≤ p`, as ascending disjoint ranges.
+pub fn pattern_ranges(pat: &Pattern, p: usize) -> Vec<Range<usize>> {
+    let mut keys: Vec<usize> = pat.columns.iter().copied().filter(|&k| k <= p).collect();
+    keys.extend(pat.offsets.iter().filter(|&&o| o <= p).map(|&o| p - o));
+    keys.sort_unstable();
+    keys.dedup();
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for k in keys {
+        match out.last_mut() {
+            Some(last) if last.end == k => last.end = k + 1,
+            _ => out.push(k..k + 1),
+        }
+    }
+    out
+}
+
 /// Exact attention of every row of the batch over its own keys of `patterns` (one per KV
 /// head): for the query at `p`, columns `k ≤ p` and keys `p − o` for offsets `o ≤ p`, each
-/// key once. Writes `out` like [`AttentionBackend::attend`] and returns the sum over query
+/// key once. Writes `out` like [`crate::attention::attend`] and returns the sum over query
 /// rows × KV heads of the fraction of visible keys read, and the number of such rows.
 pub fn attend_pattern(
     shape: AttnShape,
-    cache: &KvCache,
-    layer: usize,
+    store: &dyn KvSource,
     q: &[f32],
     pos0: usize,
     patterns: &[Pattern],
@@ -745,7 +779,7 @@ pub fn attend_pattern(
     let n = q.len() / (shape.n_head * shape.head_dim);
     let mut sum = 0.0;
     for (g, pat) in patterns.iter().enumerate() {
-        let kv = HeadKv::new(level, cache, layer, g, shape.head_dim, pos0 + n);
+        let kv = HeadKv::new(level, store, g, shape.head_dim, pos0 + n);
         sum += attend_head(level, shape, q, pos0, g, pat, &kv, out);
     }
     (sum, (n * shape.n_head_kv) as f64)
@@ -962,7 +996,7 @@ fn attend_head(
     frac
 }
 
-impl AttentionBackend for MInferenceAttention {
+impl SparsePolicy for MInferenceAttention {
     fn name(&self) -> &str {
         "minference"
     }
@@ -971,34 +1005,53 @@ impl AttentionBackend for MInferenceAttention {
         false
     }
 
-    fn attend(
-        &self,
-        shape: AttnShape,
-        cache: &KvCache,
-        layer: usize,
-        q: &[f32],
-        pos0: usize,
-        out: &mut [f32],
-    ) {
-        let n = q.len() / (shape.n_head * shape.head_dim);
+    /// The vertical-slash pattern as per-token key ranges, per KV head (or everything for a
+    /// batch that runs dense). The executor could run it, but token-level diagonals cost it
+    /// a tile per key: [`Self::attend_own`] runs the pattern instead; this plan is what the
+    /// policy reads (for evaluation and stores).
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+        let (shape, pos0, n) = (ctx.shape, ctx.pos0, ctx.n_tokens());
+        let Some(patterns) = self.patterns(shape, ctx.store, ctx.layer, ctx.q, pos0) else {
+            return ReadPlan::causal(shape, pos0, n);
+        };
+        let entries = patterns
+            .iter()
+            .enumerate()
+            .map(|(h, pat)| PlanEntry {
+                kv_heads: h..h + 1,
+                source: Source::Store,
+                visible: (0..n).map(|i| pattern_ranges(pat, pos0 + i)).collect(),
+            })
+            .collect();
+        ReadPlan {
+            entries,
+            side: Vec::new(),
+        }
+    }
+
+    /// Runs the pattern with its own kernels (columns through the dense kernel, diagonals
+    /// with tokens as vector lanes); dense batches are left to the executor.
+    fn attend_own(&mut self, ctx: &PlanContext<'_>, out: &mut [f32]) -> bool {
+        let (shape, pos0, layer, q) = (ctx.shape, ctx.pos0, ctx.layer, ctx.q);
+        let n = ctx.n_tokens();
         let rows = (n * shape.n_head_kv) as f64;
         if self.dense_for(layer, n, pos0 + n) {
-            DenseAttention.attend(shape, cache, layer, q, pos0, out);
             if n > 1 {
                 self.record(layer, rows, rows);
             }
-            return;
+            return false;
         }
         // One KV head at a time (its f32 rows live only that long), each parallel inside.
         let level = Level::active();
         let mut sum = 0.0;
         for g in 0..shape.n_head_kv {
-            let kv = HeadKv::new(level, cache, layer, g, shape.head_dim, pos0 + n);
+            let kv = HeadKv::new(level, ctx.store, g, shape.head_dim, pos0 + n);
             let scores = self.estimate_head(level, shape, q, pos0, g, &kv);
             let pattern = self.select(&scores, pos0 + n);
             sum += attend_head(level, shape, q, pos0, g, &pattern, &kv, out);
         }
         self.record(layer, sum, rows);
+        true
     }
 
     /// Estimated average fraction of the visible keys a query row reads in a prefill of

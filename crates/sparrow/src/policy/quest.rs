@@ -10,26 +10,48 @@
 //! incomplete last page. Prefill, and layers listed as dense, use exact attention: Quest
 //! is a decode method, and its authors keep the first two layers dense.
 //!
-//! The page summaries live here, behind a mutex per layer, rather than in the cache: they are
-//! per-sequence policy state, built lazily as pages fill, and dropped from the first page a
-//! rewind touches ([`AttentionBackend::forget_from`]).
+//! The page summaries live here rather than in the cache: they are per-sequence policy
+//! state, built as pages are sealed, and dropped from the first page a rewind touches
+//! ([`SparsePolicy::forget_from`]). A decode plan names one entry per KV head — the pages
+//! that head's group reads — before anything is read, so a tiered store can fetch them.
 
-use crate::attention::{attend_group, AttentionBackend, AttnShape, DenseAttention};
-use crate::kv_cache::KvCache;
-use rayon::prelude::*;
-use sparrow_attn::policy::{key_bounds, upper_bound_score, KeysView};
+use super::{AttentionChoice, PolicyEntry};
+use sparrow_attn::kernel::{read_f32, AttnShape, KvSource};
+use sparrow_attn::policy::{
+    key_bounds, upper_bound_score, KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
+};
 use std::ops::Range;
-use std::sync::Mutex;
+
+/// The registry's entry: a decode policy; `--kv-block` is its page.
+pub const ENTRY: PolicyEntry = PolicyEntry {
+    name: "quest",
+    prefill: false,
+    decode: true,
+    build: |c, n_layer| Ok(Box::new(QuestAttention::new(settings(c)?, n_layer)?)),
+    describe: |c| settings(c).map_or_else(|e| e, |s| format!("{s:?}")),
+};
+
+/// Quest's settings with the shared `--kv-block` (its page) and `--dense-layers` applied.
+fn settings(c: &AttentionChoice) -> Result<QuestSettings, String> {
+    let mut s = c.quest.clone();
+    s.page = c.kv_block.unwrap_or(s.page);
+    s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
+    Ok(s)
+}
 
 /// Quest's settings (defaults from the method's code: 16-token pages, 1024-token budget,
 /// layers 0 and 1 dense).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct QuestSettings {
-    /// Positions per page.
+    /// Positions per page (set by `--kv-block`).
+    #[cfg_attr(feature = "cli", arg(skip = 16usize))]
     pub page: usize,
-    /// Positions read per decode query, including the incomplete last page.
+    /// Quest: tokens read per decode step (pages chosen + the last, incomplete page).
+    #[cfg_attr(feature = "cli", arg(id = "QUEST_BUDGET", long = "quest-budget", default_value_t = 1024, help_heading = crate::policy::HELP_HEADING))]
     pub budget: usize,
-    /// Layers that always use exact attention.
+    /// Layers that always use exact attention (set by `--dense-layers`).
+    #[cfg_attr(feature = "cli", arg(skip = vec![0usize, 1]))]
     pub dense_layers: Vec<usize>,
 }
 
@@ -70,19 +92,19 @@ struct LayerPages {
     max: Vec<f32>,
 }
 
-/// The Quest attention backend (one per sequence).
+/// The Quest policy (one per sequence).
 pub struct QuestAttention {
     settings: QuestSettings,
-    layers: Vec<Mutex<LayerPages>>,
+    layers: Vec<LayerPages>,
 }
 
 impl QuestAttention {
-    /// A backend for a model of `n_layer` layers.
+    /// A policy for a model of `n_layer` layers.
     pub fn new(settings: QuestSettings, n_layer: usize) -> Result<Self, String> {
         settings.validate()?;
         Ok(QuestAttention {
             settings,
-            layers: (0..n_layer).map(|_| Mutex::default()).collect(),
+            layers: (0..n_layer).map(|_| LayerPages::default()).collect(),
         })
     }
 
@@ -91,9 +113,11 @@ impl QuestAttention {
         &self.settings
     }
 
-    /// Record the bounds of every page of `layer` that is complete within `0..filled`.
-    fn seal_pages(&self, pages: &mut LayerPages, cache: &KvCache, layer: usize, filled: usize) {
-        let (page, kv_dim) = (self.settings.page, cache.kv_dim());
+    /// Record the bounds of every page of `pages` that is complete within `0..filled` and
+    /// not yet summarised, reading its keys from `store` (a catch-up: pages are normally
+    /// summarised when sealed).
+    fn seal_pages(&self, pages: &mut LayerPages, store: &dyn KvSource, filled: usize) {
+        let (page, kv_dim) = (self.settings.page, store.kv_dim());
         let complete = filled / page;
         if pages.pages >= complete {
             return;
@@ -102,7 +126,7 @@ impl QuestAttention {
         pages.min.resize(complete * kv_dim, 0.0);
         pages.max.resize(complete * kv_dim, 0.0);
         for p in pages.pages..complete {
-            cache.read_keys(layer, p * page, &mut keys);
+            read_f32(store, false, p * page, &mut keys);
             let lo = &mut pages.min[p * kv_dim..(p + 1) * kv_dim];
             let hi = &mut pages.max[p * kv_dim..(p + 1) * kv_dim];
             lo.fill(f32::INFINITY);
@@ -140,7 +164,7 @@ impl QuestAttention {
             return std::iter::once(0..n).collect();
         }
         let hd = shape.head_dim;
-        let kv_dim = shape.n_head_kv * hd;
+        let kv_dim = shape.kv_dim();
         let at = kv_head * hd;
         let mut scored: Vec<(f32, usize)> = (0..complete)
             .map(|p| {
@@ -181,78 +205,13 @@ fn push_range(ranges: &mut Vec<Range<usize>>, r: Range<usize>) {
     }
 }
 
-impl AttentionBackend for QuestAttention {
+impl SparsePolicy for QuestAttention {
     fn name(&self) -> &str {
         "quest"
     }
 
-    fn attend(
-        &self,
-        shape: AttnShape,
-        cache: &KvCache,
-        layer: usize,
-        q: &[f32],
-        pos0: usize,
-        out: &mut [f32],
-    ) {
-        let q_dim = shape.n_head * shape.head_dim;
-        let n = q.len() / q_dim;
-        let Some(slot) = self.layers.get(layer) else {
-            return DenseAttention.attend(shape, cache, layer, q, pos0, out);
-        };
-        // A poisoned lock only means another thread panicked mid-update; the summaries are
-        // rebuilt from the cache below, so take them as they are.
-        let mut pages = slot.lock().unwrap_or_else(|e| e.into_inner());
-        if pages.pages * self.settings.page > pos0 {
-            // Positions from `pos0` on are being written again (e.g. after a forward pass
-            // that failed midway, which no rewind call announces): their pages are stale.
-            pages.pages = pos0 / self.settings.page;
-        }
-        self.seal_pages(&mut pages, cache, layer, pos0 + n);
-        if n != 1 || self.settings.dense_layers.contains(&layer) {
-            drop(pages);
-            return DenseAttention.attend(shape, cache, layer, q, pos0, out);
-        }
-        let group_width = q_dim / shape.n_head_kv;
-        let ctx = pos0 + 1;
-        out[..q_dim]
-            .par_chunks_mut(group_width)
-            .enumerate()
-            .for_each(|(kv_head, out_group)| {
-                let q_group = &q[kv_head * group_width..(kv_head + 1) * group_width];
-                let ranges = self.select(&pages, shape, kv_head, q_group, ctx);
-                attend_group(shape, cache, layer, q, kv_head, &ranges, out_group);
-            });
-    }
-
     fn supports_prefill(&self) -> bool {
         false
-    }
-
-    fn read_set(
-        &self,
-        shape: AttnShape,
-        cache: &KvCache,
-        layer: usize,
-        q: &[f32],
-        pos: usize,
-    ) -> Vec<Vec<Range<usize>>> {
-        let full = vec![std::iter::once(0..pos + 1).collect(); shape.n_head_kv];
-        let Some(slot) = self.layers.get(layer) else {
-            return full;
-        };
-        if self.settings.dense_layers.contains(&layer) {
-            return full;
-        }
-        let mut pages = slot.lock().unwrap_or_else(|e| e.into_inner());
-        self.seal_pages(&mut pages, cache, layer, pos + 1);
-        let group_width = shape.n_head * shape.head_dim / shape.n_head_kv;
-        (0..shape.n_head_kv)
-            .map(|h| {
-                let q_group = &q[h * group_width..(h + 1) * group_width];
-                self.select(&pages, shape, h, q_group, pos + 1)
-            })
-            .collect()
     }
 
     fn requires_block_selection(&self) -> bool {
@@ -263,35 +222,65 @@ impl AttentionBackend for QuestAttention {
         Some(self.settings.page)
     }
 
+    /// Prefill and dense layers read everything; a decode query reads, per KV head, the
+    /// pages [`Self::select`] picks from the page bounds.
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+        let n = ctx.n_tokens();
+        let dense = n != 1 || self.settings.dense_layers.contains(&ctx.layer);
+        if dense || ctx.layer >= self.layers.len() {
+            return ReadPlan::causal(ctx.shape, ctx.pos0, n);
+        }
+        let mut pages = std::mem::take(&mut self.layers[ctx.layer]);
+        if pages.pages * self.settings.page > ctx.pos0 {
+            // Positions from `pos0` on are being written again (a forward pass that failed
+            // midway, which no rewind announces): their pages are stale.
+            pages.pages = ctx.pos0 / self.settings.page;
+        }
+        self.seal_pages(&mut pages, ctx.store, ctx.pos0 + 1);
+        let entries = (0..ctx.shape.n_head_kv)
+            .map(|h| PlanEntry {
+                kv_heads: h..h + 1,
+                source: Source::Store,
+                visible: vec![self.select(
+                    &pages,
+                    ctx.shape,
+                    h,
+                    ctx.group_queries(0, h),
+                    ctx.pos0 + 1,
+                )],
+            })
+            .collect();
+        self.layers[ctx.layer] = pages;
+        ReadPlan {
+            entries,
+            side: Vec::new(),
+        }
+    }
+
     /// Record the sealed page's per-head key bounds while its keys are at hand.
-    fn on_block_sealed(&self, layer: usize, block: usize, keys: KeysView<'_>) {
-        let Some(slot) = self.layers.get(layer) else {
+    fn on_block_sealed(&mut self, layer: usize, block: usize, keys: KeysView<'_>) {
+        let page = self.settings.page;
+        let Some(pages) = self.layers.get_mut(layer) else {
             return;
         };
-        if keys.rows() != self.settings.page {
-            return; // paged at another size: `attend` builds the bounds from the cache
-        }
-        let mut pages = slot.lock().unwrap_or_else(|e| e.into_inner());
-        if block > pages.pages {
-            return; // an earlier page is missing: `attend` catches up from the cache
+        if keys.rows() != page || block > pages.pages {
+            return; // paged at another size, or an earlier page is missing: `plan` catches up
         }
         let kv_dim = keys.kv_heads() * keys.head_dim();
         pages.pages = block + 1;
         pages.min.resize((block + 1) * kv_dim, 0.0);
         pages.max.resize((block + 1) * kv_dim, 0.0);
         let span = block * kv_dim..(block + 1) * kv_dim;
-        let pages = &mut *pages;
         let (lo, hi) = (&mut pages.min[span.clone()], &mut pages.max[span]);
         lo.fill(f32::INFINITY);
         hi.fill(f32::NEG_INFINITY);
         key_bounds(keys.as_slice(), kv_dim, lo, hi);
     }
 
-    fn forget_from(&self, pos: usize) {
-        let page = self.settings.page;
-        for slot in &self.layers {
-            let mut pages = slot.lock().unwrap_or_else(|e| e.into_inner());
-            pages.pages = pages.pages.min(pos / page);
+    fn forget_from(&mut self, pos: usize) {
+        let keep = pos / self.settings.page;
+        for pages in &mut self.layers {
+            pages.pages = pages.pages.min(keep);
         }
     }
 
@@ -308,7 +297,7 @@ impl AttentionBackend for QuestAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::KvType;
+    use crate::kv_cache::{KvCache, KvType};
 
     fn cache_with(keys: &[Vec<f32>], kv_dim: usize) -> KvCache {
         let mut c = KvCache::new(KvType::F32, 1, keys.len(), kv_dim);
@@ -358,7 +347,7 @@ mod tests {
         )
         .unwrap();
         let mut pages = LayerPages::default();
-        quest.seal_pages(&mut pages, &cache, 0, 70);
+        quest.seal_pages(&mut pages, &cache.layer(0), 70);
         assert_eq!(pages.pages, 17);
         let q = [1.0, 0.2, 0.0, 0.0, 0.9, -0.1, 0.0, 0.0];
         let ranges = quest.select(&pages, shape, 0, &q, 70);
@@ -388,7 +377,7 @@ mod tests {
         )
         .unwrap();
         let mut pages = LayerPages::default();
-        quest.seal_pages(&mut pages, &cache, 0, 33);
+        quest.seal_pages(&mut pages, &cache.layer(0), 33);
         assert_eq!(quest.select(&pages, shape, 0, &[1.0, 0.0], 33), vec![0..33]);
         assert!((quest.fraction_read(33) - 1.0).abs() < 1e-12);
         assert!((quest.fraction_read(1000) - 33.0 / 1000.0).abs() < 0.01);
@@ -396,7 +385,7 @@ mod tests {
 
     #[test]
     fn rewinds_drop_stale_pages() {
-        let quest = QuestAttention::new(
+        let mut quest = QuestAttention::new(
             QuestSettings {
                 page: 4,
                 budget: 8,
@@ -407,12 +396,11 @@ mod tests {
         .unwrap();
         let keys: Vec<Vec<f32>> = (0..20).map(|i| vec![i as f32]).collect();
         let cache = cache_with(&keys, 1);
-        {
-            let mut p = quest.layers[0].lock().unwrap();
-            quest.seal_pages(&mut p, &cache, 0, 20);
-            assert_eq!(p.pages, 5);
-        }
+        let mut p = std::mem::take(&mut quest.layers[0]);
+        quest.seal_pages(&mut p, &cache.layer(0), 20);
+        assert_eq!(p.pages, 5);
+        quest.layers[0] = p;
         quest.forget_from(9);
-        assert_eq!(quest.layers[0].lock().unwrap().pages, 2);
+        assert_eq!(quest.layers[0].pages, 2);
     }
 }

@@ -1,0 +1,46 @@
+//! The test oracle every attention path is checked against: naive attention of one token's
+//! query heads in f64, over explicit key positions. Slow and plain on purpose.
+
+use super::block::AttnShape;
+
+/// Attention of the query row `q` (`n_head × head_dim`) where the query heads of KV head
+/// `g` read the positions `visible[g]` of `keys` / `values` (one row of `kv_dim` per
+/// position), computed in f64 and rounded once.
+pub fn attention_f64(
+    shape: AttnShape,
+    keys: &[Vec<f32>],
+    values: &[Vec<f32>],
+    q: &[f32],
+    visible: &[Vec<usize>],
+) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let group = shape.group();
+    let mut out = vec![0.0f32; shape.n_head * hd];
+    for h in 0..shape.n_head {
+        let g = h / group;
+        let qh = &q[h * hd..(h + 1) * hd];
+        let s: Vec<f64> = visible[g]
+            .iter()
+            .map(|&t| {
+                let k = &keys[t][g * hd..(g + 1) * hd];
+                qh.iter()
+                    .zip(k)
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum::<f64>()
+                    / (hd as f64).sqrt()
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = w.iter().sum();
+        for d in 0..hd {
+            let v: f64 = visible[g]
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| w[i] * values[t][g * hd + d] as f64)
+                .sum();
+            out[h * hd + d] = (v / z) as f32;
+        }
+    }
+    out
+}

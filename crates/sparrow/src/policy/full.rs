@@ -1,0 +1,27 @@
+//! `full`: exact causal attention — every query reads every position up to its own.
+
+use super::PolicyEntry;
+use sparrow_attn::policy::{PlanContext, ReadPlan, SparsePolicy};
+
+/// The registry's entry.
+pub const ENTRY: PolicyEntry = PolicyEntry {
+    name: "full",
+    prefill: true,
+    decode: true,
+    build: |_, _| Ok(Box::new(DenseAttention)),
+    describe: |_| String::new(),
+};
+
+/// Exact causal attention (the reference every sparse policy is measured against).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DenseAttention;
+
+impl SparsePolicy for DenseAttention {
+    fn name(&self) -> &str {
+        "full"
+    }
+
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+        ReadPlan::causal(ctx.shape, ctx.pos0, ctx.n_tokens())
+    }
+}

@@ -1,0 +1,236 @@
+//! `oracle`: the quality ceiling of block-free token selection at a budget. For a decode
+//! query, per KV head, every cached key is scored exactly — each query head of the group's
+//! softmax probability, summed over the group — and the `budget` keys holding the most
+//! probability are read. No selection policy reading that many positions can capture more
+//! of the group's attention mass, so `sparrow eval attention` and `eval needle` show it
+//! beside Quest and the others as the ceiling. It reads every key to score them, so it is
+//! slow: an instrument, not a method. Prefill reads everything.
+
+use super::PolicyEntry;
+use sparrow_attn::kernel::read_f32;
+use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
+use std::ops::Range;
+
+/// The registry's entry: a decode policy.
+pub const ENTRY: PolicyEntry = PolicyEntry {
+    name: "oracle",
+    prefill: false,
+    decode: true,
+    build: |c, _| Ok(Box::new(OracleAttention::new(c.oracle.clone())?)),
+    describe: |c| format!("{:?}", c.oracle),
+};
+
+/// Oracle settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct OracleSettings {
+    /// Oracle: positions read per decode query and KV head — the exact top keys by
+    /// attention mass (a quality ceiling for selection policies; slow: it scores every key).
+    #[cfg_attr(feature = "cli", arg(id = "ORACLE_BUDGET", long = "oracle-budget", default_value_t = 1024, help_heading = crate::policy::HELP_HEADING))]
+    pub budget: usize,
+}
+
+impl Default for OracleSettings {
+    /// The same budget as Quest's default, so the two compare at equal reads.
+    fn default() -> Self {
+        OracleSettings { budget: 1024 }
+    }
+}
+
+impl OracleSettings {
+    /// Checks the settings, naming the bad one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.budget == 0 {
+            return Err("oracle budget 0 is out of range (at least 1 token)".into());
+        }
+        Ok(())
+    }
+}
+
+/// The oracle policy (stateless apart from scratch).
+pub struct OracleAttention {
+    settings: OracleSettings,
+    keys: Vec<f32>,
+}
+
+impl OracleAttention {
+    /// An oracle with `settings`.
+    pub fn new(settings: OracleSettings) -> Result<Self, String> {
+        settings.validate()?;
+        Ok(OracleAttention {
+            settings,
+            keys: Vec::new(),
+        })
+    }
+
+    /// The `budget` positions of `0..n` with the most summed probability for the query
+    /// heads `q_group` (`group × head_dim`) over KV head `kv_head` of `keys`
+    /// (`n × kv_dim`), as ascending ranges.
+    fn select(
+        &self,
+        q_group: &[f32],
+        keys: &[f32],
+        kv_dim: usize,
+        hd: usize,
+        kv_head: usize,
+    ) -> Vec<Range<usize>> {
+        let n = keys.len() / kv_dim;
+        if self.settings.budget >= n {
+            return std::iter::once(0..n).collect();
+        }
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut mass = vec![0f64; n];
+        let mut s = vec![0f64; n];
+        for q in q_group.chunks_exact(hd) {
+            for (t, st) in s.iter_mut().enumerate() {
+                let k = &keys[t * kv_dim + kv_head * hd..][..hd];
+                *st = q
+                    .iter()
+                    .zip(k)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum::<f64>()
+                    * scale;
+            }
+            let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|&x| (x - mx).exp()).sum();
+            for (m, &x) in mass.iter_mut().zip(&s) {
+                let p = (x - mx).exp() / z;
+                if p.is_finite() {
+                    *m += p;
+                }
+            }
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        let k = self.settings.budget;
+        // Most mass first; ties to the later position (recent keys are the safer guess).
+        order.select_nth_unstable_by(k - 1, |&a, &b| mass[b].total_cmp(&mass[a]).then(b.cmp(&a)));
+        let mut chosen = order[..k].to_vec();
+        chosen.sort_unstable();
+        let mut ranges: Vec<Range<usize>> = Vec::new();
+        for p in chosen {
+            match ranges.last_mut() {
+                Some(last) if last.end == p => last.end = p + 1,
+                _ => ranges.push(p..p + 1),
+            }
+        }
+        ranges
+    }
+}
+
+impl SparsePolicy for OracleAttention {
+    fn name(&self) -> &str {
+        "oracle"
+    }
+
+    fn supports_prefill(&self) -> bool {
+        false
+    }
+
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+        let (shape, n) = (ctx.shape, ctx.pos0 + 1);
+        if ctx.n_tokens() != 1 || self.settings.budget >= n {
+            return ReadPlan::causal(shape, ctx.pos0, ctx.n_tokens());
+        }
+        let kv_dim = shape.kv_dim();
+        let mut keys = std::mem::take(&mut self.keys);
+        keys.resize(n * kv_dim, 0.0);
+        read_f32(ctx.store, false, 0, &mut keys);
+        let entries = (0..shape.n_head_kv)
+            .map(|h| PlanEntry {
+                kv_heads: h..h + 1,
+                source: Source::Store,
+                visible: vec![self.select(
+                    ctx.group_queries(0, h),
+                    &keys,
+                    kv_dim,
+                    shape.head_dim,
+                    h,
+                )],
+            })
+            .collect();
+        self.keys = keys;
+        ReadPlan {
+            entries,
+            side: Vec::new(),
+        }
+    }
+
+    fn fraction_read(&self, n_ctx: usize) -> f64 {
+        if n_ctx == 0 {
+            return 1.0;
+        }
+        self.settings.budget.min(n_ctx) as f64 / n_ctx as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::{attend, read_set, AttnShape, DenseAttention};
+    use crate::kv_cache::{KvCache, KvType};
+
+    const SHAPE: AttnShape = AttnShape {
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 8,
+    };
+
+    fn cache(n: usize) -> KvCache {
+        let mut c = KvCache::new(KvType::F32, 1, n, 16);
+        for t in 0..n {
+            let k: Vec<f32> = (0..16)
+                .map(|d| (((t * 31 + d * 7) % 17) as f32 - 8.0) / 8.0)
+                .collect();
+            c.write(0, t, &k, &k);
+        }
+        c
+    }
+
+    /// The oracle's read set holds more of the exact attention mass than any other set of
+    /// the same size: checked against the best single swap (every chosen key's mass is at
+    /// least every unchosen key's), with the mass computed independently here.
+    #[test]
+    fn reads_the_keys_with_the_most_mass() {
+        let c = cache(300);
+        let q: Vec<f32> = (0..32).map(|i| ((i * 13 % 7) as f32 - 3.0) / 2.0).collect();
+        let mut o = OracleAttention::new(OracleSettings { budget: 40 }).unwrap();
+        let read = read_set(&mut o, SHAPE, &c, 0, &q, 299);
+        let mut keys = vec![0f32; 300 * 16];
+        c.read_keys(0, 0, &mut keys);
+        for (h, ranges) in read.iter().enumerate() {
+            let chosen: Vec<usize> = ranges.iter().cloned().flatten().collect();
+            assert_eq!(chosen.len(), 40);
+            let mut mass = vec![0f64; 300];
+            for r in 0..2 {
+                let qh = &q[(h * 2 + r) * 8..][..8];
+                let s: Vec<f64> = (0..300)
+                    .map(|t| {
+                        let k = &keys[t * 16 + h * 8..][..8];
+                        qh.iter().zip(k).map(|(a, b)| (*a * *b) as f64).sum::<f64>() / 8f64.sqrt()
+                    })
+                    .collect();
+                let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+                s.iter()
+                    .enumerate()
+                    .for_each(|(t, x)| mass[t] += (x - mx).exp() / z);
+            }
+            let min_in = chosen
+                .iter()
+                .map(|&t| mass[t])
+                .fold(f64::INFINITY, f64::min);
+            let max_out = (0..300)
+                .filter(|t| !chosen.contains(t))
+                .map(|t| mass[t])
+                .fold(0.0, f64::max);
+            assert!(min_in >= max_out - 1e-12, "head {h}: {min_in} < {max_out}");
+        }
+        // A budget covering the context is exact attention, bit for bit.
+        let mut all = OracleAttention::new(OracleSettings { budget: 300 }).unwrap();
+        let (mut a, mut b) = (vec![0f32; 32], vec![0f32; 32]);
+        attend(&mut all, SHAPE, &c, 0, &q, 299, &mut a);
+        attend(&mut DenseAttention, SHAPE, &c, 0, &q, 299, &mut b);
+        assert_eq!(a, b);
+        assert!(OracleAttention::new(OracleSettings { budget: 0 }).is_err());
+    }
+}
