@@ -11,8 +11,8 @@
 //! lie within `ORDER_TOL` of llama.cpp's, which preferred its own, so ours can prefer the other
 //! by at most `2 * ORDER_TOL`; where the fixture also records llama.cpp's margin (its top logit
 //! minus its second; the Qwen fixture does not), that margin is subtracted, since llama.cpp's
-//! token led ours by at least as much there. Measured: one such step in 128, capital step 2,
-//! ours ahead by 0.02 to 0.08 depending on level and cache type. A prompt missing its first
+//! token led ours by at least as much there. Measured: at most one such step per run, the
+//! capital prompt's step 2, ours ahead by 0.02 to 0.08 depending on level and cache type. A prompt missing its first
 //! token moves the first step's logits by 4.7 and 9.5: far outside (checked below).
 
 mod common;
@@ -116,6 +116,7 @@ fn run_greedy(kv: KvType) {
         let mut short = model.new_state(512, kv).unwrap();
         let cut = forced_logits(&model, &mut short, &prompt[1..], &ids[..1], Prefill::Batch);
         let dev = first_step_deviation(&cut[0], top5);
+        eprintln!("{name} ({kv:?}) without its first token: first step {dev:.3} off");
         assert!(
             dev > 2.0 * ORDER_TOL,
             "{name}: a prompt missing its first token is only {dev} off"

@@ -119,9 +119,9 @@ fn ladder_with_a_small_window_reads_less_and_changes_the_output() {
 /// (the same tokens in the same batches at the same positions) over the same cache rows
 /// below 64, which both computed with the same call; only the policy's memory of the
 /// rewritten blocks can differ, which is what is tested. The fresh sequence used to be
-/// prefilled as one 154-token batch: that splits the work differently (attention row blocks
-/// whose key unions, and so tile boundaries, differ; with quantized weights other GEMM
-/// kernels), equal only to rounding — it differed in the last bits on an AVX-512 host.
+/// prefilled as one 154-token batch: that splits the work differently (other attention row
+/// blocks, and with quantized weights other GEMM kernels), equal only to rounding, and on an
+/// AVX-512 host it differed in the last bits.
 #[test]
 fn ladder_after_a_rewind_equals_a_fresh_sequence() {
     let m = model();
@@ -152,6 +152,7 @@ fn h2o_with_a_covering_budget_equals_full() {
     let want = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
     let got = decode_logits(&m, &mut state(&m, &h2o(0.5, 0.5)), &p, &d);
     let worst = worst_diff(&want, &got);
+    eprintln!("h2o covering vs full, synthetic model: {worst}");
     assert!(worst < 1e-3, "{worst}");
 }
 
@@ -197,7 +198,7 @@ fn qwen_prompt(e: &Engine) -> Vec<u32> {
 ///   `DenseAttention` calls on the same rows in the same split as `full`, so the logits are
 ///   equal to the bit, at any SIMD level;
 /// - an H2O budget covering the context evicts nothing, but decode attends through H2O's own
-///   two-pass kernel, another summation order: within [`common::ORDER_TOL`] (measured 0.19);
+///   two-pass kernel, another summation order: within [`common::ORDER_TOL`] (measured 0.23);
 /// - small budgets decode valid logits and are caught by that tolerance (measured: the
 ///   ladder with a 16-token window 7.4, H2O at 10% + 10% 14.1).
 #[test]
