@@ -1,6 +1,27 @@
-//! Shared helpers for tests that need the real models (fetched by scripts/fetch_models.py).
+//! Shared helpers for tests that need the real models (fetched by scripts/fetch_models.py),
+//! and the teacher-forced comparison the real-model tests share.
+//!
+//! # Comparing two runs of the real model
+//!
+//! The same model run twice can differ in the last bits of every logit without anything
+//! being wrong: each SIMD level sums in its own order (`SPARROW_SIMD=scalar|avx2|avx512`),
+//! and how a prompt is split into forward passes picks the kernels — the batched products
+//! take sparrow-quant's panel GEMM from 16 tokens with AVX2 and from 6 with AVX-512, the
+//! per-row kernels below that and in decode, each with its own f32 order. Activations are
+//! quantized to 8 bits before each product (as in ggml), so a last-bit difference can move
+//! one by a whole quantization step, and over 24 layers the logits of two such runs end up
+//! several tenths apart (see [`ORDER_TOL`]): enough to turn a greedy near-tie the other way,
+//! after which two free-running greedy paths share nothing. So the comparisons here are
+//! *teacher-forced*: both runs are fed the same continuation and their logits compared step
+//! by step ([`forced_logits`], [`assert_close`]), with a tolerance that says how far apart
+//! the two runs may legitimately be; a step at which the two runs' top tokens differ is
+//! accepted only when it is a near-tie within that tolerance.
+//!
+//! Where both sides make the same forward calls with the same kernels (same level, same
+//! batch split, same attention path), the results are equal to the bit and the tests say so.
 #![allow(dead_code)]
 
+use sparrow::{Logits, Model, State};
 use std::path::PathBuf;
 
 pub fn models_dir() -> PathBuf {
@@ -27,4 +48,212 @@ pub fn fixture(name: &str) -> String {
         .join("../../tests/fixtures")
         .join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Logit tolerance ([`drift`]) between two runs that differ only in rounding: another SIMD
+/// level, another batch split of the prompt, another attention kernel over the same keys
+/// (H2O's two-pass softmax against the flash kernel), f16 against f32 cache rows, values
+/// stored as Q8_0.
+///
+/// Derivation: Qwen2.5-Coder-0.5B Q4_K_M, teacher-forced on the prompts of
+/// `kv_q8_0_real.rs` (5, 13 and 423 tokens, 24 steps), `greedy_reference.rs` (llama.cpp's
+/// 64 steps) and `policies_ladder_h2o.rs` (34 tokens, 24 steps); largest [`drift`] over all
+/// steps and prompts:
+/// - `SPARROW_SIMD=scalar` against `avx2`, same cache type: 0.44 (f16), 0.40 (f32), 0.72
+///   (values in Q8_0), 0.74 (keys and values in Q8_0);
+/// - prompt as one batch (AVX2 panel GEMM) against token by token (per-row kernels), AVX2:
+///   0.33 (f16), 0.42 (values in Q8_0), 0.64 (keys and values in Q8_0); below 16 tokens
+///   both splits take the per-row kernels and agree to the bit, as they do at scalar;
+/// - f16 against f32 cache: 0.71; values in Q8_0 against f16, any level and split: 0.59;
+/// - H2O with a covering budget against `full`: 0.23.
+///
+/// The spread is that large most likely because activations are quantized to 8 bits before
+/// each product, as in ggml: a last-bit difference that moves a value across a rounding
+/// boundary changes it by a whole quantization step. AVX-512 reorders the same f32 steps
+/// (its integer sums are exact, like the other levels'), so its spread is another sample of
+/// the same size. Twice the largest measured spread, 1.5, leaves room for that and for
+/// other prompts. A real error is far beyond it: value rows read one position late move
+/// these logits by 7 to 29 per step (checked in `kv_q8_0_real.rs`), a prompt missing its
+/// first token moves the first step by 4.7 to 21 (`greedy_reference.rs`), H2O or the
+/// ladder with small budgets by up to 14 and 7.4 (`policies_ladder_h2o.rs`).
+pub const ORDER_TOL: f32 = 1.5;
+
+/// How many of each run's highest logits [`drift`] compares: the tokens a greedy, top-k or
+/// nucleus choice can land on. The other ~150k logits of the vocabulary decide nothing (over
+/// all of them the same runs differ by up to 0.95, set by tokens no choice would pick).
+pub const CANDIDATES: usize = 16;
+
+/// Index of the largest logit (the first one on exact ties).
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// How a prompt goes through the model before the forced continuation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefill {
+    /// One forward pass over the whole prompt: the panel GEMM where the level has one and the
+    /// prompt is long enough (AVX2 from 16 tokens, AVX-512 from 6).
+    Batch,
+    /// Forward passes of at most this many tokens; at most 5 keeps every level on its
+    /// per-row kernels, so against [`Prefill::Batch`] the two runs take different kernels.
+    Chunks(usize),
+}
+
+/// Teacher forcing: the logits after `prompt`, then after each token of `forced` but the
+/// last, fed one at a time — step `i`'s logits are the ones that choose `forced[i]`.
+pub fn forced_logits(
+    model: &Model,
+    state: &mut State,
+    prompt: &[u32],
+    forced: &[u32],
+    prefill: Prefill,
+) -> Vec<Vec<f32>> {
+    let chunk = match prefill {
+        Prefill::Batch => prompt.len(),
+        Prefill::Chunks(n) => n,
+    };
+    let mut last = Vec::new();
+    for part in prompt.chunks(chunk.max(1)) {
+        last = model.forward(state, part, Logits::Last).unwrap().to_vec();
+    }
+    let mut out = vec![last];
+    for &t in &forced[..forced.len().saturating_sub(1)] {
+        out.push(model.forward(state, &[t], Logits::Last).unwrap().to_vec());
+    }
+    out
+}
+
+/// Free-running greedy decoding: `steps` tokens after `prompt` (prefilled as one batch) and
+/// the logits that chose each of them.
+pub fn greedy(
+    model: &Model,
+    state: &mut State,
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut logits = model.forward(state, prompt, Logits::Last).unwrap().to_vec();
+    let (mut toks, mut all) = (Vec::new(), Vec::new());
+    for i in 0..steps {
+        let t = argmax(&logits) as u32;
+        toks.push(t);
+        all.push(logits);
+        if i + 1 == steps {
+            break;
+        }
+        logits = model.forward(state, &[t], Logits::Last).unwrap().to_vec();
+    }
+    (toks, all)
+}
+
+/// The `k` indices of the largest values, largest first.
+pub fn top_k(v: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    let k = k.min(v.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    idx.select_nth_unstable_by(k - 1, |&a, &b| v[b].total_cmp(&v[a]));
+    idx.truncate(k);
+    idx.sort_by(|&a, &b| v[b].total_cmp(&v[a]));
+    idx
+}
+
+/// Largest `|want[i] - got[i]|` over the [`CANDIDATES`] highest logits of either run.
+pub fn drift(want: &[f32], got: &[f32]) -> f32 {
+    top_k(want, CANDIDATES)
+        .into_iter()
+        .chain(top_k(got, CANDIDATES))
+        .map(|i| (want[i] - got[i]).abs())
+        .fold(0.0, f32::max)
+}
+
+/// A step at which two runs' top tokens differ.
+#[derive(Clone, Copy, Debug)]
+pub struct Flip {
+    pub step: usize,
+    /// The reference run's choice and the compared run's.
+    pub want: usize,
+    pub got: usize,
+    /// How far the compared run's choice leads the reference's choice in the compared run,
+    /// and the reference's choice leads it in the reference run (both ≥ 0).
+    pub gap_got: f32,
+    pub gap_want: f32,
+}
+
+/// Per-step comparison of two teacher-forced runs: each step's [`drift`] and its flip, if
+/// any.
+pub fn compare(want: &[Vec<f32>], got: &[Vec<f32>]) -> (Vec<f32>, Vec<Flip>) {
+    assert_eq!(want.len(), got.len(), "runs of different lengths");
+    let mut drifts = Vec::new();
+    let mut flips = Vec::new();
+    for (step, (w, g)) in want.iter().zip(got).enumerate() {
+        drifts.push(drift(w, g));
+        let (tw, tg) = (argmax(w), argmax(g));
+        if tw != tg {
+            flips.push(Flip {
+                step,
+                want: tw,
+                got: tg,
+                gap_got: g[tg] - g[tw],
+                gap_want: w[tw] - w[tg],
+            });
+        }
+    }
+    (drifts, flips)
+}
+
+/// Why two teacher-forced runs are not within `tol` of each other, if they are not: a step
+/// whose [`drift`] exceeds `tol`, or a flip that is not a near-tie — the two tokens more
+/// than `2 * tol` apart in either run (two logits each within `tol` of the reference can
+/// trade places only if they were within `2 * tol` of each other; with every candidate
+/// within `tol` that follows, and it is checked on its own so the message names the step).
+pub fn mismatch(want: &[Vec<f32>], got: &[Vec<f32>], tol: f32) -> Option<String> {
+    mismatch_with(want, got, tol, 2.0 * tol)
+}
+
+/// [`mismatch`] with its own bound `tie` on a flip's gaps (for a lossy method whose choices
+/// must still follow the reference's wherever rounding alone could not turn them).
+pub fn mismatch_with(want: &[Vec<f32>], got: &[Vec<f32>], tol: f32, tie: f32) -> Option<String> {
+    let (drifts, flips) = compare(want, got);
+    if let Some((step, d)) = drifts.iter().enumerate().find(|(_, &d)| d > tol) {
+        return Some(format!(
+            "step {step}: candidate logits differ by {d} > {tol} (per step: {drifts:?})"
+        ));
+    }
+    if let Some(f) = flips.iter().find(|f| f.gap_got > tie || f.gap_want > tie) {
+        return Some(format!("{f:?}: not a near-tie within {tie}"));
+    }
+    None
+}
+
+/// Asserts [`mismatch`] finds nothing; returns the largest drift and the flips, for the log.
+pub fn assert_close(what: &str, want: &[Vec<f32>], got: &[Vec<f32>], tol: f32) -> (f32, Vec<Flip>) {
+    assert_close_with(what, want, got, tol, 2.0 * tol)
+}
+
+/// Asserts [`mismatch_with`] finds nothing; returns the largest drift and the flips.
+pub fn assert_close_with(
+    what: &str,
+    want: &[Vec<f32>],
+    got: &[Vec<f32>],
+    tol: f32,
+    tie: f32,
+) -> (f32, Vec<Flip>) {
+    if let Some(m) = mismatch_with(want, got, tol, tie) {
+        panic!("{what}: {m}");
+    }
+    let (drifts, flips) = compare(want, got);
+    let worst = drifts.iter().copied().fold(0.0, f32::max);
+    let per: Vec<String> = drifts.iter().map(|d| format!("{d:.3}")).collect();
+    eprintln!(
+        "{what}: largest drift {worst:.4} (tolerance {tol}; per step {}), near-tie flips {flips:?}",
+        per.join(" ")
+    );
+    (worst, flips)
 }

@@ -1,99 +1,135 @@
-//! Greedy continuations of the real Qwen2.5 model equal llama.cpp's token ids (up to
-//! near-ties, see `run_greedy`).
+//! Greedy continuations of the real Qwen2.5 model follow llama.cpp's token ids
+//! (`tests/fixtures/qwen_greedy.json`), teacher-forced: fed llama.cpp's 64 tokens one at a
+//! time, our top token at every step is llama.cpp's, except at a near-tie.
+//!
+//! llama.cpp is one more rounding of the same quantized math (8-bit activations in its own
+//! blocking and order, f16 cache), so our logits may sit as far from its logits as two of our
+//! own SIMD levels or batch splits sit from each other: [`common::ORDER_TOL`] per logit. The
+//! fixture records llama.cpp's five best logits of the first step, and ours must lie within
+//! that of them (measured: at most 0.18 off, SPARROW_SIMD=scalar and avx2, f16 and f32
+//! caches). At a later step where llama.cpp's token is not our top token, both tokens' logits
+//! lie within `ORDER_TOL` of llama.cpp's, which preferred its own, so ours can prefer the other
+//! by at most `2 * ORDER_TOL`; where the fixture also records llama.cpp's margin (its top logit
+//! minus its second; the Qwen fixture does not), that margin is subtracted, since llama.cpp's
+//! token led ours by at least as much there. Measured: at most one such step per run, the
+//! capital prompt's step 2, ours ahead by 0.02 to 0.08 depending on level and cache type. A prompt missing its first
+//! token moves the first step's logits by 4.7 and 9.5: far outside (checked below).
 
 mod common;
 
-use sparrow::{KvType, Logits, Model};
+use common::{argmax, forced_logits, Prefill, ORDER_TOL};
+use sparrow::{KvType, Model};
 
-fn argmax(v: &[f32]) -> (usize, f32) {
-    v.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
-            if x > bv {
-                (i, x)
-            } else {
-                (bi, bv)
-            }
-        })
+struct Case {
+    name: String,
+    prompt: Vec<u32>,
+    ids: Vec<u32>,
+    /// llama.cpp's five best (token, logit) at the first step.
+    top5: Vec<(usize, f32)>,
+    /// llama.cpp's top-1 minus top-2 logit per step, if recorded.
+    margins: Option<Vec<f32>>,
 }
 
-fn run_greedy(kv: KvType, max_ties: usize) {
-    let model = Model::load(common::qwen_path()).unwrap();
+fn cases() -> Vec<Case> {
     let fixture: serde_json::Value =
         serde_json::from_str(&common::fixture("qwen_greedy.json")).unwrap();
-    for p in fixture["prompts"].as_array().unwrap() {
-        let name = p["name"].as_str().unwrap();
-        let prompt: Vec<u32> = p["prompt_ids"]
-            .as_array()
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
             .unwrap()
             .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let expected: Vec<u32> = p["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    fixture["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| Case {
+            name: p["name"].as_str().unwrap().to_string(),
+            prompt: ids(&p["prompt_ids"]),
+            ids: ids(&p["ids"]),
+            top5: p["top5_first_step"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    (
+                        t[0].as_u64().unwrap() as usize,
+                        t[1].as_f64().unwrap() as f32,
+                    )
+                })
+                .collect(),
+            margins: p["margins"]
+                .as_array()
+                .map(|m| m.iter().map(|x| x.as_f64().unwrap() as f32).collect()),
+        })
+        .collect()
+}
+
+/// Largest difference between our first-step logits and llama.cpp's recorded top five.
+fn first_step_deviation(logits: &[f32], top5: &[(usize, f32)]) -> f32 {
+    top5.iter()
+        .map(|&(t, l)| (logits[t] - l).abs())
+        .fold(0.0, f32::max)
+}
+
+fn run_greedy(kv: KvType) {
+    let model = Model::load(common::qwen_path()).unwrap();
+    for case in cases() {
+        let Case {
+            name,
+            prompt,
+            ids,
+            top5,
+            margins,
+        } = &case;
         let mut state = model.new_state(512, kv).unwrap();
-        let logits = model.forward(&mut state, &prompt, Logits::Last).unwrap();
-        // The first step's top logit should be close to llama.cpp's (it quantizes activations
-        // to 8 bits, so not bit-equal).
-        let (top, top_logit) = argmax(logits);
-        let ref_top = &p["top5_first_step"][0];
-        assert_eq!(top as u64, ref_top[0].as_u64().unwrap(), "{name}");
-        let ref_logit = ref_top[1].as_f64().unwrap() as f32;
+        let steps = forced_logits(&model, &mut state, prompt, ids, Prefill::Batch);
+        assert_eq!(top5[0].0, ids[0] as usize, "{name}: fixture");
+        let dev = first_step_deviation(&steps[0], top5);
         assert!(
-            (top_logit - ref_logit).abs() < 0.25,
-            "{name}: logit {top_logit} vs llama.cpp {ref_logit}"
+            dev <= ORDER_TOL,
+            "{name} ({kv:?}): first-step logits {dev} away from llama.cpp's top five"
         );
-        // Teacher-forced along llama.cpp's continuation: at every step our greedy choice
-        // must be llama.cpp's token, except at a near-tie, where llama.cpp's token must be
-        // within `TIE` of our top logit (both engines round differently: llama.cpp's
-        // 8-bit activations, our f32/f16 cache, summation orders). A real error moves
-        // logits by far more; a near-tie is counted and a few are allowed per prompt.
         let mut ties = Vec::new();
-        let mut logits = logits.to_vec();
-        for (step, &want) in expected.iter().enumerate() {
-            let (top, top_logit) = argmax(&logits);
-            if top as u32 != want {
-                let gap = top_logit - logits[want as usize];
-                assert!(
-                    gap <= TIE,
-                    "{name} ({kv:?}) step {step}: ours {top} ({top_logit}), llama.cpp {want} \
-                     is {gap} below: not a near-tie"
-                );
-                ties.push((step, gap));
+        for (step, (logits, &theirs)) in steps.iter().zip(ids).enumerate() {
+            let ours = argmax(logits);
+            if ours == theirs as usize {
+                continue;
             }
-            if step + 1 < expected.len() {
-                logits = model
-                    .forward(&mut state, &[want], Logits::Last)
-                    .unwrap()
-                    .to_vec();
-            }
+            let gap = logits[ours] - logits[theirs as usize];
+            let their_margin = margins.as_ref().map_or(0.0, |m| m[step]);
+            assert!(
+                gap + their_margin <= 2.0 * ORDER_TOL,
+                "{name} ({kv:?}) step {step}: ours {ours} leads llama.cpp's {theirs} by {gap} \
+                 (llama.cpp's margin {their_margin}): not a near-tie within {}",
+                2.0 * ORDER_TOL
+            );
+            ties.push((step, gap));
         }
-        assert!(
-            ties.len() <= max_ties,
-            "{name} ({kv:?}): {} near-ties {ties:?} in {} steps",
-            ties.len(),
-            expected.len()
+        eprintln!(
+            "{name} ({kv:?}): first step within {dev:.3} of llama.cpp; near-ties (step, gap) {ties:?}"
         );
-        if !ties.is_empty() {
-            eprintln!("{name} ({kv:?}): near-ties (step, logit gap) {ties:?}");
-        }
+
+        // The check can fail: without its first token the prompt's first-step logits move
+        // far outside the tolerance.
+        let mut short = model.new_state(512, kv).unwrap();
+        let cut = forced_logits(&model, &mut short, &prompt[1..], &ids[..1], Prefill::Batch);
+        let dev = first_step_deviation(&cut[0], top5);
+        eprintln!("{name} ({kv:?}) without its first token: first step {dev:.3} off");
+        assert!(
+            dev > 2.0 * ORDER_TOL,
+            "{name}: a prompt missing its first token is only {dev} off"
+        );
     }
 }
 
-/// Largest logit gap accepted where our greedy token differs from llama.cpp's (the first
-/// step's logit tolerance above).
-const TIE: f32 = 0.25;
-
 #[test]
 fn greedy_matches_llama_cpp_f16_cache() {
-    run_greedy(KvType::F16, 2);
+    run_greedy(KvType::F16);
 }
 
 #[test]
 fn greedy_matches_llama_cpp_f32_cache() {
-    run_greedy(KvType::F32, 2);
+    run_greedy(KvType::F32);
 }

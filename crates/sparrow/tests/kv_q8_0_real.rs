@@ -6,57 +6,60 @@
 //! to a step comparable to their size. An independent ggml-style quantizer (f32 inverse
 //! scale, as `quantize_row_q8_0_ref`) reproduces the same logit shifts (≈ 15 on the
 //! five-token prompt below, whose first greedy token drops to rank ~150), so that is the
-//! format's doing, not this code's. Values quantize harmlessly. What is asserted, over
-//! 16 greedy steps on prompts of 5, 13 and ~420 tokens:
+//! format's doing, not this code's. Values quantize harmlessly.
 //!
-//! 1. K and V in q8_0: the logits equal (≤ 1e-3) those of an f32 cache whose attention
-//!    reads K/V rounded through `BlockQ8_0` by a test backend, and the greedy tokens are the
-//!    same: the cache layout, the per-head dequantization and the kernels add nothing to the
-//!    format's rounding (a misread block, scale, stride or head offset would move logits by
-//!    whole units);
-//! 2. V in q8_0 (keys f16), fed the f16 cache's 16 greedy tokens: the same choice at every
-//!    step but at most one near-tie (another token ahead by ≤ 0.25), with logits within
-//!    1.0 of it (f32 vs f16 caches differ by up to ~0.8 already);
-//! 3. K and V in q8_0 on the code and long prompts: fed the f16 cache's continuation, the
-//!    top-1 token agrees at ≥ 15 of 16 steps and the f16 choice is never below rank 2; on the
-//!    code prompt the free-running greedy output repeats the f16 one for ≥ 8 tokens (the
-//!    long prompt's first step is a near-tie that q8_0 resolves the other way).
+//! Every comparison is teacher-forced along the f16 cache's 16 greedy tokens, step by step
+//! (see `tests/common.rs`), on prompts of 5, 13 and ~420 tokens:
+//!
+//! 1. K and V in q8_0 against an f32 cache whose attention reads K/V rounded through
+//!    `BlockQ8_0` (a test backend), same kernels and same batch split: every logit within
+//!    [`EMULATION_TOL`]. The cache layout, the per-head dequantization and the kernels add
+//!    nothing to the format's rounding (a misread block, scale, stride or head offset would
+//!    move logits by whole units).
+//! 2. V in q8_0 (keys f16), prompt prefilled in chunks of 5 (per-row kernels) against the f16
+//!    cache with the prompt in one batch (the panel GEMM with AVX2 or AVX-512 from 16 or 6
+//!    tokens): within [`common::ORDER_TOL`] — Q8_0 values cost no more than a change of
+//!    summation order does, and the split makes this host's run differ from the reference
+//!    as another host's kernels would.
+//! 3. K and V in q8_0 on the code and long prompts: within [`KV_Q8_TOL`].
+//! 4. The check can fail: value rows read one position late exceed [`common::ORDER_TOL`]
+//!    by far.
 
 mod common;
 
+use common::{assert_close, forced_logits, mismatch, Prefill, ORDER_TOL};
 use sparrow::attention::{PlanContext, ReadPlan, SideTable, Source, SparsePolicy};
 use sparrow::kv_cache::{BlockQ8_0, QK8_0};
-use sparrow::{Engine, KvType, KvTypes, Logits, Model};
+use sparrow::{Engine, KvType, KvTypes, Model};
 use sparrow_attn::kernel::{read_f32, F32Rows};
 
 const STEPS: usize = 16;
 
-/// Largest logit gap by which another token may beat the f16 cache's choice (a near-tie:
-/// the first greedy steps of "The capital of France is" are such a tie, which rounding
-/// anywhere — kernels' summation order, cache type — resolves either way).
-const TIE: f32 = 0.25;
+/// Largest difference of any logit between the q8_0 cache and its emulation. Both runs
+/// make the same forward calls through the same kernels, on the same rounded K/V values
+/// (the cache stores `BlockQ8_0::quantize`'s blocks and dequantizes them as
+/// `BlockQ8_0::dequantize` does; the emulation rounds f32 rows through the same two
+/// functions), so they agree to the bit at every level (measured: 0 with SPARROW_SIMD=scalar
+/// and avx2, on all three prompts). 1e-3 leaves room for a dequantization kernel whose
+/// multiply is fused differently, and is a thousandth of what a misread block does.
+const EMULATION_TOL: f32 = 1e-3;
 
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+/// Tolerance ([`common::drift`]) of keys and values in Q8_0 against the f16 cache on the
+/// code and long prompts. Measured, teacher-forced over 24 steps, SPARROW_SIMD=scalar and
+/// avx2, the prompt in one batch and token by token: at most 1.13 on the code prompt, 1.74
+/// on the long one (and 1.21 on a 34-token chat prompt); twice the largest, 3.5. Not a
+/// near-tie bound but the format's measured cost: keys in Q8_0 round Qwen2.5's large-bias
+/// channels coarsely (the module docs); on the five-token prompt the same rounding moves
+/// logits by 10.8, which is why that prompt is only reported. Value rows read one position
+/// late move logits by 7 to 19 per step on the code prompt (part 4), up to 29 on others.
+const KV_Q8_TOL: f32 = 3.5;
 
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
-/// Dense attention over the cache's keys and values rounded through Q8_0 blocks: a plan
-/// over a side table holding the rounded rows of every position so far.
+/// Dense attention over an f32 cache holding the cache's keys and values, rounded through
+/// Q8_0 blocks (`round`), values taken `value_lag` positions late (a deliberate error).
 #[derive(Default)]
-struct EmulatedQ8 {
+struct Emulated {
+    round: bool,
+    value_lag: usize,
     k: Vec<f32>,
     v: Vec<f32>,
 }
@@ -67,7 +70,7 @@ fn round_q8(x: &mut [f32]) {
     }
 }
 
-impl SparsePolicy for EmulatedQ8 {
+impl SparsePolicy for Emulated {
     fn name(&self) -> &str {
         "emulated-q8_0"
     }
@@ -78,9 +81,16 @@ impl SparsePolicy for EmulatedQ8 {
         self.k.resize(n * w, 0.0);
         self.v.resize(n * w, 0.0);
         read_f32(ctx.store, false, 0, &mut self.k);
-        read_f32(ctx.store, true, 0, &mut self.v);
-        round_q8(&mut self.k);
-        round_q8(&mut self.v);
+        // Value row `t` holds position `t - value_lag`'s values (a deliberate error).
+        let lag = self.value_lag.min(n);
+        read_f32(ctx.store, true, 0, &mut self.v[lag * w..]);
+        for t in 0..lag {
+            self.v.copy_within(lag * w..(lag + 1) * w, t * w);
+        }
+        if self.round {
+            round_q8(&mut self.k);
+            round_q8(&mut self.v);
+        }
         let mut plan = ReadPlan::causal(ctx.shape, ctx.pos0, ctx.n_tokens());
         plan.entries[0].source = Source::Side(0);
         plan.side.push(SideTable {
@@ -91,40 +101,20 @@ impl SparsePolicy for EmulatedQ8 {
     }
 }
 
-fn state(model: &Model, types: KvTypes, emulate: bool) -> sparrow::State {
+fn state(model: &Model, types: KvTypes, backend: Option<Emulated>) -> sparrow::State {
     let mut st = model.new_state(1024, types).unwrap();
-    if emulate {
-        st.set_attention(Box::<EmulatedQ8>::default());
+    if let Some(b) = backend {
+        st.set_attention(Box::new(b));
     }
     st
 }
 
-/// Greedy continuation of `prompt` and the logits that chose each token.
-fn greedy(model: &Model, mut st: sparrow::State, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut logits = model
-        .forward(&mut st, prompt, Logits::Last)
-        .unwrap()
-        .to_vec();
-    let (mut toks, mut all) = (Vec::new(), Vec::new());
-    for _ in 0..STEPS {
-        let t = argmax(&logits);
-        toks.push(t);
-        all.push(logits);
-        logits = model.forward(&mut st, &[t], Logits::Last).unwrap().to_vec();
-    }
-    (toks, all)
-}
-
-/// Logits when fed `prompt` and then `forced` one token at a time.
-fn forced(model: &Model, mut st: sparrow::State, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
-    let mut out = vec![model
-        .forward(&mut st, prompt, Logits::Last)
-        .unwrap()
-        .to_vec()];
-    for &t in &forced[..forced.len() - 1] {
-        out.push(model.forward(&mut st, &[t], Logits::Last).unwrap().to_vec());
-    }
-    out
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -155,65 +145,65 @@ fn q8_0_cache_on_qwen() {
     let f16 = KvTypes::from(KvType::F16);
     let v_only = KvTypes::new(KvType::F16, KvType::Q8_0);
     for (name, prompt) in &prompts {
-        let (want, want_logits) = greedy(model, state(model, f16, false), prompt);
+        let (want, f16_logits) = common::greedy(model, &mut state(model, f16, None), prompt, STEPS);
+        let forced = |types: KvTypes, backend: Option<Emulated>, prefill: Prefill| {
+            forced_logits(
+                model,
+                &mut state(model, types, backend),
+                prompt,
+                &want,
+                prefill,
+            )
+        };
 
         // 1. Q8_0 K+V equals the emulation.
-        let (got, got_logits) = greedy(model, state(model, q8, false), prompt);
-        let (emu, emu_logits) = greedy(model, state(model, KvType::F32.into(), true), prompt);
-        let d = got_logits
-            .iter()
-            .zip(&emu_logits)
-            .map(|(a, b)| max_diff(a, b))
-            .fold(0.0, f32::max);
+        let got = forced(q8, None, Prefill::Batch);
+        let emu = Emulated {
+            round: true,
+            ..Default::default()
+        };
+        let emulated = forced(KvType::F32.into(), Some(emu), Prefill::Batch);
+        let d = max_diff(&got, &emulated);
         eprintln!("{name}: q8_0 vs emulation: max logit diff {d}");
-        assert_eq!(got, emu, "{name}: q8_0 cache vs emulated rounding");
-        assert!(d <= 1e-3, "{name}: q8_0 cache vs emulated rounding: {d}");
-
-        // 2. Q8_0 values only, fed the f16 cache's tokens: the same choices (up to a
-        // near-tie) and logits within 1.0.
-        let vg_logits = forced(model, state(model, v_only, false), prompt, &want);
-        let d = vg_logits
-            .iter()
-            .zip(&want_logits)
-            .map(|(a, b)| max_diff(a, b))
-            .fold(0.0, f32::max);
-        let ties: Vec<(usize, f32)> = vg_logits
-            .iter()
-            .zip(&want)
-            .enumerate()
-            .filter(|(_, (l, &w))| argmax(l) != w)
-            .map(|(step, (l, &w))| (step, l[argmax(l) as usize] - l[w as usize]))
-            .collect();
-        eprintln!("{name}: f16/q8_0 vs f16: max logit diff {d}, near-ties {ties:?}");
-        assert!(d <= 1.0, "{name}: f16/q8_0 logits vs f16: {d}");
         assert!(
-            ties.len() <= 1 && ties.iter().all(|&(_, gap)| gap <= TIE),
-            "{name}: f16/q8_0 choices differ from f16's beyond a near-tie: {ties:?}"
+            d <= EMULATION_TOL,
+            "{name}: q8_0 cache vs emulated rounding: {d}"
         );
 
-        // 3. Q8_0 K+V tracks f16 where the keys allow it.
-        let tf = forced(model, state(model, q8, false), prompt, &want);
-        let ranks: Vec<usize> = tf
-            .iter()
-            .zip(&want)
-            .map(|(g, &w)| g.iter().filter(|&&x| x > g[w as usize]).count())
-            .collect();
-        let agree = ranks.iter().filter(|&&r| r == 0).count();
-        let prefix = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        eprintln!(
-            "{name} ({} tokens): q8_0/q8_0 vs f16: ranks of f16's choice {ranks:?}, \
-             greedy prefix {prefix}/{STEPS}",
-            prompt.len()
+        // 2. Q8_0 values only, another batch split: within a change of summation order.
+        let values = forced(v_only, None, Prefill::Chunks(5));
+        assert_close(
+            &format!("{name}: f16/q8_0 (chunks of 5) vs f16 (one batch)"),
+            &f16_logits,
+            &values,
+            ORDER_TOL,
         );
-        if *name != "capital" {
-            assert!(
-                agree >= STEPS - 1,
-                "{name}: top-1 agrees at {agree}/{STEPS}"
+
+        // 3. Q8_0 K+V tracks f16 within the format's measured cost, where the keys allow it.
+        if *name == "capital" {
+            let (drifts, flips) = common::compare(&f16_logits, &got);
+            eprintln!(
+                "{name}: q8_0/q8_0 vs f16 (reported only): drift {drifts:?}, flips {flips:?}"
             );
-            assert!(ranks.iter().all(|&r| r <= 1), "{name}: ranks {ranks:?}");
+        } else {
+            assert_close(
+                &format!("{name}: q8_0/q8_0 vs f16"),
+                &f16_logits,
+                &got,
+                KV_Q8_TOL,
+            );
         }
+
+        // 4. A deliberate error is caught: value rows one position late.
         if *name == "code" {
-            assert!(prefix >= 8, "{name}: {got:?} vs {want:?}");
+            let lagged = Emulated {
+                value_lag: 1,
+                ..Default::default()
+            };
+            let bad = forced(f16, Some(lagged), Prefill::Batch);
+            let m = mismatch(&f16_logits, &bad, ORDER_TOL);
+            eprintln!("{name}: values one position late: {m:?}");
+            assert!(m.is_some(), "values read one position late went unnoticed");
         }
     }
 }

@@ -1,13 +1,16 @@
 //! The ladder and H2O policies through the engine: on a synthetic model (exact where they
 //! claim to be, active where they save work, consistent across rewinds) and on the real
-//! Qwen2.5 file (greedy decoding equals `full` when the policy covers the context).
+//! Qwen2.5 file (teacher-forced logits equal `full`'s, to the bit or to rounding, when the
+//! policy covers the context).
 
+mod common;
+
+use common::{assert_close, forced_logits, mismatch, Prefill, ORDER_TOL};
 use sparrow::attention::AttentionChoice;
 use sparrow::policy::{H2oSettings, LadderSettings};
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow::{Engine, KvType, Logits, Model, State};
 use sparrow_gguf::GgufFile;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 fn model() -> Model {
@@ -108,18 +111,36 @@ fn ladder_with_a_small_window_reads_less_and_changes_the_output() {
     );
 }
 
-/// Landmarks of blocks rewritten after a rewind are rebuilt: the same as a fresh sequence.
+/// Landmarks of blocks rewritten after a rewind are rebuilt: fill the cache with `a`
+/// (prefilled as `a[..64]` then `a[64..]`) and decode, rewind to 64 tokens and continue with
+/// `b` — the result is a fresh sequence's, `a[..64]` then `b`.
+///
+/// Bit for bit, at every SIMD level: after the rewind both states make the same forward calls
+/// (the same tokens in the same batches at the same positions) over the same cache rows
+/// below 64, which both computed with the same call; only the policy's memory of the
+/// rewritten blocks can differ, which is what is tested. The fresh sequence used to be
+/// prefilled as one 154-token batch: that splits the work differently (other attention row
+/// blocks, and with quantized weights other GEMM kernels), equal only to rounding, and on an
+/// AVX-512 host it differed in the last bits.
 #[test]
 fn ladder_after_a_rewind_equals_a_fresh_sequence() {
     let m = model();
     let (a, b, d) = (tokens(180, 7), tokens(90, 8), tokens(6, 9));
-    let mut reused = state(&m, &ladder(24, true));
-    decode_logits(&m, &mut reused, &a, &d);
-    reused.truncate(64);
-    let got = decode_logits(&m, &mut reused, &b, &d);
-    let fresh_prompt: Vec<u32> = a[..64].iter().chain(&b).copied().collect();
-    let want = decode_logits(&m, &mut state(&m, &ladder(24, true)), &fresh_prompt, &d);
-    assert_eq!(want, got);
+    let rewound = |to: usize| {
+        let mut s = state(&m, &ladder(24, true));
+        m.forward(&mut s, &a[..64], Logits::None).unwrap();
+        decode_logits(&m, &mut s, &a[64..], &d);
+        s.truncate(to);
+        decode_logits(&m, &mut s, &b[to - 64..], &d)
+    };
+    let mut fresh = state(&m, &ladder(24, true));
+    m.forward(&mut fresh, &a[..64], Logits::None).unwrap();
+    let want = decode_logits(&m, &mut fresh, &b, &d);
+    assert_eq!(want, rewound(64));
+    // The comparison sees a wrong cache: rewinding to 80 instead leaves `a`'s tokens in the
+    // block 64..80 (far outside the decode window, read through its landmark and the
+    // log-stride keys) where the fresh sequence has `b`'s.
+    assert_ne!(want, rewound(80));
 }
 
 /// A budget covering the context (heavy + recent ≥ 1) evicts nothing: H2O is exact
@@ -131,6 +152,7 @@ fn h2o_with_a_covering_budget_equals_full() {
     let want = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
     let got = decode_logits(&m, &mut state(&m, &h2o(0.5, 0.5)), &p, &d);
     let worst = worst_diff(&want, &got);
+    eprintln!("h2o covering vs full, synthetic model: {worst}");
     assert!(worst < 1e-3, "{worst}");
 }
 
@@ -162,49 +184,7 @@ fn bad_settings_name_the_setting_and_its_range() {
     assert!(e.contains("recent") && e.contains("<= 1"), "{e}");
 }
 
-// ---- The real model (as tests/common.rs finds it) ----
-
-fn qwen_path() -> PathBuf {
-    let dir = match std::env::var("SPARROW_MODELS") {
-        Ok(d) => PathBuf::from(d),
-        Err(_) => {
-            PathBuf::from(std::env::var("HOME").expect("HOME is set")).join(".cache/sparrow/models")
-        }
-    };
-    let p = dir.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run `python3 scripts/fetch_models.py qwen`",
-        p.display()
-    );
-    p
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// Greedy decoding of `steps` tokens after `prompt` with `choice` (`None`: the default
-/// state, exact attention).
-fn greedy(e: &Engine, choice: Option<&AttentionChoice>, prompt: &[u32], steps: usize) -> Vec<u32> {
-    let mut s = e.model.new_state(512, KvType::F16).unwrap();
-    if let Some(c) = choice {
-        s.set_attention(c.build(e.model.config.n_layer).unwrap());
-    }
-    let mut next = argmax(e.model.forward(&mut s, prompt, Logits::Last).unwrap());
-    let mut out = vec![next];
-    for _ in 1..steps {
-        next = argmax(e.model.forward(&mut s, &[next], Logits::Last).unwrap());
-        out.push(next);
-    }
-    out
-}
+// ---- The real model ----
 
 fn qwen_prompt(e: &Engine) -> Vec<u32> {
     let text = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n\
@@ -213,27 +193,54 @@ fn qwen_prompt(e: &Engine) -> Vec<u32> {
     e.tokenizer.encode(text, true, true)
 }
 
-/// On the real model: a ladder window covering prompt + generation and an H2O budget
-/// covering the context give the same greedy tokens as `full`; small budgets decode.
+/// On the real model, teacher-forced along `full`'s 24 greedy tokens:
+/// - a ladder window covering prompt + generation takes the dense path: the same
+///   `DenseAttention` calls on the same rows in the same split as `full`, so the logits are
+///   equal to the bit, at any SIMD level;
+/// - an H2O budget covering the context evicts nothing, but decode attends through H2O's own
+///   two-pass kernel, another summation order: within [`common::ORDER_TOL`] (measured 0.23);
+/// - small budgets decode valid logits and are caught by that tolerance (measured: the
+///   ladder with a 16-token window 7.4, H2O at 10% + 10% 14.1).
 #[test]
-fn qwen_greedy_tokens_match_full_when_the_policies_cover_the_context() {
-    let e = Engine::load(qwen_path()).unwrap();
+fn qwen_logits_follow_full_when_the_policies_cover_the_context() {
+    let e = Engine::load(common::qwen_path()).unwrap();
     let prompt = qwen_prompt(&e);
     let steps = 24;
-    let want = greedy(&e, None, &prompt, steps);
+    let new_state = |choice: Option<&AttentionChoice>| {
+        let mut s = e.model.new_state(512, KvType::F16).unwrap();
+        if let Some(c) = choice {
+            s.set_attention(c.build(e.model.config.n_layer).unwrap());
+        }
+        s
+    };
+    let (want, full) = common::greedy(&e.model, &mut new_state(None), &prompt, steps);
+    let forced = |c: &AttentionChoice| {
+        forced_logits(
+            &e.model,
+            &mut new_state(Some(c)),
+            &prompt,
+            &want,
+            Prefill::Batch,
+        )
+    };
     let covering = ladder(prompt.len() + steps, true);
-    assert_eq!(greedy(&e, Some(&covering), &prompt, steps), want, "ladder");
-    assert_eq!(
-        greedy(&e, Some(&h2o(0.5, 0.5)), &prompt, steps),
-        want,
-        "h2o"
+    assert!(forced(&covering) == full, "ladder with a covering window");
+    assert_close(
+        "h2o covering the context",
+        &full,
+        &forced(&h2o(0.5, 0.5)),
+        ORDER_TOL,
     );
 
-    // Sparse settings: decoding runs and yields valid tokens.
-    let vocab = e.tokenizer.vocab_size() as u32;
     for choice in [ladder(16, true), AttentionChoice::named("h2o")] {
-        let got = greedy(&e, Some(&choice), &prompt, steps);
-        assert_eq!(got.len(), steps);
-        assert!(got.iter().all(|&t| t < vocab), "{}: {got:?}", choice.name);
+        let got = forced(&choice);
+        assert!(
+            got.iter().flatten().all(|x| x.is_finite()),
+            "{}",
+            choice.name
+        );
+        let m = mismatch(&full, &got, ORDER_TOL);
+        eprintln!("{} with a small budget: {m:?}", choice.name);
+        assert!(m.is_some(), "{}: within rounding of full", choice.name);
     }
 }

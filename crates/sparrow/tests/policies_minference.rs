@@ -1,11 +1,13 @@
 //! MInference (vertical-slash prefill): exact within its pattern, the pattern's forced and
-//! planted parts selected, dense where it claims to be, and on the real Qwen model the same
-//! first token as full attention.
+//! planted parts selected, dense where it claims to be, and on the real Qwen model near full
+//! attention (teacher-forced logits within a measured tolerance).
 
 mod common;
 
+use common::{assert_close_with, forced_logits, mismatch_with, Prefill, ORDER_TOL};
 use sparrow::attention::{
     attend, AttentionChoice, AttnShape, DenseAttention, PlanContext, ReadPlan, SparsePolicy,
+    StreamingAttention,
 };
 use sparrow::kv_cache::KvCache;
 use sparrow::policy::minference::{attend_pattern, HeadScores, Pattern};
@@ -510,32 +512,28 @@ fn qwen_prompt(engine: &Engine) -> Vec<u32> {
     engine.tokenizer.encode(&text, true, true)
 }
 
-/// Prefill in 512-token batches, then 8 greedy tokens.
-fn greedy(model: &Model, state: &mut State, prompt: &[u32]) -> Vec<u32> {
-    let argmax = |l: &[f32]| {
-        l.iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .unwrap()
-            .0 as u32
-    };
+/// Prefill in 512-token batches, then 8 greedy tokens; the tokens and the logits that chose
+/// them.
+fn greedy(model: &Model, state: &mut State, prompt: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
     let mut logits = Vec::new();
     for chunk in prompt.chunks(512) {
         logits = model.forward(state, chunk, Logits::Last).unwrap().to_vec();
     }
-    let mut out = Vec::new();
+    let (mut out, mut all) = (Vec::new(), Vec::new());
     for _ in 0..8 {
-        let t = argmax(&logits);
+        let t = common::argmax(&logits) as u32;
         out.push(t);
+        all.push(logits);
         logits = model.forward(state, &[t], Logits::Last).unwrap().to_vec();
     }
-    out
+    (out, all)
 }
 
 struct Qwen {
     engine: Engine,
     prompt: Vec<u32>,
     full: Vec<u32>,
+    full_logits: Vec<Vec<f32>>,
 }
 
 fn qwen() -> &'static Qwen {
@@ -545,11 +543,12 @@ fn qwen() -> &'static Qwen {
         let prompt = qwen_prompt(&engine);
         assert!((1400..1700).contains(&prompt.len()), "{}", prompt.len());
         let mut s = engine.model.new_state(2048, KvType::F16).unwrap();
-        let full = greedy(&engine.model, &mut s, &prompt);
+        let (full, full_logits) = greedy(&engine.model, &mut s, &prompt);
         Qwen {
             engine,
             prompt,
             full,
+            full_logits,
         }
     })
 }
@@ -581,17 +580,64 @@ impl SparsePolicy for Shared {
     }
 }
 
+/// Tolerance ([`common::drift`]) of MInference's sparse prefill (default budget 0.3) against
+/// full attention, teacher-forced along full's 8 greedy tokens (the record's 4 digits, end of
+/// turn, ...): the pattern's approximation, measured at most 2.34 (SPARROW_SIMD=avx2; scalar
+/// MI_SCALAR); twice that, 5.0. Alone it would not tell a prefill that lost the record (a
+/// streaming window of 64 keys: 5.4), so the choices are held tighter, below.
+const MINFERENCE_TOL: f32 = 5.0;
+
+/// Sparse prefill keeps full attention's answer: teacher-forced along full attention's greedy
+/// tokens, logits within [`MINFERENCE_TOL`], and the top token full's at every step except
+/// where full's own choice is a near-tie that a change of summation order could turn (both
+/// gaps within `2 * ORDER_TOL`, see `tests/common.rs`). Comparing free-running greedy tokens
+/// instead would hang on the SIMD level: full's lead for its first token is only 0.82.
+/// Measured: the same top token at all 8 steps. A streaming prefill of 64 keys, which cannot
+/// see the record, answers 4 for 3 and 3 for 8, where full led by 1.0 and 4.7: caught.
 #[test]
-fn qwen_minference_prefill_keeps_full_attentions_first_token() {
+fn qwen_minference_prefill_keeps_full_attentions_answer() {
     let q = qwen();
     let m = &q.engine.model;
-    let got = greedy(
-        m,
-        &mut state_with(q, &AttentionChoice::named("minference")),
-        &q.prompt,
+    let forced = |choice: &AttentionChoice| {
+        let mut s = state_with(q, choice);
+        forced_logits(m, &mut s, &q.prompt, &q.full, Prefill::Chunks(512))
+    };
+    let tie = 2.0 * ORDER_TOL;
+    let mi = forced(&AttentionChoice::named("minference"));
+    assert_close_with(
+        "minference vs full",
+        &q.full_logits,
+        &mi,
+        MINFERENCE_TOL,
+        tie,
     );
-    eprintln!("full {:?}\nminference {:?}", q.full, got);
-    assert_eq!(got[0], q.full[0], "full {:?} minference {:?}", q.full, got);
+    let leads: Vec<f32> = mi
+        .iter()
+        .zip(&q.full)
+        .map(|(l, &t)| {
+            let t = t as usize;
+            l[t] - l
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != t)
+                .map(|(_, &x)| x)
+                .fold(f32::NEG_INFINITY, f32::max)
+        })
+        .collect();
+    eprintln!("minference's lead for full's token per step: {leads:?}");
+    // The check can fail: a prefill that cannot see the records (the last 64 keys only).
+    let streaming = AttentionChoice {
+        prefill: Some("streaming".into()),
+        streaming: StreamingAttention {
+            window: 64,
+            sinks: 4,
+        },
+        ..AttentionChoice::named("full")
+    };
+    let st = forced(&streaming);
+    let mis = mismatch_with(&q.full_logits, &st, MINFERENCE_TOL, tie);
+    eprintln!("streaming prefill: {mis:?}");
+    assert!(mis.is_some(), "a 64-key prefill window went unnoticed");
 
     // The same backend, shared so its selectivity can be read: sparse prefill did run.
     let be = Arc::new(Mutex::new(
@@ -607,13 +653,17 @@ fn qwen_minference_prefill_keeps_full_attentions_first_token() {
     assert!(sel < 0.6, "{sel}");
 }
 
+/// Budget 1 takes the dense path: the same `DenseAttention` calls as `full`, on the same rows,
+/// in the same split (512-token batches, then single tokens), so the logits — and with them
+/// the greedy tokens — are equal to the bit at any SIMD level.
 #[test]
 fn qwen_minference_with_budget_one_equals_full_for_8_tokens() {
     let q = qwen();
     let mut choice = AttentionChoice::named("minference");
     choice.minference.budget = 1.0;
-    let got = greedy(&q.engine.model, &mut state_with(q, &choice), &q.prompt);
+    let (got, logits) = greedy(&q.engine.model, &mut state_with(q, &choice), &q.prompt);
     assert_eq!(got, q.full);
+    assert!(logits == q.full_logits, "logits differ from full's");
 }
 
 // ---- a hand-run timing ----

@@ -3,6 +3,11 @@
 //! `crates/sparrow-quant/tests/fixtures/qwen_real.bin` by that crate's generator script.
 //! This ties the committed extract to the real file: if the reader handed out the wrong
 //! bytes, or the extract did not come from this file, the test fails.
+//!
+//! Bit-exactness does not depend on the SIMD level: every level's kernel table dequantizes
+//! with the same scalar `dequantize_row` of the format (sparrow-quant's `kernels.rs` and
+//! `x86/mod.rs`), a few `f32` operations per element that Rust never fuses into an FMA, and
+//! no sum whose order could differ.
 
 mod common;
 

@@ -1,8 +1,12 @@
 //! Loading with the weights copied into RAM (Q5_0 repacked into sparrow's layout, the rest
 //! as stored) computes what reading them from the file mapping does: the same integer sums.
 //! With AVX2 (and scalar) kernels the f32 steps are in the same order too, so prefill and
-//! decode logits are bit-equal; AVX-512's ggml-layout Q5_0 kernel sums in a different order
-//! than the packed one, so there the logits must agree to rounding.
+//! decode logits are bit-equal (both models make the same forward calls in the same split,
+//! and at these levels the two layouts' kernels perform the same f32 steps — the property
+//! this test pins down); AVX-512's ggml-layout Q5_0 kernel sums in a different order than
+//! the packed one, so there the logits must agree to rounding: within
+//! `common::ORDER_TOL`, the measured cost of a change of summation order, teacher-forced
+//! (the continuation is fixed tokens).
 
 mod common;
 
@@ -31,9 +35,8 @@ fn repacked_weights_give_the_mapped_weights_logits() {
     for (short, long) in [(&prompt[..3], 4), (&prompt[..], 4)] {
         let a = logits_of(&mapped, short, long);
         let b = logits_of(&repacked, short, long);
-        let same_order = SimdLevel::active() != SimdLevel::Avx512;
-        for (step, (x, y)) in a.iter().zip(&b).enumerate() {
-            if same_order {
+        if SimdLevel::active() != SimdLevel::Avx512 {
+            for (step, (x, y)) in a.iter().zip(&b).enumerate() {
                 let differ = x
                     .iter()
                     .zip(y)
@@ -45,18 +48,16 @@ fn repacked_weights_give_the_mapped_weights_logits() {
                     "prompt {} step {step}: {differ} logits differ",
                     short.len()
                 );
-            } else {
-                let d = x
-                    .iter()
-                    .zip(y)
-                    .map(|(p, q)| (p - q).abs())
-                    .fold(0f32, f32::max);
-                assert!(
-                    d < 0.05,
-                    "prompt {} step {step}: logits differ by {d}",
-                    short.len()
-                );
             }
+        } else {
+            // Another summation order of the same integer sums: within the tolerance of a
+            // change of SIMD level or batch split (tests/common.rs), near-ties only.
+            common::assert_close(
+                &format!("prompt {}: repacked vs mapped", short.len()),
+                &a,
+                &b,
+                common::ORDER_TOL,
+            );
         }
     }
 }
