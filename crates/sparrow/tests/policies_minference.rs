@@ -68,7 +68,8 @@ fn settings(budget: f64) -> MInferenceSettings {
     }
 }
 
-/// Naive f64 attention of one query row (all heads) over the listed key positions.
+/// Naive f64 attention of one query row (all heads) over the listed key positions of each
+/// KV head: the shared oracle.
 fn reference_over(
     shape: AttnShape,
     keys: &[Vec<f32>],
@@ -76,37 +77,7 @@ fn reference_over(
     q: &[f32],
     kv_head_visible: &[Vec<usize>],
 ) -> Vec<f32> {
-    let hd = shape.head_dim;
-    let group = shape.n_head / shape.n_head_kv;
-    let mut out = vec![0.0f32; shape.n_head * hd];
-    for h in 0..shape.n_head {
-        let g = h / group;
-        let visible = &kv_head_visible[g];
-        let qh = &q[h * hd..(h + 1) * hd];
-        let s: Vec<f64> = visible
-            .iter()
-            .map(|&t| {
-                let k = &keys[t][g * hd..(g + 1) * hd];
-                qh.iter()
-                    .zip(k)
-                    .map(|(a, b)| *a as f64 * *b as f64)
-                    .sum::<f64>()
-                    / (hd as f64).sqrt()
-            })
-            .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f64 = w.iter().sum();
-        for d in 0..hd {
-            let v: f64 = visible
-                .iter()
-                .enumerate()
-                .map(|(i, &t)| w[i] * vals[t][g * hd + d] as f64)
-                .sum();
-            out[h * hd + d] = (v / z) as f32;
-        }
-    }
-    out
+    sparrow_attn::kernel::reference::attention_f64(shape, keys, vals, q, kv_head_visible)
 }
 
 /// The keys the query at `pos` reads under `pattern`, built independently of the backend:
