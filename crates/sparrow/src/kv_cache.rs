@@ -10,9 +10,9 @@
 //! The buffers are zero-initialised allocations: the OS backs them lazily, so a large
 //! `-c` costs memory only as positions are actually written.
 
+use crate::kv_store::StoreLayer;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use sparrow_attn::kernel::KvSource;
 
 /// Element type of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -375,10 +375,10 @@ impl KvCache {
         self.v.rows(self.span(layer, start, n))
     }
 
-    /// One layer's rows as a [`KvSource`] for the attention kernels.
-    pub fn layer(&self, layer: usize) -> LayerRows<'_> {
+    /// One layer's rows as a `sparrow_attn::kernel::KvSource` for the attention kernels.
+    pub fn layer(&self, layer: usize) -> StoreLayer<'_, KvCache> {
         assert!(layer < self.n_layer, "KV layer out of range");
-        LayerRows { cache: self, layer }
+        StoreLayer { store: self, layer }
     }
 
     fn span(&self, layer: usize, start: usize, n: usize) -> std::ops::Range<usize> {
@@ -403,25 +403,6 @@ impl KvCache {
     /// Bytes held for keys and values.
     pub fn bytes(&self) -> usize {
         self.n_ctx * self.bytes_per_token()
-    }
-}
-
-/// One layer of a [`KvCache`], read by the attention kernels.
-#[derive(Clone, Copy)]
-pub struct LayerRows<'a> {
-    cache: &'a KvCache,
-    layer: usize,
-}
-
-impl KvSource for LayerRows<'_> {
-    fn kv_dim(&self) -> usize {
-        self.cache.kv_dim
-    }
-    fn key_rows(&self, start: usize, n: usize) -> KvRows<'_> {
-        self.cache.key_rows(self.layer, start, n)
-    }
-    fn value_rows(&self, start: usize, n: usize) -> KvRows<'_> {
-        self.cache.value_rows(self.layer, start, n)
     }
 }
 

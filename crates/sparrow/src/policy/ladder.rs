@@ -226,28 +226,20 @@ impl LadderAttention {
         lm.keyed = lm.keyed.min(lm.key_means.len() / kv_dim.max(1));
         lm.valued = lm.valued.min(lm.keyed);
         let mut rows = vec![0f32; bs * kv_dim];
-        if lm.keyed < need {
-            lm.key_means.resize(need * kv_dim, 0.0);
-            for b in lm.keyed..need {
-                read_f32(store, false, b * bs, &mut rows);
-                mean_rows(
-                    &rows,
-                    kv_dim,
-                    &mut lm.key_means[b * kv_dim..(b + 1) * kv_dim],
-                );
+        // Means of blocks `from..need` of the keys (or values) into `means`.
+        let mut fill = |values: bool, from: usize, means: &mut Vec<f32>| {
+            means.resize(need * kv_dim, 0.0);
+            for b in from..need {
+                read_f32(store, values, b * bs, &mut rows);
+                mean_rows(&rows, kv_dim, &mut means[b * kv_dim..(b + 1) * kv_dim]);
             }
+        };
+        if lm.keyed < need {
+            fill(false, lm.keyed, &mut lm.key_means);
             lm.keyed = need;
         }
         if lm.valued < need {
-            lm.value_means.resize(need * kv_dim, 0.0);
-            for b in lm.valued..need {
-                read_f32(store, true, b * bs, &mut rows);
-                mean_rows(
-                    &rows,
-                    kv_dim,
-                    &mut lm.value_means[b * kv_dim..(b + 1) * kv_dim],
-                );
-            }
+            fill(true, lm.valued, &mut lm.value_means);
             lm.valued = need;
         }
     }
