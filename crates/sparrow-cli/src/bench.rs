@@ -137,7 +137,6 @@ fn run_test(
     depth: usize,
 ) -> Result<Vec<Vec<u64>>, String> {
     let vocab = model.config.vocab_size;
-    let n_layer = model.config.n_layer;
     let n_ctx = depth + n_prompt + n_gen + 1;
     let mut state = model
         .new_state(n_ctx, a.kv.types())
@@ -153,7 +152,7 @@ fn run_test(
     let mut samples = vec![Vec::with_capacity(a.repetitions); policies.len()];
     let progress = depth >= 8192;
     for rep in 0..a.repetitions {
-        state.set_attention(fill_choice.build(n_layer)?);
+        state.set_attention(fill_choice.build(&model.config)?);
         state.reset();
         if progress {
             eprintln!(
@@ -163,7 +162,7 @@ fn run_test(
         }
         fill(model, &mut state, &tokens(depth, vocab, 11), a.batch_size)?;
         for (p, choice) in policies.iter().enumerate() {
-            state.set_attention(choice.build(n_layer)?);
+            state.set_attention(choice.build(&model.config)?);
             // Untimed: one decode step seals the context's blocks for this policy.
             if depth > 0 {
                 model

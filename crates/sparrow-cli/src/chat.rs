@@ -60,7 +60,7 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     // The policy's per-sequence state follows the cache: `truncate` below (keeping the
     // prefix shared with the previous turn) and `reset` rewind it too.
-    state.set_attention(attention.build(engine.model.config.n_layer)?);
+    state.set_attention(attention.build(&engine.model.config)?);
     ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst))
         .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
     let json_vocab = a.json.then(|| Arc::new(JsonVocab::new(&engine.tokenizer)));

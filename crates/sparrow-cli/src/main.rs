@@ -207,7 +207,7 @@ impl AttnArgs {
 
     fn choice_named(&self, name: &str) -> Result<sparrow::attention::AttentionChoice, String> {
         let c = self.choice.with_name(name);
-        c.build(0)?;
+        c.check()?;
         Ok(c)
     }
 }

@@ -129,7 +129,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         .model
         .new_state(n_ctx, kv_types)
         .map_err(|e| e.to_string())?;
-    state.set_attention(attention.build(engine.model.config.n_layer)?);
+    state.set_attention(attention.build(&engine.model.config)?);
     let mut sampler = Sampler::new(sampler_cfg);
     let opts = GenerateOptions {
         n_predict: if a.n_predict < 0 {

@@ -8,7 +8,7 @@
 use crate::kv_store::{KvStore, StoreLayer};
 pub use crate::policy::full::DenseAttention;
 pub use crate::policy::streaming::StreamingAttention;
-pub use crate::policy::{AttentionChoice, POLICY_NAMES};
+pub use crate::policy::{policy_names, AttentionChoice};
 pub use sparrow_attn::kernel::AttnShape;
 use sparrow_attn::kernel::Level;
 pub use sparrow_attn::policy::{

@@ -10,7 +10,8 @@
 //! the bookkeeping a tiered store would extend.
 
 use crate::attention::{AttnShape, SparsePolicy};
-use crate::kv_cache::KvCache;
+use crate::kv_store::{KvStore, StoreLayer};
+use sparrow_attn::kernel::read_f32;
 use sparrow_attn::policy::KeysView;
 
 /// Block size used when a policy has no preference.
@@ -65,7 +66,7 @@ impl BlockTable {
     pub fn seal(
         &mut self,
         shape: AttnShape,
-        cache: &KvCache,
+        cache: &dyn KvStore,
         layer: usize,
         filled: usize,
         policy: &mut dyn SparsePolicy,
@@ -81,7 +82,11 @@ impl BlockTable {
         debug_assert_eq!(kv_dim, cache.kv_dim());
         self.keys.resize(self.size * kv_dim, 0.0);
         for block in sealed..complete {
-            cache.read_keys(layer, block * self.size, &mut self.keys);
+            let rows = StoreLayer {
+                store: cache,
+                layer,
+            };
+            read_f32(&rows, false, block * self.size, &mut self.keys);
             if let Ok(view) = KeysView::new(&self.keys, self.size, shape.n_head_kv, shape.head_dim)
             {
                 policy.on_block_sealed(layer, block, view);
@@ -95,7 +100,7 @@ impl BlockTable {
 mod tests {
     use super::*;
     use crate::attention::{PlanContext, ReadPlan};
-    use crate::kv_cache::KvType;
+    use crate::kv_cache::{KvCache, KvType};
 
     /// Records every seal call: (layer, block, first key value of head 1).
     struct Recorder {

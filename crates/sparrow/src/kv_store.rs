@@ -5,7 +5,7 @@
 //! ([`KvStore::prefetch`]) — the moment a store that keeps cold blocks outside RAM fetches
 //! them. Today's one store is the RAM cache ([`KvCache`]), for which prefetching is a no-op.
 
-use crate::kv_cache::{KvCache, KvRows};
+use crate::kv_cache::{KvCache, KvRows, KvTypes};
 use sparrow_attn::kernel::KvSource;
 use sparrow_attn::policy::ReadPlan;
 
@@ -13,6 +13,12 @@ use sparrow_attn::policy::ReadPlan;
 pub trait KvStore: Send + Sync {
     /// Values per row (kv heads × head size).
     fn kv_dim(&self) -> usize;
+    /// Layers.
+    fn n_layer(&self) -> usize;
+    /// Element types of keys and values.
+    fn types(&self) -> KvTypes;
+    /// Bytes one position takes over all layers, keys and values.
+    fn bytes_per_token(&self) -> usize;
     /// Positions each layer holds at most.
     fn n_ctx(&self) -> usize;
     /// Store the keys and values of position `pos` of `layer` (positions are appended in
@@ -30,6 +36,12 @@ pub trait KvStore: Send + Sync {
     fn prefetch(&self, _layer: usize, _plan: &ReadPlan<'_>) {}
     /// Bytes of keys and values held in RAM.
     fn bytes_resident(&self) -> usize;
+    /// Keys then values of positions `0..n`, layer by layer, as little-endian raw data of
+    /// each one's type (for Q8_0, ggml's 34-byte blocks): what prompt cache files hold.
+    fn export_prefix(&self, n: usize) -> Vec<u8>;
+    /// Overwrite positions `0..n` from bytes made by [`KvStore::export_prefix`] of a store
+    /// with the same types and shape, or say why they do not fit.
+    fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String>;
 }
 
 /// One layer of a store, as the attention kernels read it.
@@ -61,6 +73,15 @@ impl KvStore for KvCache {
     fn kv_dim(&self) -> usize {
         KvCache::kv_dim(self)
     }
+    fn n_layer(&self) -> usize {
+        KvCache::n_layer(self)
+    }
+    fn types(&self) -> KvTypes {
+        KvCache::types(self)
+    }
+    fn bytes_per_token(&self) -> usize {
+        KvCache::bytes_per_token(self)
+    }
     fn n_ctx(&self) -> usize {
         KvCache::n_ctx(self)
     }
@@ -76,6 +97,12 @@ impl KvStore for KvCache {
     /// Positions written so far (the high-water mark) × bytes per position: the untouched
     /// rest of the zeroed allocation is not backed by memory.
     fn bytes_resident(&self) -> usize {
-        self.high_water() * self.bytes_per_token()
+        self.high_water() * KvCache::bytes_per_token(self)
+    }
+    fn export_prefix(&self, n: usize) -> Vec<u8> {
+        KvCache::export_prefix(self, n)
+    }
+    fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
+        KvCache::import_prefix(self, n, bytes)
     }
 }

@@ -106,11 +106,7 @@ pub fn score_chunk_with(
     };
     let vocab = model.config.vocab_size;
     let mut state = model.new_state(n_ctx, kv)?;
-    state.set_attention(
-        attention
-            .build(model.config.n_layer)
-            .map_err(Error::Other)?,
-    );
+    state.set_attention(attention.build(&model.config).map_err(Error::Other)?);
     let mut score = ChunkScore {
         nll: 0.0,
         nll2: 0.0,

@@ -138,7 +138,7 @@ pub fn encode(
         )));
     }
     let kv = state.kv();
-    let mut out = Vec::with_capacity(HEADER + 4 * n + kv.prefix_bytes(n) + 32);
+    let mut out = Vec::with_capacity(HEADER + 4 * n + n * kv.bytes_per_token() + 32);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(fingerprint);

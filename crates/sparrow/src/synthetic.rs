@@ -218,3 +218,11 @@ pub fn synthetic_gguf_with(
     }
     w.to_bytes(3)
 }
+
+/// The hyper-parameters of the synthetic model `spec` describes, read back from its GGUF
+/// header as a loader would (for tests that need a model's shapes and no weights, such as
+/// building an attention policy).
+pub fn synthetic_config(spec: &SyntheticSpec) -> crate::Result<crate::model::ModelConfig> {
+    let file = sparrow_gguf::GgufFile::from_bytes(synthetic_writer(spec).to_bytes(3))?;
+    crate::model::ModelConfig::from_gguf(&file)
+}

@@ -7,6 +7,7 @@ mod common;
 use sparrow::attention::AttentionChoice;
 use sparrow::attention::StreamingAttention;
 use sparrow::eval::attention::{capture, evaluate, text_tokens, Capture, Phase, PolicyReport};
+use sparrow::policy::QuestSettings;
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow::{Engine, KvType, Model};
 use sparrow_gguf::GgufFile;
@@ -53,13 +54,10 @@ fn full_attention_measures_exact_and_streaming_reads_its_window() {
     }
     assert_eq!(full.fraction_read, 1.0);
 
-    let streaming = AttentionChoice {
-        streaming: StreamingAttention {
-            sinks: 3,
-            window: 10,
-        },
-        ..AttentionChoice::named("streaming")
-    };
+    let streaming = AttentionChoice::named("streaming").with(StreamingAttention {
+        sinks: 3,
+        window: 10,
+    });
     let r = evaluate(&cap, &streaming).unwrap();
     assert_eq!(r.phase, Phase::Decode);
     for h in heads(&r) {
@@ -152,8 +150,8 @@ fn real_capture(n: usize) -> (Engine, Capture) {
 
 fn quest(budget: usize) -> AttentionChoice {
     let mut c = AttentionChoice::named("quest");
-    c.quest.page = 16;
-    c.quest.budget = budget;
+    c.settings_mut::<QuestSettings>().page = 16;
+    c.settings_mut::<QuestSettings>().budget = budget;
     c
 }
 

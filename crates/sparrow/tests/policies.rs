@@ -29,20 +29,20 @@ fn tokens(n: usize, seed: u32) -> Vec<u32> {
 
 fn state(m: &Model, choice: &AttentionChoice) -> State {
     let mut s = m.new_state(512, KvType::F16).unwrap();
-    s.set_attention(choice.build(m.config.n_layer).unwrap());
+    s.set_attention(choice.build(&m.config).unwrap());
     s
 }
 
 fn quest(page: usize, budget: usize) -> AttentionChoice {
     AttentionChoice {
         name: "quest".into(),
-        quest: QuestSettings {
-            page,
-            budget,
-            dense_layers: vec![],
-        },
         ..Default::default()
     }
+    .with(QuestSettings {
+        page,
+        budget,
+        dense_layers: vec![],
+    })
 }
 
 /// Prefill `prompt`, then feed `steps` one token at a time; the logits of every decode step.
@@ -136,18 +136,18 @@ fn bad_policy_settings_list_what_is_valid() {
         name: "sparsest".into(),
         ..Default::default()
     };
-    let e = unknown.build(2).err().unwrap();
+    let e = unknown.build(&shapes()).err().unwrap();
     assert!(
-        e.contains("sparsest") && e.contains(sparrow::attention::POLICY_NAMES),
+        e.contains("sparsest") && e.contains(&sparrow::attention::policy_names()),
         "{e}"
     );
-    let e = quest(16, 4).build(2).err().unwrap();
+    let e = quest(16, 4).build(&shapes()).err().unwrap();
     assert!(e.contains("budget 4"), "{e}");
     let e = AttentionChoice {
         prefill: Some("h2o".into()),
         ..Default::default()
     }
-    .build(2)
+    .build(&shapes())
     .err()
     .unwrap();
     assert!(e.contains("does not support prefill"), "{e}");
@@ -192,12 +192,12 @@ fn phases_route_to_their_own_policy() {
     );
     let streaming_prefill = AttentionChoice {
         prefill: Some("streaming".into()),
-        streaming: StreamingAttention {
-            window: 16,
-            sinks: 0,
-        },
         ..AttentionChoice::named("full")
-    };
+    }
+    .with(StreamingAttention {
+        window: 16,
+        sinks: 0,
+    });
     let got = decode_logits(&m, &mut state(&m, &streaming_prefill), &p, &d);
     assert!(
         max_diff(&got[0], &full[0]) > 1e-3,
@@ -236,4 +236,9 @@ fn decode_scored_perplexity_sees_decode_policies() {
         "quest had no effect in decode"
     );
     assert!(score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, Some(256)).is_err());
+}
+
+/// A small model's shapes, for building policies whose settings are refused before use.
+fn shapes() -> sparrow::ModelConfig {
+    sparrow::synthetic::synthetic_config(&sparrow::synthetic::SyntheticSpec::default()).unwrap()
 }

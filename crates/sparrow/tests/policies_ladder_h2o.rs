@@ -33,35 +33,35 @@ fn tokens(n: usize, seed: u32) -> Vec<u32> {
 
 fn state(m: &Model, choice: &AttentionChoice) -> State {
     let mut s = m.new_state(512, KvType::F16).unwrap();
-    s.set_attention(choice.build(m.config.n_layer).unwrap());
+    s.set_attention(choice.build(&m.config).unwrap());
     s
 }
 
 fn ladder(window: usize, landmarks: bool) -> AttentionChoice {
     AttentionChoice {
         name: "ladder".into(),
-        ladder: LadderSettings {
-            window,
-            sinks: 4,
-            block: 16,
-            log_stride: true,
-            landmarks,
-            dense_layers: vec![],
-        },
         ..Default::default()
     }
+    .with(LadderSettings {
+        window,
+        sinks: 4,
+        block: 16,
+        log_stride: true,
+        landmarks,
+        dense_layers: vec![],
+    })
 }
 
 fn h2o(heavy: f64, recent: f64) -> AttentionChoice {
     AttentionChoice {
         name: "h2o".into(),
-        h2o: H2oSettings {
-            heavy,
-            recent,
-            dense_layers: vec![],
-        },
         ..Default::default()
     }
+    .with(H2oSettings {
+        heavy,
+        recent,
+        dense_layers: vec![],
+    })
 }
 
 /// Prefill `prompt`, then feed `steps` one token at a time; the logits of every decode step.
@@ -172,15 +172,15 @@ fn h2o_with_the_default_budget_reads_less_and_changes_the_output() {
 
 #[test]
 fn bad_settings_name_the_setting_and_its_range() {
-    let e = ladder(0, true).build(2).err().unwrap();
+    let e = ladder(0, true).build(&shapes()).err().unwrap();
     assert!(e.contains("window 0"), "{e}");
     let mut c = ladder(8, true);
-    c.ladder.block = 0;
-    let e = c.build(2).err().unwrap();
+    c.settings_mut::<LadderSettings>().block = 0;
+    let e = c.build(&shapes()).err().unwrap();
     assert!(e.contains("block 0") && e.contains("1..="), "{e}");
-    let e = h2o(0.0, 0.1).build(2).err().unwrap();
+    let e = h2o(0.0, 0.1).build(&shapes()).err().unwrap();
     assert!(e.contains("heavy") && e.contains("<= 1"), "{e}");
-    let e = h2o(0.1, 1.5).build(2).err().unwrap();
+    let e = h2o(0.1, 1.5).build(&shapes()).err().unwrap();
     assert!(e.contains("recent") && e.contains("<= 1"), "{e}");
 }
 
@@ -209,7 +209,7 @@ fn qwen_logits_follow_full_when_the_policies_cover_the_context() {
     let new_state = |choice: Option<&AttentionChoice>| {
         let mut s = e.model.new_state(512, KvType::F16).unwrap();
         if let Some(c) = choice {
-            s.set_attention(c.build(e.model.config.n_layer).unwrap());
+            s.set_attention(c.build(&e.model.config).unwrap());
         }
         s
     };
@@ -243,4 +243,9 @@ fn qwen_logits_follow_full_when_the_policies_cover_the_context() {
         eprintln!("{} with a small budget: {m:?}", choice.name);
         assert!(m.is_some(), "{}: within rounding of full", choice.name);
     }
+}
+
+/// A small model's shapes, for building policies whose settings are refused before use.
+fn shapes() -> sparrow::ModelConfig {
+    sparrow::synthetic::synthetic_config(&sparrow::synthetic::SyntheticSpec::default()).unwrap()
 }

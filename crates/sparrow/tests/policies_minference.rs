@@ -437,8 +437,8 @@ fn bad_settings_name_the_setting_and_its_range() {
     .unwrap();
     assert!(e.contains("last_q") && e.contains("at least 1"), "{e}");
     let mut choice = AttentionChoice::named("minference");
-    choice.minference.budget = 2.0;
-    assert!(choice.build(2).err().unwrap().contains("budget 2"));
+    choice.settings_mut::<MInferenceSettings>().budget = 2.0;
+    assert!(choice.build(&shapes()).err().unwrap().contains("budget 2"));
 }
 
 #[test]
@@ -527,7 +527,7 @@ fn qwen() -> &'static Qwen {
 fn state_with(q: &Qwen, choice: &AttentionChoice) -> State {
     let m = &q.engine.model;
     let mut s = m.new_state(2048, KvType::F16).unwrap();
-    s.set_attention(choice.build(m.config.n_layer).unwrap());
+    s.set_attention(choice.build(&m.config).unwrap());
     s
 }
 
@@ -602,12 +602,12 @@ fn qwen_minference_prefill_keeps_full_attentions_answer() {
     // The check can fail: a prefill that cannot see the records (the last 64 keys only).
     let streaming = AttentionChoice {
         prefill: Some("streaming".into()),
-        streaming: StreamingAttention {
-            window: 64,
-            sinks: 4,
-        },
         ..AttentionChoice::named("full")
-    };
+    }
+    .with(StreamingAttention {
+        window: 64,
+        sinks: 4,
+    });
     let st = forced(&streaming);
     let mis = mismatch_with(want, &st[..n], MINFERENCE_TOL, tie);
     eprintln!("streaming prefill: {mis:?}");
@@ -634,7 +634,7 @@ fn qwen_minference_prefill_keeps_full_attentions_answer() {
 fn qwen_minference_with_budget_one_equals_full_for_8_tokens() {
     let q = qwen();
     let mut choice = AttentionChoice::named("minference");
-    choice.minference.budget = 1.0;
+    choice.settings_mut::<MInferenceSettings>().budget = 1.0;
     let (got, logits) = greedy(&q.engine.model, &mut state_with(q, &choice), &q.prompt);
     assert_eq!(got, q.full);
     assert!(logits == q.full_logits, "logits differ from full's");
@@ -704,4 +704,9 @@ fn time_minference_vs_full_16k() {
         mi.last_selectivity().unwrap(),
         full / sparse
     );
+}
+
+/// A small model's shapes, for building policies whose settings are refused before use.
+fn shapes() -> sparrow::ModelConfig {
+    sparrow::synthetic::synthetic_config(&sparrow::synthetic::SyntheticSpec::default()).unwrap()
 }

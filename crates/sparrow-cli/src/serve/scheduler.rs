@@ -134,7 +134,7 @@ pub fn start(
         let mut state = model
             .new_state(cfg.n_ctx, cfg.kv_type)
             .map_err(|e| e.to_string())?;
-        state.set_attention(cfg.attention.build(model.config.n_layer)?);
+        state.set_attention(cfg.attention.build(&model.config)?);
         slots.push(Slot {
             state,
             tokens: Vec::new(),

@@ -25,10 +25,12 @@ use crate::attention::{
 use crate::error::{Error, Result};
 use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
 use crate::kv_cache::KvTypes;
+use crate::kv_store::StoreLayer;
+use crate::model::ModelConfig;
 use crate::model::{Logits, Model, State};
-use crate::policy::MInferenceAttention;
 use crate::tokenizer::Tokenizer;
 use serde::Serialize;
+use sparrow_attn::kernel::read_f32;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -66,7 +68,8 @@ pub struct Capture {
     /// The sequence state; `state.kv()` holds positions `0..n_ctx` of every layer.
     pub state: State,
     pub shape: AttnShape,
-    pub n_layer: usize,
+    /// The model's hyper-parameters (policies are built for them).
+    pub config: ModelConfig,
     /// Positions in the cache (`N`); the decode query is at `N - 1`.
     pub n_ctx: usize,
     /// Recorded query rows per layer (the last one is the decode query).
@@ -172,7 +175,7 @@ pub fn capture(
     Ok(Capture {
         state,
         shape,
-        n_layer: c.n_layer,
+        config: c.clone(),
         n_ctx: n,
         tail,
         queries,
@@ -327,25 +330,23 @@ fn probabilities(
     s
 }
 
-/// Build `choice`'s policy by itself: the decode policy when it decodes, otherwise the
-/// prefill policy alone (not wrapped with `full` for decode, so its own `fraction_read`
-/// shows).
+/// Build `choice`'s policy by itself (not wrapped with `full` for the phase it does not
+/// run, so its own `fraction_read` shows), and the phase it is measured in: decode when it
+/// decodes, otherwise prefill.
 fn build_policy(
     choice: &AttentionChoice,
-    n_layer: usize,
+    model: &ModelConfig,
 ) -> Result<(Phase, Box<dyn SparsePolicy>)> {
     let (_, decode) = choice.phase_names().map_err(Error::Other)?;
-    if decode == choice.name {
-        let backend = choice.build(n_layer).map_err(Error::Other)?;
-        return Ok((Phase::Decode, backend));
-    }
-    let backend: Box<dyn SparsePolicy> = match choice.name.as_str() {
-        "minference" => Box::new(
-            MInferenceAttention::new(choice.minference.clone(), n_layer).map_err(Error::Other)?,
-        ),
-        _ => choice.build(n_layer).map_err(Error::Other)?,
+    let phase = if decode == choice.name {
+        Phase::Decode
+    } else {
+        Phase::Prefill
     };
-    Ok((Phase::Prefill, backend))
+    let backend = choice
+        .build_one(&choice.name, model)
+        .map_err(Error::Other)?;
+    Ok((phase, backend))
 }
 
 /// Measure `choice` (its `name` for both phases; `prefill`/`decode` overrides are ignored)
@@ -356,7 +357,7 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
         decode: None,
         ..choice.clone()
     };
-    let (phase, mut backend) = build_policy(&choice, cap.n_layer)?;
+    let (phase, mut backend) = build_policy(&choice, &cap.config)?;
     let backend = backend.as_mut();
     let shape = cap.shape;
     let kv = cap.state.kv();
@@ -367,10 +368,10 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
     let q_dim = shape.n_head * hd;
 
     let block_size = backend.block_size().unwrap_or(DEFAULT_BLOCK);
-    let mut blocks = BlockTable::new(block_size, cap.n_layer);
+    let mut blocks = BlockTable::new(block_size, cap.config.n_layer);
     let mut keys = vec![0.0f32; n * kv_dim];
-    let mut layers = Vec::with_capacity(cap.n_layer);
-    for layer in 0..cap.n_layer {
+    let mut layers = Vec::with_capacity(cap.config.n_layer);
+    for layer in 0..cap.config.n_layer {
         blocks.seal(shape, kv, layer, n, backend);
         let (q, pos0) = match phase {
             Phase::Decode => (cap.decode_query(layer), n - 1),
@@ -386,7 +387,7 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
         let errors = head_errors(shape, &out, &full);
 
         let heads: Vec<HeadStats> = if let Some(read) = read {
-            kv.read_keys(layer, 0, &mut keys);
+            read_f32(&StoreLayer { store: kv, layer }, false, 0, &mut keys);
             (0..shape.n_head)
                 .map(|h| {
                     let kv_head = h / group;

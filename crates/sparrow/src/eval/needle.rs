@@ -222,7 +222,6 @@ pub fn run_cell_policies(
     batch_size: usize,
     choices: &[AttentionChoice],
 ) -> Result<Vec<NeedleResult>> {
-    let n_layer = engine.model.config.n_layer;
     let needle = Needle::new(seed);
     let (doc, _) = build_document(engine, haystack, &needle, length, depth)?;
     let user = format!("{doc}\n\n{}", needle.question);
@@ -248,7 +247,7 @@ pub fn run_cell_policies(
         } else {
             (engine.model.new_state(ids.len() + 32, kv)?, 0.0, &ids[..])
         };
-        state.set_attention(choice.build(n_layer).map_err(Error::Other)?);
+        state.set_attention(choice.build(&engine.model.config).map_err(Error::Other)?);
         let mut sampler = Sampler::new(SamplerConfig::greedy());
         let mut answer = String::new();
         let stats = generate(

@@ -65,7 +65,7 @@ pub struct State {
     /// Private: everything outside the model reads it through [`State::kv`] and replaces
     /// positions through [`State::import_prefix`], so a store that pages blocks out of RAM
     /// can take its place without its users changing.
-    kv: KvCache,
+    kv: Box<dyn KvStore>,
     attention: Box<dyn SparsePolicy>,
     /// Which fixed-size blocks of each layer are sealed (the paged view of `kv`).
     blocks: BlockTable,
@@ -142,11 +142,11 @@ impl State {
 impl State {
     /// The KV cache, read-only (its types and shape, exports for prompt cache files,
     /// evaluation).
-    pub fn kv(&self) -> &KvCache {
-        &self.kv
+    pub fn kv(&self) -> &dyn KvStore {
+        self.kv.as_ref()
     }
 
-    /// Replace positions `0..n` with `bytes` made by [`KvCache::export_prefix`] on a cache of
+    /// Replace positions `0..n` with `bytes` made by [`KvStore::export_prefix`] on a store of
     /// the same types and shape, and continue from position `n`.
     pub fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<()> {
         if n > self.n_ctx() {
@@ -250,8 +250,10 @@ impl Model {
             c.rope_layout,
         );
         Ok(State {
-            kv: KvCache::try_new(kv_type, c.n_layer, n_ctx, c.kv_dim(), c.head_dim)
-                .map_err(Error::Other)?,
+            kv: Box::new(
+                KvCache::try_new(kv_type, c.n_layer, n_ctx, c.kv_dim(), c.head_dim)
+                    .map_err(Error::Other)?,
+            ),
             attention: Box::new(DenseAttention),
             blocks: BlockTable::new(DEFAULT_BLOCK, c.n_layer),
             rope: Arc::new(rope),
@@ -371,13 +373,17 @@ impl Model {
             // Positions below `pos0` may have been rewritten since their block was sealed
             // (a forward pass that failed midway): reseal from there.
             state.blocks.forget_layer_from(l, pos0);
-            state
-                .blocks
-                .seal(shape, &state.kv, l, pos0 + n, state.attention.as_mut());
+            state.blocks.seal(
+                shape,
+                state.kv.as_ref(),
+                l,
+                pos0 + n,
+                state.attention.as_mut(),
+            );
             attend(
                 state.attention.as_mut(),
                 shape,
-                &state.kv,
+                state.kv.as_ref(),
                 l,
                 &s.q,
                 pos0,

@@ -1,15 +1,17 @@
 //! `full`: exact causal attention — every query reads every position up to its own.
 
-use super::PolicyEntry;
+use super::{NoSettings, PolicyEntry, SettingsType};
 use sparrow_attn::policy::{PlanContext, ReadPlan, SparsePolicy};
 
 /// The registry's entry.
 pub const ENTRY: PolicyEntry = PolicyEntry {
     name: "full",
+    summary: "exact",
     prefill: true,
     decode: true,
-    build: |_, _| Ok(Box::new(DenseAttention)),
-    describe: |_| String::new(),
+    build: |_| Ok(Box::new(DenseAttention)),
+    check: |_| Ok(String::new()),
+    settings: SettingsType::of::<NoSettings>(),
 };
 
 /// Exact causal attention (the reference every sparse policy is measured against).

@@ -35,7 +35,7 @@
 //! row's log-sum-exp, from which [`SparsePolicy::after_attend`] recomputes the kept keys'
 //! probabilities (scores again, `exp(s − lse)`) to add to their scores before evicting.
 
-use super::{AttentionChoice, PolicyEntry};
+use super::{AttentionChoice, PolicyEntry, SettingsType};
 use sparrow_attn::kernel::tile::scores;
 use sparrow_attn::kernel::{read_f32, F32Rows, Level};
 use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, SideTable, Source, SparsePolicy};
@@ -43,16 +43,19 @@ use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, SideTable, Source, 
 /// The registry's entry: a decode policy.
 pub const ENTRY: PolicyEntry = PolicyEntry {
     name: "h2o",
+    summary: "decode: heavy hitters + recent",
     prefill: false,
     decode: true,
-    build: |c, n_layer| Ok(Box::new(H2oAttention::new(settings(c)?, n_layer)?)),
-    describe: |c| settings(c).map_or_else(|e| e, |s| format!("{s:?}")),
+    build: |b| Ok(Box::new(H2oAttention::new(settings(b.choice)?, b.model.n_layer)?)),
+    check: |c| settings(c).map(|s| format!("{s:?}")),
+    settings: SettingsType::of::<H2oSettings>(),
 };
 
-/// The settings with the shared `--dense-layers` applied.
+/// The settings with the shared `--dense-layers` applied, checked.
 fn settings(c: &AttentionChoice) -> Result<H2oSettings, String> {
-    let mut s = c.h2o.clone();
+    let mut s = c.settings::<H2oSettings>();
     s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
+    s.validate()?;
     Ok(s)
 }
 

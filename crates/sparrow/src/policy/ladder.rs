@@ -33,7 +33,7 @@
 //! window covering everything *is* `full`, bit for bit. Layers in `dense_layers` read
 //! everything.
 
-use super::{AttentionChoice, PolicyEntry};
+use super::{AttentionChoice, PolicyEntry, SettingsType};
 use sparrow_attn::kernel::{read_f32, F32Rows, KvSource};
 use sparrow_attn::policy::{
     KeysView, PlanContext, PlanEntry, ReadPlan, SideTable, Source, SparsePolicy,
@@ -43,18 +43,21 @@ use std::ops::Range;
 /// The registry's entry: both phases; `--kv-block` is its landmark block.
 pub const ENTRY: PolicyEntry = PolicyEntry {
     name: "ladder",
+    summary: "window + sinks + log-stride + block landmarks",
     prefill: true,
     decode: true,
-    build: |c, n_layer| Ok(Box::new(LadderAttention::new(settings(c)?, n_layer)?)),
-    describe: |c| settings(c).map_or_else(|e| e, |s| format!("{s:?}")),
+    build: |b| Ok(Box::new(LadderAttention::new(settings(b.choice)?, b.model.n_layer)?)),
+    check: |c| settings(c).map(|s| format!("{s:?}")),
+    settings: SettingsType::of::<LadderSettings>(),
 };
 
 /// The ladder's settings with the shared `--kv-block` (its landmark block) and
-/// `--dense-layers` applied.
+/// `--dense-layers` applied, checked.
 fn settings(c: &AttentionChoice) -> Result<LadderSettings, String> {
-    let mut s = c.ladder.clone();
+    let mut s = c.settings::<LadderSettings>();
     s.block = c.kv_block.unwrap_or(s.block);
     s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
+    s.validate()?;
     Ok(s)
 }
 

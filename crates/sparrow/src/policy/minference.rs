@@ -33,7 +33,7 @@
 //! Dense attention is used for layers in `dense_layers`, single-token calls, short contexts
 //! (≤ sinks + recent + 256) and budgets that cover the whole context.
 
-use super::{AttentionChoice, PolicyEntry};
+use super::{AttentionChoice, PolicyEntry, SettingsType};
 use rayon::prelude::*;
 use sparrow_attn::kernel::tile::{pv, scores, softmax_tile};
 use sparrow_attn::kernel::{head_rows, AttnShape, KvSource, Level};
@@ -43,16 +43,19 @@ use std::ops::Range;
 /// The registry's entry: a prefill policy.
 pub const ENTRY: PolicyEntry = PolicyEntry {
     name: "minference",
+    summary: "prefill: vertical-slash pattern",
     prefill: true,
     decode: false,
-    build: |c, n_layer| Ok(Box::new(MInferenceAttention::new(settings(c)?, n_layer)?)),
-    describe: |c| settings(c).map_or_else(|e| e, |s| format!("{s:?}")),
+    build: |b| Ok(Box::new(MInferenceAttention::new(settings(b.choice)?, b.model.n_layer)?)),
+    check: |c| settings(c).map(|s| format!("{s:?}")),
+    settings: SettingsType::of::<MInferenceSettings>(),
 };
 
-/// The settings with the shared `--dense-layers` applied.
+/// The settings with the shared `--dense-layers` applied, checked.
 fn settings(c: &AttentionChoice) -> Result<MInferenceSettings, String> {
-    let mut s = c.minference.clone();
+    let mut s = c.settings::<MInferenceSettings>();
     s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
+    s.validate()?;
     Ok(s)
 }
 

@@ -7,13 +7,22 @@
 //! When prefill and decode use different policies, [`PhasedAttention`] routes each call:
 //! a forward pass of one token is decode, a batch of several is prefill.
 
-pub mod full;
-pub mod h2o;
-pub mod ladder;
-pub mod minference;
-pub mod oracle;
-pub mod quest;
-pub mod streaming;
+use crate::model::ModelConfig;
+use sparrow_attn::policy::{KeysView, PlanContext, ReadPlan, SparsePolicy};
+
+pub mod settings;
+
+/// Declares the policy modules and lists their entries: adding a policy is its file and
+/// its name here.
+macro_rules! policies {
+    ($($module:ident),* $(,)?) => {
+        $(pub mod $module;)*
+        /// Every policy, in the order they are listed to users.
+        pub const REGISTRY: &[PolicyEntry] = &[$($module::ENTRY),*];
+    };
+}
+
+policies!(full, streaming, ladder, quest, minference, h2o, oracle);
 
 pub use full::DenseAttention;
 pub use h2o::{H2oAttention, H2oSettings};
@@ -21,46 +30,73 @@ pub use ladder::{LadderAttention, LadderSettings};
 pub use minference::{MInferenceAttention, MInferenceSettings};
 pub use oracle::{OracleAttention, OracleSettings};
 pub use quest::{QuestAttention, QuestSettings};
-use sparrow_attn::policy::{KeysView, PlanContext, ReadPlan, SparsePolicy};
+pub use settings::{NoSettings, PolicySettings, SettingsMap, SettingsType};
 pub use streaming::StreamingAttention;
 
 /// A built policy, or why its settings are refused.
 pub type BuildResult = Result<Box<dyn SparsePolicy>, String>;
 
-/// A policy as the registry knows it: its name, the phases it may run, and how it is
-/// built from the user's choice (its own settings field of [`AttentionChoice`], the shared
-/// `kv_block` and `dense_layers`) for a model of `n_layer` layers.
+/// What a policy's `build` sees: the user's choice (the policy's own settings, and the
+/// shared `--kv-block` and `--dense-layers`) and the model's shapes. A policy that needs a
+/// file (a trained index) takes its path as one of its settings and loads it here, so a
+/// missing or foreign file is refused before anything runs.
+pub struct BuildContext<'a> {
+    /// The user's choice.
+    pub choice: &'a AttentionChoice,
+    /// The model the policy will run on.
+    pub model: &'a ModelConfig,
+}
+
+impl BuildContext<'_> {
+    /// The policy's settings of type `S` (the user's, or `S::default()`).
+    pub fn settings<S: PolicySettings>(&self) -> S {
+        self.choice.settings::<S>()
+    }
+}
+
+/// A policy as the registry knows it: its name, the phases it may run, its settings type
+/// (whose flags every command accepts) and how it is built.
 pub struct PolicyEntry {
     /// The `--attn` name.
     pub name: &'static str,
+    /// What it does, in a few words (for `--help`).
+    pub summary: &'static str,
     /// Whether it may run prompt processing.
     pub prefill: bool,
     /// Whether it may run generation.
     pub decode: bool,
     /// Build it, or say which setting is wrong.
-    pub build: fn(&AttentionChoice, usize) -> BuildResult,
-    /// Its settings as they take effect, for reports (`Debug` of its settings struct).
-    pub describe: fn(&AttentionChoice) -> String,
+    pub build: fn(&BuildContext<'_>) -> BuildResult,
+    /// Its settings as they take effect (`Debug`, for reports), or which one is wrong:
+    /// checked before a model is loaded.
+    pub check: fn(&AttentionChoice) -> Result<String, String>,
+    /// Its settings type, erased.
+    pub settings: SettingsType,
 }
-
-/// Every policy, in the order they are listed to users. Adding a policy: its file (with
-/// its `ENTRY` and its settings), its `mod` line, a line here and a settings field in
-/// [`AttentionChoice`].
-pub const REGISTRY: &[PolicyEntry] = &[
-    full::ENTRY,
-    streaming::ENTRY,
-    ladder::ENTRY,
-    quest::ENTRY,
-    minference::ENTRY,
-    h2o::ENTRY,
-    oracle::ENTRY,
-];
 
 /// Where `--help` lists the attention flags (with the CLI's KV cache flags).
 pub const HELP_HEADING: &str = "KV cache and attention";
 
-/// Names accepted by [`AttentionChoice::build`].
-pub const POLICY_NAMES: &str = "full, streaming, ladder, quest, minference, h2o, oracle";
+/// The names accepted by [`AttentionChoice::build`], comma-separated, in registry order.
+pub fn policy_names() -> String {
+    REGISTRY
+        .iter()
+        .map(|p| p.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `--attn`'s help: every policy with its summary.
+pub fn attn_help() -> String {
+    let list: Vec<String> = REGISTRY
+        .iter()
+        .map(|p| format!("{} ({})", p.name, p.summary))
+        .collect();
+    format!(
+        "Attention policy: {}. A phase the policy does not support runs `full`. `sparrow bench` and `sparrow eval` take a comma-separated list and measure each.",
+        list.join(", ")
+    )
+}
 
 /// Names of the policies usable in one phase, for error messages.
 fn names_for(prefill: bool) -> String {
@@ -74,16 +110,11 @@ fn names_for(prefill: bool) -> String {
 
 /// Settings that choose the attention policy (`--attn` and friends). With feature `cli`
 /// it is a clap argument group: each policy's settings bring their own flags.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct AttentionChoice {
-    /// Attention policy: full (exact), streaming (sinks + recent window), ladder (window +
-    /// sinks + log-stride + block landmarks), quest (decode: best pages within a budget),
-    /// minference (prefill: vertical-slash pattern), h2o (decode: heavy hitters + recent),
-    /// oracle (decode: the exact top keys by attention mass within --oracle-budget). A phase
-    /// the policy does not support runs `full`. `sparrow bench` and `sparrow eval` take a
-    /// comma-separated list and measure each.
-    #[cfg_attr(feature = "cli", arg(id = "ATTN", long = "attn", default_value = "full", help_heading = crate::policy::HELP_HEADING))]
+    /// Attention policy (the help lists the registry's policies).
+    #[cfg_attr(feature = "cli", arg(id = "ATTN", long = "attn", default_value = "full", help = attn_help(), help_heading = crate::policy::HELP_HEADING))]
     pub name: String,
     /// Policy for prompt processing only (overrides --attn for prefill).
     #[cfg_attr(feature = "cli", arg(id = "ATTN_PREFILL", long = "attn-prefill", help_heading = crate::policy::HELP_HEADING))]
@@ -100,24 +131,9 @@ pub struct AttentionChoice {
     /// others none).
     #[cfg_attr(feature = "cli", arg(id = "DENSE_LAYERS", long = "dense-layers", value_delimiter = ',', help_heading = crate::policy::HELP_HEADING))]
     pub dense_layers: Option<Vec<String>>,
-    /// Streaming's sinks and window.
+    /// Each policy's settings, by type (with feature `cli`, their flags).
     #[cfg_attr(feature = "cli", command(flatten))]
-    pub streaming: StreamingAttention,
-    /// Quest: page size, token budget and dense layers.
-    #[cfg_attr(feature = "cli", command(flatten))]
-    pub quest: QuestSettings,
-    /// Ladder: window, sinks, log-stride and landmarks.
-    #[cfg_attr(feature = "cli", command(flatten))]
-    pub ladder: LadderSettings,
-    /// MInference: vertical-slash prefill budget.
-    #[cfg_attr(feature = "cli", command(flatten))]
-    pub minference: MInferenceSettings,
-    /// H2O: heavy hitters and recent tokens kept in decode.
-    #[cfg_attr(feature = "cli", command(flatten))]
-    pub h2o: H2oSettings,
-    /// Oracle: exact top keys within a budget (the selection quality ceiling).
-    #[cfg_attr(feature = "cli", command(flatten))]
-    pub oracle: OracleSettings,
+    pub settings: SettingsMap,
 }
 
 impl Default for AttentionChoice {
@@ -128,12 +144,7 @@ impl Default for AttentionChoice {
             decode: None,
             kv_block: None,
             dense_layers: None,
-            streaming: StreamingAttention::default(),
-            quest: QuestSettings::default(),
-            ladder: LadderSettings::default(),
-            minference: MInferenceSettings::default(),
-            h2o: H2oSettings::default(),
-            oracle: OracleSettings::default(),
+            settings: SettingsMap::default(),
         }
     }
 }
@@ -145,6 +156,22 @@ impl AttentionChoice {
             name: name.into(),
             ..Default::default()
         }
+    }
+
+    /// The policy settings of type `S` (the user's, or the defaults).
+    pub fn settings<S: PolicySettings>(&self) -> S {
+        self.settings.get::<S>()
+    }
+
+    /// The policy settings of type `S`, to change.
+    pub fn settings_mut<S: PolicySettings>(&mut self) -> &mut S {
+        self.settings.get_mut::<S>()
+    }
+
+    /// The same choice with the policy settings `s`.
+    pub fn with<S: PolicySettings>(mut self, s: S) -> Self {
+        *self.settings.get_mut::<S>() = s;
+        self
     }
 
     /// The same settings with policy `name` for both phases (for `sparrow bench`'s and
@@ -188,7 +215,10 @@ impl AttentionChoice {
     pub fn phase_names(&self) -> Result<(String, String), String> {
         let lookup = |name: &str| {
             REGISTRY.iter().find(|p| p.name == name).ok_or_else(|| {
-                format!("unknown attention policy '{name}' (available: {POLICY_NAMES})")
+                format!(
+                    "unknown attention policy '{name}' (available: {})",
+                    policy_names()
+                )
             })
         };
         let base = lookup(&self.name)?;
@@ -221,8 +251,9 @@ impl AttentionChoice {
         Ok((prefill, decode))
     }
 
-    /// Build the policy for a model of `n_layer` layers, or explain what is wrong.
-    pub fn build(&self, n_layer: usize) -> Result<Box<dyn SparsePolicy>, String> {
+    /// Check what can be checked without a model: the shared settings, the policy names per
+    /// phase and those policies' settings.
+    pub fn check(&self) -> Result<(), String> {
         // Shared settings are checked whichever policy runs (a typo is never ignored).
         self.dense_layers()?;
         if self.kv_block == Some(0) || self.kv_block.is_some_and(|b| b > 4096) {
@@ -232,11 +263,23 @@ impl AttentionChoice {
             ));
         }
         let (prefill, decode) = self.phase_names()?;
-        if prefill == decode {
-            return self.build_one(&prefill, n_layer);
+        for name in [prefill, decode] {
+            if let Some(entry) = REGISTRY.iter().find(|p| p.name == name) {
+                (entry.check)(self)?;
+            }
         }
-        let prefill = self.build_one(&prefill, n_layer)?;
-        let decode = self.build_one(&decode, n_layer)?;
+        Ok(())
+    }
+
+    /// Build the policy for `model`, or explain what is wrong.
+    pub fn build(&self, model: &ModelConfig) -> Result<Box<dyn SparsePolicy>, String> {
+        self.check()?;
+        let (prefill, decode) = self.phase_names()?;
+        if prefill == decode {
+            return self.build_one(&prefill, model);
+        }
+        let prefill = self.build_one(&prefill, model)?;
+        let decode = self.build_one(&decode, model)?;
         if let (Some(p), Some(d)) = (prefill.block_size(), decode.block_size()) {
             if p != d {
                 return Err(format!(
@@ -260,15 +303,25 @@ impl AttentionChoice {
         REGISTRY
             .iter()
             .find(|p| p.name == name)
-            .map_or(String::new(), |p| (p.describe)(self))
+            .map_or(String::new(), |p| (p.check)(self).unwrap_or_else(|e| e))
     }
 
     /// Build policy `name` alone (whatever phases it supports).
-    pub fn build_one(&self, name: &str, n_layer: usize) -> Result<Box<dyn SparsePolicy>, String> {
+    pub fn build_one(
+        &self,
+        name: &str,
+        model: &ModelConfig,
+    ) -> Result<Box<dyn SparsePolicy>, String> {
         let entry = REGISTRY.iter().find(|p| p.name == name).ok_or_else(|| {
-            format!("unknown attention policy '{name}' (available: {POLICY_NAMES})")
+            format!(
+                "unknown attention policy '{name}' (available: {})",
+                policy_names()
+            )
         })?;
-        (entry.build)(self, n_layer)
+        (entry.build)(&BuildContext {
+            choice: self,
+            model,
+        })
     }
 }
 
@@ -335,26 +388,44 @@ impl SparsePolicy for PhasedAttention {
     }
 }
 
+/// A model of `n_layer` layers (its shapes are all a policy's build looks at).
+#[cfg(test)]
+fn shapes(n_layer: usize) -> ModelConfig {
+    crate::synthetic::synthetic_config(&crate::synthetic::SyntheticSpec {
+        n_layer,
+        ..Default::default()
+    })
+    .expect("the synthetic model's header is valid")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn unknown_names_and_bad_settings_are_refused_with_the_valid_values() {
-        let err = AttentionChoice::named("h3o").build(2).err().unwrap();
-        assert!(err.contains("'h3o'") && err.contains(POLICY_NAMES), "{err}");
-        assert!(AttentionChoice {
-            streaming: StreamingAttention {
+        let err = AttentionChoice::named("h3o")
+            .build(&shapes(2))
+            .err()
+            .unwrap();
+        assert!(
+            err.contains("'h3o'") && err.contains(&policy_names()),
+            "{err}"
+        );
+        assert!(AttentionChoice::named("streaming")
+            .with(StreamingAttention {
                 sinks: 4,
                 window: 0
-            },
-            ..AttentionChoice::named("streaming")
-        }
-        .build(2)
-        .is_err());
+            })
+            .build(&shapes(2))
+            .is_err());
         let mut bad_budget = AttentionChoice::named("quest");
-        bad_budget.quest.budget = 3;
-        assert!(bad_budget.build(2).err().unwrap().contains("budget 3"));
+        bad_budget.settings_mut::<QuestSettings>().budget = 3;
+        assert!(bad_budget
+            .build(&shapes(2))
+            .err()
+            .unwrap()
+            .contains("budget 3"));
     }
 
     #[test]
@@ -378,13 +449,13 @@ mod tests {
             ..AttentionChoice::named("full")
         };
         assert_eq!(names(&mixed), ("minference".into(), "quest".into()));
-        assert_eq!(mixed.build(4).unwrap().name(), "minference+quest");
+        assert_eq!(mixed.build(&shapes(4)).unwrap().name(), "minference+quest");
 
         let err = AttentionChoice {
             prefill: Some("quest".into()),
             ..AttentionChoice::named("full")
         }
-        .build(2)
+        .build(&shapes(2))
         .err()
         .unwrap();
         assert!(err.contains("does not support prefill"), "{err}");
@@ -393,7 +464,7 @@ mod tests {
             decode: Some("minference".into()),
             ..AttentionChoice::named("full")
         }
-        .build(2)
+        .build(&shapes(2))
         .err()
         .unwrap();
         assert!(err.contains("does not support decode"), "{err}");
@@ -412,9 +483,11 @@ mod registry_tests {
     #[test]
     fn policy_names_list_the_registry() {
         let names: Vec<&str> = REGISTRY.iter().map(|p| p.name).collect();
-        assert_eq!(names.join(", "), POLICY_NAMES);
+        assert_eq!(names.join(", "), policy_names());
         for p in REGISTRY {
-            let built = AttentionChoice::named(p.name).build_one(p.name, 2).unwrap();
+            let built = AttentionChoice::named(p.name)
+                .build_one(p.name, &shapes(2))
+                .unwrap();
             assert_eq!(built.supports_prefill(), p.prefill, "{}", p.name);
             assert_eq!(built.supports_decode(), p.decode, "{}", p.name);
         }
@@ -428,13 +501,13 @@ mod registry_tests {
             kv_block: Some(8),
             ..AttentionChoice::named("quest")
         };
-        assert_eq!(c.build(2).unwrap().block_size(), Some(8));
+        assert_eq!(c.build(&shapes(2)).unwrap().block_size(), Some(8));
         assert_eq!(
             AttentionChoice {
                 kv_block: Some(0),
                 ..AttentionChoice::named("ladder")
             }
-            .build(2)
+            .build(&shapes(2))
             .err()
             .unwrap(),
             "KV block size 0 is out of range (1..=4096 tokens)"
@@ -444,7 +517,7 @@ mod registry_tests {
             ..AttentionChoice::named("h2o")
         };
         assert!(bad
-            .build(2)
+            .build(&shapes(2))
             .err()
             .unwrap()
             .contains("'two' is not a layer number"));

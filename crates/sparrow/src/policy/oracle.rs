@@ -6,7 +6,7 @@
 //! beside Quest and the others as the ceiling. It reads every key to score them, so it is
 //! slow: an instrument, not a method. Prefill reads everything.
 
-use super::PolicyEntry;
+use super::{PolicyEntry, SettingsType};
 use sparrow_attn::kernel::read_f32;
 use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
 use std::ops::Range;
@@ -14,10 +14,15 @@ use std::ops::Range;
 /// The registry's entry: a decode policy.
 pub const ENTRY: PolicyEntry = PolicyEntry {
     name: "oracle",
+    summary: "decode: the exact top keys by attention mass within --oracle-budget",
     prefill: false,
     decode: true,
-    build: |c, _| Ok(Box::new(OracleAttention::new(c.oracle.clone())?)),
-    describe: |c| format!("{:?}", c.oracle),
+    build: |b| Ok(Box::new(OracleAttention::new(b.settings())?)),
+    check: |c| {
+        let s = c.settings::<OracleSettings>();
+        s.validate().map(|_| format!("{s:?}"))
+    },
+    settings: SettingsType::of::<OracleSettings>(),
 };
 
 /// Oracle settings.

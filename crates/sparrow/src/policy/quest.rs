@@ -15,27 +15,31 @@
 //! ([`SparsePolicy::forget_from`]). A decode plan names one entry per KV head — the pages
 //! that head's group reads — before anything is read, so a tiered store can fetch them.
 
-use super::{AttentionChoice, PolicyEntry};
+use super::{AttentionChoice, PolicyEntry, SettingsType};
 use sparrow_attn::kernel::{read_f32, AttnShape, KvSource};
 use sparrow_attn::policy::{
     key_bounds, upper_bound_score, KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
 };
+use rayon::prelude::*;
 use std::ops::Range;
 
 /// The registry's entry: a decode policy; `--kv-block` is its page.
 pub const ENTRY: PolicyEntry = PolicyEntry {
     name: "quest",
+    summary: "decode: best pages within a budget",
     prefill: false,
     decode: true,
-    build: |c, n_layer| Ok(Box::new(QuestAttention::new(settings(c)?, n_layer)?)),
-    describe: |c| settings(c).map_or_else(|e| e, |s| format!("{s:?}")),
+    build: |b| Ok(Box::new(QuestAttention::new(settings(b.choice)?, b.model.n_layer)?)),
+    check: |c| settings(c).map(|s| format!("{s:?}")),
+    settings: SettingsType::of::<QuestSettings>(),
 };
 
-/// Quest's settings with the shared `--kv-block` (its page) and `--dense-layers` applied.
+/// Quest's settings with the shared `--kv-block` (its page) and `--dense-layers` applied, checked.
 fn settings(c: &AttentionChoice) -> Result<QuestSettings, String> {
-    let mut s = c.quest.clone();
+    let mut s = c.settings::<QuestSettings>();
     s.page = c.kv_block.unwrap_or(s.page);
     s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
+    s.validate()?;
     Ok(s)
 }
 
@@ -237,7 +241,10 @@ impl SparsePolicy for QuestAttention {
             pages.pages = ctx.pos0 / self.settings.page;
         }
         self.seal_pages(&mut pages, ctx.store, ctx.pos0 + 1);
+        // Scoring every page is the plan's whole cost at depth (1,000 pages per KV head per
+        // layer at 16K): the KV heads select in parallel.
         let entries = (0..ctx.shape.n_head_kv)
+            .into_par_iter()
             .map(|h| PlanEntry {
                 kv_heads: h..h + 1,
                 source: Source::Store,

@@ -2,7 +2,7 @@
 //! (attention sinks) and the `window` most recent ones, whatever the context length.
 //! Positions keep their original RoPE angles; nothing is evicted, the middle is not read.
 
-use super::PolicyEntry;
+use super::{AttentionChoice, PolicyEntry, SettingsType};
 use sparrow_attn::policy::{PlanContext, ReadPlan, SparsePolicy};
 use std::ops::Range;
 
@@ -31,16 +31,22 @@ impl Default for StreamingAttention {
 /// The registry's entry.
 pub const ENTRY: PolicyEntry = PolicyEntry {
     name: "streaming",
+    summary: "sinks + recent window",
     prefill: true,
     decode: true,
-    build: |c, _| {
-        if c.streaming.window == 0 {
-            return Err("streaming attention needs a window of at least 1 token".into());
-        }
-        Ok(Box::new(c.streaming))
-    },
-    describe: |c| format!("{:?}", c.streaming),
+    build: |b| Ok(Box::new(settings(b.choice)?)),
+    check: |c| settings(c).map(|s| format!("{s:?}")),
+    settings: SettingsType::of::<StreamingAttention>(),
 };
+
+/// The settings, checked.
+fn settings(c: &AttentionChoice) -> Result<StreamingAttention, String> {
+    let s = c.settings::<StreamingAttention>();
+    if s.window == 0 {
+        return Err("streaming attention needs a window of at least 1 token".into());
+    }
+    Ok(s)
+}
 
 impl StreamingAttention {
     /// The key ranges a query at `pos` reads: sinks, then the recent window (merged when
