@@ -13,7 +13,9 @@ mod plan;
 mod quest;
 
 pub use plan::{execute, PlanEntry, ReadPlan, SideTable, Source};
-pub use quest::{key_bounds, upper_bound_score, BlockBounds};
+pub use quest::{
+    center_radius, group_query, group_upper_bound, key_bounds, upper_bound_score, BlockBounds,
+};
 
 use crate::error::{AttnError, Result};
 use crate::kernel::{AttnShape, KvSource};

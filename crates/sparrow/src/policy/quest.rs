@@ -6,7 +6,8 @@
 //! change while it stays below the write position). For a decode query, each complete page
 //! is scored with the upper bound `Σ_d max(q_d · min_d, q_d · max_d)` of `q · k` over its keys
 //! — summed over the query heads that share the KV head, so a GQA group reads one selection
-//! — and exact attention runs over the best pages that fit the token budget plus the
+//! (computed as one dot product per page from the page's centre and radius:
+//! [`group_upper_bound`]) — and exact attention runs over the best pages that fit the token budget plus the
 //! incomplete last page. Prefill, and layers listed as dense, use exact attention: Quest
 //! is a decode method, and its authors keep the first two layers dense.
 //!
@@ -18,7 +19,7 @@
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use sparrow_attn::kernel::{read_f32, AttnShape, KvSource};
 use sparrow_attn::policy::{
-    key_bounds, upper_bound_score, KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
+    center_radius, group_query, group_upper_bound, key_bounds, KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
 };
 use rayon::prelude::*;
 use std::ops::Range;
@@ -88,12 +89,31 @@ impl QuestSettings {
     }
 }
 
-/// Bounds of the complete pages of one layer: `min` and `max` hold `pages × kv_dim` values.
+/// Bounds of the complete pages of one layer, as centre and radius per value (`pages ×
+/// kv_dim` each; see [`group_upper_bound`]).
 #[derive(Default)]
 struct LayerPages {
     pages: usize,
-    min: Vec<f32>,
-    max: Vec<f32>,
+    center: Vec<f32>,
+    radius: Vec<f32>,
+}
+
+impl LayerPages {
+    /// Record page `p` from its keys (`rows × kv_dim`); pages `0..p` are recorded.
+    fn record(&mut self, p: usize, keys: &[f32], kv_dim: usize) {
+        let (mut lo, mut hi) = (vec![f32::INFINITY; kv_dim], vec![f32::NEG_INFINITY; kv_dim]);
+        key_bounds(keys, kv_dim, &mut lo, &mut hi);
+        self.center.resize((p + 1) * kv_dim, 0.0);
+        self.radius.resize((p + 1) * kv_dim, 0.0);
+        let span = p * kv_dim..(p + 1) * kv_dim;
+        center_radius(
+            &lo,
+            &hi,
+            &mut self.center[span.clone()],
+            &mut self.radius[span],
+        );
+        self.pages = p + 1;
+    }
 }
 
 /// The Quest policy (one per sequence).
@@ -127,17 +147,10 @@ impl QuestAttention {
             return;
         }
         let mut keys = vec![0f32; page * kv_dim];
-        pages.min.resize(complete * kv_dim, 0.0);
-        pages.max.resize(complete * kv_dim, 0.0);
         for p in pages.pages..complete {
             read_f32(store, false, p * page, &mut keys);
-            let lo = &mut pages.min[p * kv_dim..(p + 1) * kv_dim];
-            let hi = &mut pages.max[p * kv_dim..(p + 1) * kv_dim];
-            lo.fill(f32::INFINITY);
-            hi.fill(f32::NEG_INFINITY);
-            key_bounds(&keys, kv_dim, lo, hi);
+            pages.record(p, &keys, kv_dim);
         }
-        pages.pages = complete;
     }
 
     /// For a context of `n` positions: how many pages are complete, and how many of them
@@ -170,14 +183,17 @@ impl QuestAttention {
         let hd = shape.head_dim;
         let kv_dim = shape.kv_dim();
         let at = kv_head * hd;
+        let (mut sum, mut abs_sum) = (vec![0.0; hd], vec![0.0; hd]);
+        group_query(q_group, &mut sum, &mut abs_sum);
         let mut scored: Vec<(f32, usize)> = (0..complete)
             .map(|p| {
-                let lo = &pages.min[p * kv_dim + at..p * kv_dim + at + hd];
-                let hi = &pages.max[p * kv_dim + at..p * kv_dim + at + hd];
-                let s = q_group
-                    .chunks_exact(hd)
-                    .map(|q| upper_bound_score(q, lo, hi))
-                    .sum::<f32>();
+                let span = p * kv_dim + at..p * kv_dim + at + hd;
+                let s = group_upper_bound(
+                    &sum,
+                    &abs_sum,
+                    &pages.center[span.clone()],
+                    &pages.radius[span],
+                );
                 // NaN (from a broken activation) ranks last instead of poisoning the order.
                 (if s.is_nan() { f32::NEG_INFINITY } else { s }, p)
             })
@@ -273,15 +289,7 @@ impl SparsePolicy for QuestAttention {
         if keys.rows() != page || block > pages.pages {
             return; // paged at another size, or an earlier page is missing: `plan` catches up
         }
-        let kv_dim = keys.kv_heads() * keys.head_dim();
-        pages.pages = block + 1;
-        pages.min.resize((block + 1) * kv_dim, 0.0);
-        pages.max.resize((block + 1) * kv_dim, 0.0);
-        let span = block * kv_dim..(block + 1) * kv_dim;
-        let (lo, hi) = (&mut pages.min[span.clone()], &mut pages.max[span]);
-        lo.fill(f32::INFINITY);
-        hi.fill(f32::NEG_INFINITY);
-        key_bounds(keys.as_slice(), kv_dim, lo, hi);
+        pages.record(block, keys.as_slice(), keys.kv_heads() * keys.head_dim());
     }
 
     fn forget_from(&mut self, pos: usize) {
