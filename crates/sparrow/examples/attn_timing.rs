@@ -1,9 +1,11 @@
-//! Times dense attention on the Qwen2.5-0.5B shape (14 q heads, 2 kv heads, head size 64)
-//! at a given depth: one decode query and a 64-token prefill batch, per layer call.
+//! Times attention on the Qwen2.5-0.5B shape (14 q heads, 2 kv heads, head size 64) at a
+//! given depth, per layer call: dense for one decode query and a 64-token prefill batch,
+//! and Quest's decode (default settings, plan included: page scoring and selection).
 //!
 //! `cargo run --release -p sparrow --example attn_timing -- [depth] [threads] [f16|f32]`
 
-use sparrow::attention::{attend, AttnShape, DenseAttention};
+use sparrow::attention::{attend, AttnShape, DenseAttention, SparsePolicy};
+use sparrow::policy::{QuestAttention, QuestSettings};
 use sparrow::{KvCache, KvType};
 use std::time::Instant;
 
@@ -44,13 +46,29 @@ fn main() {
     let q: Vec<f32> = (0..batch * q_dim).map(|_| rnd()).collect();
     let mut out = vec![0.0; batch * q_dim];
     pool.install(|| {
-        for (name, n, reps) in [("decode", 1usize, 400usize), ("prefill64", batch, 30)] {
+        let quest = || -> Box<dyn SparsePolicy> {
+            let settings = QuestSettings {
+                dense_layers: vec![],
+                ..Default::default()
+            };
+            Box::new(QuestAttention::new(settings, 1).unwrap())
+        };
+        for (name, n, reps, mut policy) in [
+            (
+                "decode",
+                1usize,
+                400usize,
+                Box::new(DenseAttention) as Box<dyn SparsePolicy>,
+            ),
+            ("prefill64", batch, 30, Box::new(DenseAttention)),
+            ("quest-decode", 1, 400, quest()),
+        ] {
             if std::env::var("ATTN_ONLY").is_ok_and(|o| o != name) {
                 continue;
             }
             let pos0 = depth + batch - n;
             attend(
-                &mut DenseAttention,
+                policy.as_mut(),
                 shape,
                 &cache,
                 0,
@@ -62,7 +80,7 @@ fn main() {
                 .map(|_| {
                     let t0 = Instant::now();
                     attend(
-                        &mut DenseAttention,
+                        policy.as_mut(),
                         shape,
                         &cache,
                         0,

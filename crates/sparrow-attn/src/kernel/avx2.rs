@@ -368,3 +368,48 @@ pub(super) unsafe fn pv(
         }
     }
 }
+
+/// Quest's group bound for `n` blocks: `out[p] = Σ_d sum[d]·center[p·stride + d] +
+/// abs_sum[d]·radius[p·stride + d]`, the width being `sum.len()` (see
+/// `policy::quest::group_upper_bounds`, whose scalar loop this twins).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn group_bounds(
+    sum: &[f32],
+    abs_sum: &[f32],
+    center: &[f32],
+    radius: &[f32],
+    stride: usize,
+    out: &mut [f32],
+) {
+    let width = sum.len();
+    let full = width / 8 * 8;
+    for (p, o) in out.iter_mut().enumerate() {
+        let c = &center[p * stride..][..width];
+        let r = &radius[p * stride..][..width];
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut j = 0;
+        while j < full {
+            // SAFETY: `j + 8 <= width`, the length of `sum`, `abs_sum`, `c` and `r`.
+            unsafe {
+                a0 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(sum.as_ptr().add(j)),
+                    _mm256_loadu_ps(c.as_ptr().add(j)),
+                    a0,
+                );
+                a1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(abs_sum.as_ptr().add(j)),
+                    _mm256_loadu_ps(r.as_ptr().add(j)),
+                    a1,
+                );
+            }
+            j += 8;
+        }
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(a0, a1)) };
+        let tail: f32 = (full..width)
+            .map(|d| sum[d] * c[d] + abs_sum[d] * r[d])
+            .sum();
+        *o = lanes.iter().sum::<f32>() + tail;
+    }
+}

@@ -14,7 +14,7 @@ mod quest;
 
 pub use plan::{execute, PlanEntry, ReadPlan, SideTable, Source};
 pub use quest::{
-    center_radius, group_query, group_upper_bound, key_bounds, upper_bound_score, BlockBounds,
+    center_radius, group_query, group_upper_bounds, key_bounds, upper_bound_score, BlockBounds,
 };
 
 use crate::error::{AttnError, Result};

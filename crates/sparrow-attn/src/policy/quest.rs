@@ -5,6 +5,7 @@
 //! keys that can matter most.
 
 use super::KeysView;
+use crate::kernel::Level;
 
 /// Element-wise bounds of one block's keys, per KV head (`kv_heads × head_dim` each).
 #[derive(Clone, Debug, PartialEq)]
@@ -99,31 +100,55 @@ pub fn group_query(q_group: &[f32], sum: &mut [f32], abs_sum: &mut [f32]) {
     }
 }
 
-/// `Σ_h upper_bound_score(q_h, min, max)` over a group of query heads, in one dot product of
-/// twice the head size instead of one bound per head: for `l ≤ h`,
-/// `max(q·l, q·h) = q·(l + h)/2 + |q|·(h − l)/2`, so the group's sum is
+/// `Σ_h upper_bound_score(q_h, min, max)` over a group of query heads for `out.len()`
+/// blocks, each in one dot product of twice the head size instead of one bound per head:
+/// for `l ≤ h`, `max(q·l, q·h) = q·(l + h)/2 + |q|·(h − l)/2`, so the group's sum is
 /// `Σ_d Q_d·c_d + A_d·r_d` with `Q = Σ_h q_h`, `A = Σ_h |q_h|` ([`group_query`]) and the
-/// block's centre `c` and radius `r` ([`center_radius`]). A decode query scores every block
-/// of a long context with this (1,000 per KV head per layer at 16K), so it is written with
-/// eight independent partial sums, which the compiler turns into vector code.
-pub fn group_upper_bound(sum: &[f32], abs_sum: &[f32], center: &[f32], radius: &[f32]) -> f32 {
-    const LANES: usize = 8;
-    let n = sum
-        .len()
-        .min(abs_sum.len())
-        .min(center.len())
-        .min(radius.len());
-    let mut acc = [0.0f32; LANES];
-    let whole = n / LANES * LANES;
-    for i in (0..whole).step_by(LANES) {
-        for l in 0..LANES {
-            acc[l] += sum[i + l] * center[i + l] + abs_sum[i + l] * radius[i + l];
-        }
+/// block's centre `c` and radius `r` ([`center_radius`]). Block `p`'s centre and radius
+/// start at `p · stride` of `center` and `radius`; the width is `sum.len()`.
+///
+/// A decode query scores every block of a long context (1,000 per KV head per layer at
+/// 16K), so this runs on the AVX2 kernels when `level` allows; the scalar loop (eight
+/// independent partial sums, which the compiler vectorises) is their reference.
+pub fn group_upper_bounds(
+    level: Level,
+    sum: &[f32],
+    abs_sum: &[f32],
+    center: &[f32],
+    radius: &[f32],
+    stride: usize,
+    out: &mut [f32],
+) {
+    let width = sum.len();
+    assert_eq!(abs_sum.len(), width, "query sums of different widths");
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(
+            center.len() >= last * stride + width && radius.len() >= last * stride + width,
+            "block bounds out of range"
+        );
     }
-    let tail: f32 = (whole..n)
-        .map(|d| sum[d] * center[d] + abs_sum[d] * radius[d])
-        .sum();
-    acc.iter().sum::<f32>() + tail
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 && level.usable() {
+        // SAFETY: AVX2 and FMA are available (`usable`); the bounds are checked above.
+        unsafe { crate::kernel::avx2::group_bounds(sum, abs_sum, center, radius, stride, out) };
+        return;
+    }
+    const LANES: usize = 8;
+    let whole = width / LANES * LANES;
+    for (p, o) in out.iter_mut().enumerate() {
+        let c = &center[p * stride..][..width];
+        let r = &radius[p * stride..][..width];
+        let mut acc = [0.0f32; LANES];
+        for i in (0..whole).step_by(LANES) {
+            for l in 0..LANES {
+                acc[l] += sum[i + l] * c[i + l] + abs_sum[i + l] * r[i + l];
+            }
+        }
+        let tail: f32 = (whole..width)
+            .map(|d| sum[d] * c[d] + abs_sum[d] * r[d])
+            .sum();
+        *o = acc.iter().sum::<f32>() + tail;
+    }
 }
 
 #[cfg(test)]
@@ -179,26 +204,34 @@ mod tests {
     }
 
     #[test]
-    fn the_group_bound_is_the_sum_of_the_heads_bounds() {
+    fn the_group_bound_is_the_sum_of_the_heads_bounds_at_every_level() {
         let mut r = Lcg(21);
         for (heads, dim) in [(1usize, 1usize), (7, 64), (2, 13), (4, 8), (3, 130)] {
+            let blocks = 5;
+            let stride = dim + 3;
             let q: Vec<f32> = (0..heads * dim).map(|_| r.next() * 2.0).collect();
-            let lo: Vec<f32> = (0..dim).map(|_| r.next() * 3.0 - 1.0).collect();
+            let lo: Vec<f32> = (0..blocks * stride).map(|_| r.next() * 3.0 - 1.0).collect();
             let hi: Vec<f32> = lo.iter().map(|&l| l + r.next().abs() * 2.0).collect();
-            let want: f64 = q
-                .chunks_exact(dim)
-                .map(|q| upper_bound_score(q, &lo, &hi) as f64)
-                .sum();
-            let (mut c, mut rad) = (vec![0.0; dim], vec![0.0; dim]);
+            let (mut c, mut rad) = (vec![0.0; lo.len()], vec![0.0; lo.len()]);
             center_radius(&lo, &hi, &mut c, &mut rad);
             let (mut s, mut a) = (vec![0.0; dim], vec![0.0; dim]);
             group_query(&q, &mut s, &mut a);
-            let got = group_upper_bound(&s, &a, &c, &rad) as f64;
             let scale: f64 = q.iter().map(|x| x.abs() as f64).sum::<f64>() * 3.0;
-            assert!(
-                (got - want).abs() <= 1e-5 * (1.0 + scale),
-                "{heads}x{dim}: {got} vs {want}"
-            );
+            for level in Level::supported() {
+                let mut got = vec![0.0; blocks];
+                group_upper_bounds(level, &s, &a, &c, &rad, stride, &mut got);
+                for (p, &g) in got.iter().enumerate() {
+                    let span = p * stride..p * stride + dim;
+                    let want: f64 = q
+                        .chunks_exact(dim)
+                        .map(|q| upper_bound_score(q, &lo[span.clone()], &hi[span.clone()]) as f64)
+                        .sum();
+                    assert!(
+                        (g as f64 - want).abs() <= 1e-5 * (1.0 + scale),
+                        "{level:?} {heads}x{dim} block {p}: {g} vs {want}"
+                    );
+                }
+            }
         }
     }
 

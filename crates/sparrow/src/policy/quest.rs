@@ -7,7 +7,7 @@
 //! is scored with the upper bound `Σ_d max(q_d · min_d, q_d · max_d)` of `q · k` over its keys
 //! — summed over the query heads that share the KV head, so a GQA group reads one selection
 //! (computed as one dot product per page from the page's centre and radius:
-//! [`group_upper_bound`]) — and exact attention runs over the best pages that fit the token budget plus the
+//! [`group_upper_bounds`]) — and exact attention runs over the best pages that fit the token budget plus the
 //! incomplete last page. Prefill, and layers listed as dense, use exact attention: Quest
 //! is a decode method, and its authors keep the first two layers dense.
 //!
@@ -17,9 +17,9 @@
 //! that head's group reads — before anything is read, so a tiered store can fetch them.
 
 use super::{AttentionChoice, PolicyEntry, SettingsType};
-use sparrow_attn::kernel::{read_f32, AttnShape, KvSource};
+use sparrow_attn::kernel::{read_f32, AttnShape, KvSource, Level};
 use sparrow_attn::policy::{
-    center_radius, group_query, group_upper_bound, key_bounds, KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
+    center_radius, group_query, group_upper_bounds, key_bounds, KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
 };
 use rayon::prelude::*;
 use std::ops::Range;
@@ -90,7 +90,7 @@ impl QuestSettings {
 }
 
 /// Bounds of the complete pages of one layer, as centre and radius per value (`pages ×
-/// kv_dim` each; see [`group_upper_bound`]).
+/// kv_dim` each; see [`group_upper_bounds`]).
 #[derive(Default)]
 struct LayerPages {
     pages: usize,
@@ -185,18 +185,21 @@ impl QuestAttention {
         let at = kv_head * hd;
         let (mut sum, mut abs_sum) = (vec![0.0; hd], vec![0.0; hd]);
         group_query(q_group, &mut sum, &mut abs_sum);
-        let mut scored: Vec<(f32, usize)> = (0..complete)
-            .map(|p| {
-                let span = p * kv_dim + at..p * kv_dim + at + hd;
-                let s = group_upper_bound(
-                    &sum,
-                    &abs_sum,
-                    &pages.center[span.clone()],
-                    &pages.radius[span],
-                );
-                // NaN (from a broken activation) ranks last instead of poisoning the order.
-                (if s.is_nan() { f32::NEG_INFINITY } else { s }, p)
-            })
+        let mut bounds = vec![0.0f32; complete];
+        group_upper_bounds(
+            Level::active(),
+            &sum,
+            &abs_sum,
+            &pages.center[at..],
+            &pages.radius[at..],
+            kv_dim,
+            &mut bounds,
+        );
+        // NaN (from a broken activation) ranks last instead of poisoning the order.
+        let mut scored: Vec<(f32, usize)> = bounds
+            .iter()
+            .enumerate()
+            .map(|(p, &s)| (if s.is_nan() { f32::NEG_INFINITY } else { s }, p))
             .collect();
         let mut chosen: Vec<usize> = if slots == 0 {
             Vec::new()

@@ -4,6 +4,7 @@
 //! (with feature `cli`, the [`SettingsMap`] is a clap argument group built from the
 //! registry).
 
+#[cfg(feature = "cli")]
 use super::REGISTRY;
 use std::any::Any;
 use std::fmt::Debug;
