@@ -48,7 +48,6 @@ mod error;
 pub mod kernel;
 mod pattern;
 pub mod policy;
-mod simd;
 mod softmax;
 mod sparse;
 mod tensor;
@@ -56,20 +55,23 @@ mod tensor;
 #[cfg(feature = "fp16")]
 pub use cache::KvCacheF16;
 pub use cache::{KvCache, KvStore};
-#[doc(hidden)]
-pub use element::ElemKind;
 pub use element::KvElement;
 pub use error::{AttnError, Result};
 pub use pattern::{
     candidates, candidates_for, CandidateCount, LandmarkMode, QueryCandidates, SparseConfig,
 };
-pub use simd::kernel_name;
 pub use softmax::{
     merge, merge_into, partial_attention, partial_attention_into, KeySet, KvView, OnlineSoftmax,
     Partial,
 };
 pub use sparse::{forward_dense, forward_dense_flash, SparseAttention};
 pub use tensor::Tensor3;
+
+/// The instruction set the attention kernels run at: [`kernel::Level::active`]'s name
+/// (`scalar` or `avx2`), detected once and capped by `SPARROW_SIMD`.
+pub fn kernel_name() -> &'static str {
+    kernel::Level::active().name()
+}
 
 /// `half::f16`, re-exported so users of [`KvCacheF16`] need no direct dependency.
 #[cfg(feature = "fp16")]
