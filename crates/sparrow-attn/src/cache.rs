@@ -473,7 +473,7 @@ impl SparseAttention {
     pub fn decode_step<E: KvElement>(&self, q: &Tensor3, cache: &KvStore<E>) -> Result<Tensor3> {
         self.check_decode(q, cache, 1)?;
         let mut out = Tensor3::zeros(1, q.heads(), q.dim())?;
-        self.decode_into(q.data(), cache, out.data_mut(), None);
+        self.decode(q.data(), cache, out.data_mut());
         Ok(out)
     }
 
@@ -486,7 +486,8 @@ impl SparseAttention {
     ) -> Result<Tensor3> {
         self.check_decode(q, cache, 1)?;
         let mut out = Tensor3::zeros(1, q.heads(), q.dim())?;
-        self.decode_tracked_into(q.data(), cache, out.data_mut());
+        let (seen, lse) = self.decode(q.data(), cache, out.data_mut());
+        cache.track(q.data(), &seen, &lse);
         Ok(out)
     }
 
@@ -512,12 +513,33 @@ impl SparseAttention {
         self.check_shape_decode(q, cache)?;
         let mut out = Tensor3::zeros(m, q.heads(), q.dim())?;
         let w = q.heads() * q.dim();
-        for t in 0..m {
+        for (t, (qt, ot)) in q
+            .data()
+            .chunks_exact(w)
+            .zip(out.data_mut().chunks_exact_mut(w))
+            .enumerate()
+        {
             cache.append_rows(new_k.token(t)?, new_v.token(t)?)?;
-            let qt = &q.data()[t * w..(t + 1) * w];
-            self.decode_tracked_into(qt, cache, &mut out.data_mut()[t * w..(t + 1) * w]);
+            let (seen, lse) = self.decode(qt, cache, ot);
+            cache.track(qt, &seen, &lse);
         }
         Ok(out)
+    }
+
+    /// Decode the query row `q` of the token at position `len - 1` against the cache into
+    /// `out`; returns what it read and each query head's log-sum-exp.
+    fn decode<E: KvElement>(
+        &self,
+        q: &[f32],
+        cache: &KvStore<E>,
+        out: &mut [f32],
+    ) -> (Visible, Vec<f32>) {
+        let seen = Visible::of(self.config(), cache.len, cache.len - 1);
+        let mut lse = vec![0.0f32; q.len() / cache.dim];
+        let visible = vec![seen.clone()];
+        let (shape, lm) = (cache.shape(q), cache.landmarks());
+        self.attend(shape, cache, lm, visible, q, out, Some(&mut lse));
+        (seen, lse)
     }
 
     fn check_shape_decode<E: KvElement>(&self, q: &Tensor3, cache: &KvStore<E>) -> Result<()> {
@@ -562,49 +584,6 @@ impl SparseAttention {
         }
         Ok(())
     }
-
-    fn decode_tracked_into<E: KvElement>(
-        &self,
-        q: &[f32],
-        cache: &mut KvStore<E>,
-        out: &mut [f32],
-    ) {
-        let mut lse = vec![0.0f32; q.len() / cache.dim];
-        let seen = self.decode_into(q, cache, out, Some(&mut lse));
-        let shape = cache.shape(q);
-        let level = Level::active();
-        let tokens = probabilities(level, shape, &*cache, q, &lse, &seen.tokens);
-        let blocks = probabilities(level, shape, &cache.landmarks(), q, &lse, &seen.blocks);
-        for (t, p) in seen.tokens.iter().cloned().flatten().zip(tokens) {
-            cache.mass[cache.order[t]] += p;
-        }
-        for (b, p) in seen.blocks.iter().cloned().flatten().zip(blocks) {
-            cache.block_mass[b] += p;
-        }
-    }
-
-    /// Decode one query row set (the token at position `len - 1`) against the cache into
-    /// `out` (and each row's log-sum-exp into `lse`); returns what the query read.
-    fn decode_into<E: KvElement>(
-        &self,
-        q: &[f32],
-        cache: &KvStore<E>,
-        out: &mut [f32],
-        lse: Option<&mut [f32]>,
-    ) -> Visible {
-        let seen = Visible::of(self.config(), cache.len, cache.len - 1);
-        let visible = vec![seen.clone()];
-        self.attend(
-            cache.shape(q),
-            cache,
-            cache.landmarks(),
-            visible,
-            q,
-            out,
-            lse,
-        );
-        seen
-    }
 }
 
 impl<E: KvElement> KvStore<E> {
@@ -614,6 +593,20 @@ impl<E: KvElement> KvStore<E> {
             n_head: q.len() / self.dim,
             n_head_kv: self.kv_heads,
             head_dim: self.dim,
+        }
+    }
+
+    /// H2O: add to each token and landmark block the query row `q` read (`seen`) the
+    /// attention probability it received, summed over query heads (`lse` per head).
+    fn track(&mut self, q: &[f32], seen: &Visible, lse: &[f32]) {
+        let (level, shape) = (Level::active(), self.shape(q));
+        let tokens = probabilities(level, shape, &*self, q, lse, &seen.tokens);
+        let blocks = probabilities(level, shape, &self.landmarks(), q, lse, &seen.blocks);
+        for (t, p) in seen.tokens.iter().cloned().flatten().zip(tokens) {
+            self.mass[self.order[t]] += p;
+        }
+        for (b, p) in seen.blocks.iter().cloned().flatten().zip(blocks) {
+            self.block_mass[b] += p;
         }
     }
 }
