@@ -160,20 +160,14 @@ impl<E: KvElement> KvStore<E> {
     /// Append one token given as two slices of `kv_heads * head_dim` values
     /// (head-major within the token, as in a `Tensor3` row).
     pub fn append_rows(&mut self, k: &[f32], v: &[f32]) -> Result<()> {
-        let w = self.kv_heads * self.dim;
-        if k.len() != w {
-            return Err(AttnError::DataLength {
-                what: "key token",
-                expected: w,
-                got: k.len(),
-            });
-        }
-        if v.len() != w {
-            return Err(AttnError::DataLength {
-                what: "value token",
-                expected: w,
-                got: v.len(),
-            });
+        for (what, got) in [("key token", k.len()), ("value token", v.len())] {
+            if got != self.kv_dim() {
+                return Err(AttnError::DataLength {
+                    what,
+                    expected: self.kv_dim(),
+                    got,
+                });
+            }
         }
         if self.is_full() {
             return Err(AttnError::CacheFull {
@@ -199,11 +193,8 @@ impl<E: KvElement> KvStore<E> {
 
     fn write_slot(&mut self, slot: usize, k: &[f32], v: &[f32]) {
         let w = self.kv_dim();
-        for (dst, src) in [(&mut self.keys, k), (&mut self.values, v)] {
-            for (d, &x) in dst[slot * w..(slot + 1) * w].iter_mut().zip(src) {
-                *d = E::from_f32(x);
-            }
-        }
+        E::store(&mut self.keys[slot * w..(slot + 1) * w], k);
+        E::store(&mut self.values[slot * w..(slot + 1) * w], v);
         self.mass[slot] = 0.0;
     }
 
@@ -251,20 +242,17 @@ impl<E: KvElement> KvStore<E> {
         Ok(())
     }
 
-    fn kv_dim(&self) -> usize {
-        self.kv_heads * self.dim
-    }
-
     /// `mean(b) = keep * mean(b) + w * row(slot)` for keys and values of every head.
     fn landmark_axpy(&mut self, b: usize, keep: f32, w: f32, slot: usize) {
         let n = self.kv_dim();
+        let mut row = vec![0.0f32; n];
         for (lm, src) in [
             (&mut self.lm_keys, &self.keys),
             (&mut self.lm_values, &self.values),
         ] {
-            let row = &src[slot * n..(slot + 1) * n];
-            for (m, x) in lm[b * n..(b + 1) * n].iter_mut().zip(row) {
-                *m = keep * *m + w * x.to_f32();
+            E::rows(&src[slot * n..(slot + 1) * n]).to_f32(&mut row);
+            for (m, x) in lm[b * n..(b + 1) * n].iter_mut().zip(&row) {
+                *m = keep * *m + w * x;
             }
         }
     }
@@ -300,6 +288,7 @@ impl<E: KvElement> KvStore<E> {
         self.lm_downdates[b] = 0;
         let w = 1.0 / n.max(1) as f32;
         let kd = self.kv_dim();
+        let mut row = vec![0.0f32; kd];
         for (lm, src) in [
             (&mut self.lm_keys, &self.keys),
             (&mut self.lm_values, &self.values),
@@ -307,10 +296,8 @@ impl<E: KvElement> KvStore<E> {
             let m = &mut lm[b * kd..(b + 1) * kd];
             m.fill(0.0);
             for &slot in &self.order[tokens.clone()] {
-                let row = &src[slot * kd..(slot + 1) * kd];
-                m.iter_mut()
-                    .zip(row)
-                    .for_each(|(a, x)| *a += w * x.to_f32());
+                E::rows(&src[slot * kd..(slot + 1) * kd]).to_f32(&mut row);
+                m.iter_mut().zip(&row).for_each(|(a, x)| *a += w * x);
             }
         }
     }

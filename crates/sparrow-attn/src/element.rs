@@ -23,6 +23,9 @@ pub trait KvElement:
     /// Rows of this type as the kernel reads them.
     #[doc(hidden)]
     fn rows(x: &[Self]) -> KvRows<'_>;
+    /// `dst[i] = from_f32(src[i])`, vectorised where the type allows.
+    #[doc(hidden)]
+    fn store(dst: &mut [Self], src: &[f32]);
 }
 
 impl KvElement for f32 {
@@ -37,6 +40,9 @@ impl KvElement for f32 {
     }
     fn rows(x: &[Self]) -> KvRows<'_> {
         KvRows::F32(x)
+    }
+    fn store(dst: &mut [Self], src: &[f32]) {
+        dst.copy_from_slice(src)
     }
 }
 
@@ -53,5 +59,9 @@ impl KvElement for half::f16 {
     }
     fn rows(x: &[Self]) -> KvRows<'_> {
         KvRows::F16(x)
+    }
+    fn store(dst: &mut [Self], src: &[f32]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src)
     }
 }

@@ -260,6 +260,8 @@ impl<'a, E: KvElement> KvView<'a, E> {
     }
 }
 
+/// One KV head's rows, `stride` apart (the last row only `dim` long, so a run is exactly
+/// what the kernel reads; not meant for [`crate::kernel::read_f32`]).
 impl<E: KvElement> KvSource for KvView<'_, E> {
     fn kv_dim(&self) -> usize {
         self.stride
