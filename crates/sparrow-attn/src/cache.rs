@@ -270,35 +270,28 @@ impl<E: KvElement> KvStore<E> {
         self.lm_count[b] = c - 1;
         self.lm_downdates[b] += 1;
         if c == 1 {
-            let n = self.kv_dim();
-            self.lm_keys[b * n..(b + 1) * n].fill(0.0);
-            self.lm_values[b * n..(b + 1) * n].fill(0.0);
-            return;
+            return self.landmark_clear(b);
         }
         let c = c as f32;
         self.landmark_axpy(b, c / (c - 1.0), -1.0 / (c - 1.0), slot);
+    }
+
+    fn landmark_clear(&mut self, b: usize) {
+        let n = self.kv_dim();
+        self.lm_keys[b * n..(b + 1) * n].fill(0.0);
+        self.lm_values[b * n..(b + 1) * n].fill(0.0);
     }
 
     /// Recompute the mean of block `b` exactly from its stored rows.
     fn landmark_refresh(&mut self, b: usize) {
         let bs = self.block_size;
         let tokens = b * bs..((b + 1) * bs).min(self.len);
-        let n = tokens.len();
-        self.lm_count[b] = n as u32;
+        self.lm_count[b] = tokens.len() as u32;
         self.lm_downdates[b] = 0;
-        let w = 1.0 / n.max(1) as f32;
-        let kd = self.kv_dim();
-        let mut row = vec![0.0f32; kd];
-        for (lm, src) in [
-            (&mut self.lm_keys, &self.keys),
-            (&mut self.lm_values, &self.values),
-        ] {
-            let m = &mut lm[b * kd..(b + 1) * kd];
-            m.fill(0.0);
-            for &slot in &self.order[tokens.clone()] {
-                E::rows(&src[slot * kd..(slot + 1) * kd]).to_f32(&mut row);
-                m.iter_mut().zip(&row).for_each(|(a, x)| *a += w * x);
-            }
+        self.landmark_clear(b);
+        let w = 1.0 / tokens.len().max(1) as f32;
+        for t in tokens {
+            self.landmark_axpy(b, 1.0, w, self.order[t]);
         }
     }
 

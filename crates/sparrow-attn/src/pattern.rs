@@ -114,7 +114,7 @@ impl SparseConfig {
 /// What query `i` of a sequence of `seq` tokens reads, as the kernel takes it: ascending,
 /// disjoint ranges of key positions (window, sinks, ladder singletons; adjacent pieces
 /// joined) and of landmark rows (block `b` is row `b` of the block-mean table).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) struct Visible {
     pub(crate) tokens: Vec<Range<usize>>,
     pub(crate) blocks: Vec<Range<usize>>,
