@@ -1,34 +1,39 @@
 //! KV caches for decoding: [`KvCache`] (f32) and [`KvCacheF16`] (feature `fp16`), both
-//! [`KvStore`]. Keys/values are stored head-major (`[kv_head][slot][dim]`) so the window
-//! of one head is one contiguous run. Block landmark means are kept up to date by a
-//! Welford update on every append (`O(kv_heads × dim)`), so a decode step costs
-//! `O(window + log T + T / block_size)` row reads, never `O(T)`.
+//! [`KvStore`]. Keys/values are stored one row of `kv_heads × dim` per slot, the layout the
+//! kernel reads ([`KvSource`]; f16 rows are converted per tile). Block landmark means are
+//! kept up to date by a Welford update on every append (`O(kv_heads × dim)`), so a decode
+//! step costs `O(window + log T + T / block_size)` row reads, never `O(T)`.
 //!
 //! H2O eviction: every tracked decode step adds the attention probability each visited
 //! token received (summed over query heads) to that token's score; landmark weight goes
 //! to the block and is shared by its tokens. When full, `evict_and_append` removes the
 //! lowest-scoring token that is neither a sink nor in the recent window.
 
+use core::ops::Range;
+
 use crate::element::KvElement;
 use crate::error::{AttnError, Result};
-use crate::pattern::{PieceList, Plan, SparseConfig};
-use crate::simd::{self, Rows};
-use crate::softmax::{KvView, RowStates};
+use crate::kernel::tile::scores;
+use crate::kernel::{head_rows, AttnShape, F32Rows, KvRows, KvSource, Level, TILE};
+use crate::pattern::{SparseConfig, Visible};
+use crate::softmax::KvView;
 use crate::sparse::SparseAttention;
 use crate::tensor::{checked_len, Tensor3};
 
 /// A KV cache for one layer: `capacity` tokens × `kv_heads` × `head_dim`, keys and values
-/// stored as `E`, with per-block landmark means (f32) and H2O attention scores.
+/// stored as `E`, with per-block landmark means (f32) and H2O attention scores. As a
+/// [`KvSource`] its positions are logical: position `t` is read from slot `order()[t]`.
 #[derive(Clone, Debug)]
 pub struct KvStore<E: KvElement = f32> {
     capacity: usize,
     kv_heads: usize,
     dim: usize,
     block_size: usize,
-    nblocks: usize,
     len: usize,
+    /// `capacity × kv_heads × dim`, one row per storage slot.
     keys: Vec<E>,
     values: Vec<E>,
+    /// Block means, `blocks × kv_heads × dim`.
     lm_keys: Vec<f32>,
     lm_values: Vec<f32>,
     lm_count: Vec<u32>,
@@ -76,13 +81,12 @@ impl<E: KvElement> KvStore<E> {
         }
         let n = checked_len(capacity, kv_heads, head_dim)?;
         let nblocks = capacity.div_ceil(block_size);
-        let nl = checked_len(nblocks, kv_heads, head_dim)?;
+        let nl = nblocks * kv_heads * head_dim; // ≤ n: no overflow
         Ok(Self {
             capacity,
             kv_heads,
             dim: head_dim,
             block_size,
-            nblocks,
             len: 0,
             keys: vec![E::default(); n],
             values: vec![E::default(); n],
@@ -156,20 +160,14 @@ impl<E: KvElement> KvStore<E> {
     /// Append one token given as two slices of `kv_heads * head_dim` values
     /// (head-major within the token, as in a `Tensor3` row).
     pub fn append_rows(&mut self, k: &[f32], v: &[f32]) -> Result<()> {
-        let w = self.kv_heads * self.dim;
-        if k.len() != w {
-            return Err(AttnError::DataLength {
-                what: "key token",
-                expected: w,
-                got: k.len(),
-            });
-        }
-        if v.len() != w {
-            return Err(AttnError::DataLength {
-                what: "value token",
-                expected: w,
-                got: v.len(),
-            });
+        for (what, got) in [("key token", k.len()), ("value token", v.len())] {
+            if got != self.kv_dim() {
+                return Err(AttnError::DataLength {
+                    what,
+                    expected: self.kv_dim(),
+                    got,
+                });
+            }
         }
         if self.is_full() {
             return Err(AttnError::CacheFull {
@@ -194,12 +192,9 @@ impl<E: KvElement> KvStore<E> {
     }
 
     fn write_slot(&mut self, slot: usize, k: &[f32], v: &[f32]) {
-        let dim = self.dim;
-        for h in 0..self.kv_heads {
-            let o = self.row(h, slot);
-            simd::store(&mut self.keys[o..o + dim], &k[h * dim..(h + 1) * dim]);
-            simd::store(&mut self.values[o..o + dim], &v[h * dim..(h + 1) * dim]);
-        }
+        let w = self.kv_dim();
+        E::store(&mut self.keys[slot * w..(slot + 1) * w], k);
+        E::store(&mut self.values[slot * w..(slot + 1) * w], v);
         self.mass[slot] = 0.0;
     }
 
@@ -247,32 +242,17 @@ impl<E: KvElement> KvStore<E> {
         Ok(())
     }
 
-    /// Offset of storage slot `slot` of head `h` in `keys`/`values`.
-    #[inline]
-    fn row(&self, h: usize, slot: usize) -> usize {
-        (h * self.capacity + slot) * self.dim
-    }
-
     /// `mean(b) = keep * mean(b) + w * row(slot)` for keys and values of every head.
     fn landmark_axpy(&mut self, b: usize, keep: f32, w: f32, slot: usize) {
-        let dim = self.dim;
-        for h in 0..self.kv_heads {
-            let l = (h * self.nblocks + b) * dim;
-            let base = self.row(h, 0);
-            let rows = Rows::Range {
-                start: slot,
-                end: slot + 1,
-            };
-            let end = base + self.capacity * dim;
-            for (lm, src) in [
-                (&mut self.lm_keys, &self.keys),
-                (&mut self.lm_values, &self.values),
-            ] {
-                let m = &mut lm[l..l + dim];
-                if keep != 1.0 {
-                    m.iter_mut().for_each(|x| *x *= keep);
-                }
-                simd::accumulate(m, &[w], &src[base..end], dim, rows);
+        let n = self.kv_dim();
+        let mut row = vec![0.0f32; n];
+        for (lm, src) in [
+            (&mut self.lm_keys, &self.keys),
+            (&mut self.lm_values, &self.values),
+        ] {
+            E::rows(&src[slot * n..(slot + 1) * n]).to_f32(&mut row);
+            for (m, x) in lm[b * n..(b + 1) * n].iter_mut().zip(&row) {
+                *m = keep * *m + w * x;
             }
         }
     }
@@ -290,48 +270,28 @@ impl<E: KvElement> KvStore<E> {
         self.lm_count[b] = c - 1;
         self.lm_downdates[b] += 1;
         if c == 1 {
-            for h in 0..self.kv_heads {
-                let l = (h * self.nblocks + b) * self.dim;
-                self.lm_keys[l..l + self.dim].fill(0.0);
-                self.lm_values[l..l + self.dim].fill(0.0);
-            }
-            return;
+            return self.landmark_clear(b);
         }
         let c = c as f32;
         self.landmark_axpy(b, c / (c - 1.0), -1.0 / (c - 1.0), slot);
     }
 
+    fn landmark_clear(&mut self, b: usize) {
+        let n = self.kv_dim();
+        self.lm_keys[b * n..(b + 1) * n].fill(0.0);
+        self.lm_values[b * n..(b + 1) * n].fill(0.0);
+    }
+
     /// Recompute the mean of block `b` exactly from its stored rows.
     fn landmark_refresh(&mut self, b: usize) {
-        let (t0, t1) = (
-            b * self.block_size,
-            ((b + 1) * self.block_size).min(self.len),
-        );
-        let n = t1.saturating_sub(t0);
-        self.lm_count[b] = n as u32;
+        let bs = self.block_size;
+        let tokens = b * bs..((b + 1) * bs).min(self.len);
+        self.lm_count[b] = tokens.len() as u32;
         self.lm_downdates[b] = 0;
-        let w = vec![1.0 / n.max(1) as f32; n];
-        let dim = self.dim;
-        for h in 0..self.kv_heads {
-            let l = (h * self.nblocks + b) * dim;
-            let base = self.row(h, 0);
-            let end = base + self.capacity * dim;
-            let rows = if self.identity {
-                Rows::Range {
-                    start: t0,
-                    end: t0 + n,
-                }
-            } else {
-                Rows::List(&self.order[t0..t0 + n])
-            };
-            for (lm, src) in [
-                (&mut self.lm_keys, &self.keys),
-                (&mut self.lm_values, &self.values),
-            ] {
-                let m = &mut lm[l..l + dim];
-                m.fill(0.0);
-                simd::accumulate(m, &w, &src[base..end], dim, rows);
-            }
+        self.landmark_clear(b);
+        let w = 1.0 / tokens.len().max(1) as f32;
+        for t in tokens {
+            self.landmark_axpy(b, 1.0, w, self.order[t]);
         }
     }
 
@@ -339,27 +299,30 @@ impl<E: KvElement> KvStore<E> {
     /// over any key subset. Row `r` is storage slot `r`; logical position `t` is row
     /// `order()[t]` (the same number until the first eviction).
     pub fn view(&self, head: usize) -> Result<KvView<'_, E>> {
-        if head >= self.kv_heads {
-            return Err(AttnError::IndexOutOfRange {
-                what: "kv head",
-                index: head,
-                len: self.kv_heads,
-            });
-        }
-        let o = self.row(head, 0);
-        let e = o + self.capacity * self.dim;
+        let o = self.check_head(head)? * self.dim;
         KvView::new(
-            &self.keys[o..e],
-            &self.values[o..e],
+            &self.keys[o..],
+            &self.values[o..],
             self.len,
             self.dim,
-            self.dim,
+            self.kv_dim(),
         )
     }
 
     /// Landmark means (row `b` = mean key/value of block `b`) of head `head`, over the
     /// blocks that hold at least one token.
     pub fn landmark_view(&self, head: usize) -> Result<KvView<'_, f32>> {
+        let o = self.check_head(head)? * self.dim;
+        KvView::new(
+            &self.lm_keys[o..],
+            &self.lm_values[o..],
+            self.len.div_ceil(self.block_size),
+            self.dim,
+            self.kv_dim(),
+        )
+    }
+
+    fn check_head(&self, head: usize) -> Result<usize> {
         if head >= self.kv_heads {
             return Err(AttnError::IndexOutOfRange {
                 what: "kv head",
@@ -367,44 +330,19 @@ impl<E: KvElement> KvStore<E> {
                 len: self.kv_heads,
             });
         }
-        let o = head * self.nblocks * self.dim;
-        let e = o + self.nblocks * self.dim;
-        KvView::new(
-            &self.lm_keys[o..e],
-            &self.lm_values[o..e],
-            self.len.div_ceil(self.block_size),
-            self.dim,
-            self.dim,
-        )
+        Ok(head)
     }
 
-    /// Translate pieces over logical positions into pieces over storage slots: ranges stay
-    /// ranges while no eviction happened, else become sub-slices of `order`; lists are
-    /// mapped into `buf`.
-    fn to_slots<'a>(&'a self, pieces: &PieceList<'a>, buf: &'a mut Vec<usize>) -> PieceList<'a> {
-        buf.clear();
-        if !self.identity {
-            for r in pieces.as_slice() {
-                if let Rows::List(l) = r {
-                    buf.extend(l.iter().map(|&t| self.order[t]));
-                }
-            }
-        }
-        let buf: &'a Vec<usize> = buf;
-        let mut out = PieceList::new();
-        let mut off = 0;
-        for r in pieces.as_slice() {
-            match *r {
-                Rows::Range { start, end } if self.identity => out.push(Rows::Range { start, end }),
-                Rows::Range { start, end } => out.push(Rows::List(&self.order[start..end])),
-                Rows::List(l) if self.identity => out.push(Rows::List(l)),
-                Rows::List(l) => {
-                    out.push(Rows::List(&buf[off..off + l.len()]));
-                    off += l.len();
-                }
-            }
-        }
-        out
+    /// The landmark means of every head as the kernel reads them (row `b` = block `b`).
+    fn landmarks(&self) -> F32Rows<'_> {
+        F32Rows::all_heads(&self.lm_keys, &self.lm_values, self.kv_dim())
+    }
+
+    /// Elements of the rows of logical positions `start..start + n` (one run of slots).
+    fn slots(&self, start: usize, n: usize) -> Range<usize> {
+        let w = self.kv_dim();
+        let s = self.order[start];
+        s * w..(s + n) * w
     }
 
     /// Storage slot of every logical position (`order()[t]` is where token `t` lives).
@@ -515,7 +453,7 @@ impl SparseAttention {
     pub fn decode_step<E: KvElement>(&self, q: &Tensor3, cache: &KvStore<E>) -> Result<Tensor3> {
         self.check_decode(q, cache, 1)?;
         let mut out = Tensor3::zeros(1, q.heads(), q.dim())?;
-        self.decode_into(q.data(), cache, out.data_mut(), None);
+        self.decode(q.data(), cache, out.data_mut());
         Ok(out)
     }
 
@@ -528,7 +466,8 @@ impl SparseAttention {
     ) -> Result<Tensor3> {
         self.check_decode(q, cache, 1)?;
         let mut out = Tensor3::zeros(1, q.heads(), q.dim())?;
-        self.decode_tracked_into(q.data(), cache, out.data_mut());
+        let (seen, lse) = self.decode(q.data(), cache, out.data_mut());
+        cache.track(q.data(), &seen, &lse);
         Ok(out)
     }
 
@@ -554,12 +493,33 @@ impl SparseAttention {
         self.check_shape_decode(q, cache)?;
         let mut out = Tensor3::zeros(m, q.heads(), q.dim())?;
         let w = q.heads() * q.dim();
-        for t in 0..m {
+        for (t, (qt, ot)) in q
+            .data()
+            .chunks_exact(w)
+            .zip(out.data_mut().chunks_exact_mut(w))
+            .enumerate()
+        {
             cache.append_rows(new_k.token(t)?, new_v.token(t)?)?;
-            let qt = &q.data()[t * w..(t + 1) * w];
-            self.decode_tracked_into(qt, cache, &mut out.data_mut()[t * w..(t + 1) * w]);
+            let (seen, lse) = self.decode(qt, cache, ot);
+            cache.track(qt, &seen, &lse);
         }
         Ok(out)
+    }
+
+    /// Decode the query row `q` of the token at position `len - 1` against the cache into
+    /// `out`; returns what it read and each query head's log-sum-exp.
+    fn decode<E: KvElement>(
+        &self,
+        q: &[f32],
+        cache: &KvStore<E>,
+        out: &mut [f32],
+    ) -> (Visible, Vec<f32>) {
+        let seen = Visible::of(self.config(), cache.len, cache.len - 1);
+        let mut lse = vec![0.0f32; q.len() / cache.dim];
+        let visible = vec![seen.clone()];
+        let (shape, lm) = (cache.shape(q), cache.landmarks());
+        self.attend(shape, cache, lm, visible, q, out, Some(&mut lse));
+        (seen, lse)
     }
 
     fn check_shape_decode<E: KvElement>(&self, q: &Tensor3, cache: &KvStore<E>) -> Result<()> {
@@ -604,117 +564,107 @@ impl SparseAttention {
         }
         Ok(())
     }
+}
 
-    fn decode_tracked_into<E: KvElement>(
-        &self,
-        q: &[f32],
-        cache: &mut KvStore<E>,
-        out: &mut [f32],
-    ) {
-        let mut probs = Vec::new();
-        let plan = self.decode_into(q, cache, out, Some(&mut probs));
-        let mut col = 0;
-        for r in plan.token_pieces(self.config().sort_candidates).as_slice() {
-            for k in 0..r.len() {
-                let slot = cache.order[r.get(k)];
-                cache.mass[slot] += probs[col + k];
-            }
-            col += r.len();
-        }
-        for r in plan.block_pieces().as_slice() {
-            for k in 0..r.len() {
-                cache.block_mass[r.get(k)] += probs[col + k];
-            }
-            col += r.len();
+impl<E: KvElement> KvStore<E> {
+    /// Head counts of a decode of the query row `q`.
+    fn shape(&self, q: &[f32]) -> AttnShape {
+        AttnShape {
+            n_head: q.len() / self.dim,
+            n_head_kv: self.kv_heads,
+            head_dim: self.dim,
         }
     }
 
-    /// Decode one query row set against the cache into `out`. With `probs`, also returns
-    /// per candidate the attention probability summed over query heads.
-    fn decode_into<E: KvElement>(
-        &self,
-        q: &[f32],
-        cache: &KvStore<E>,
-        out: &mut [f32],
-        probs: Option<&mut Vec<f32>>,
-    ) -> Plan {
-        let dim = cache.dim;
-        let kvh = cache.kv_heads;
-        let g = q.len() / dim / kvh;
-        let len = cache.len;
-        let mut plan = Plan::default();
-        plan.build(self.config(), len, len - 1);
-        let mut mapped: Vec<usize> = Vec::new();
-        let tp_logical = plan.token_pieces(self.config().sort_candidates);
-        let tp = cache.to_slots(&tp_logical, &mut mapped);
-        let bp = plan.block_pieces();
-        let n = tp.total() + bp.total();
-        let want = probs.is_some();
-        let scale = 1.0 / (dim as f32).sqrt();
-        let head = |h: usize| -> (Vec<f32>, Vec<f32>) {
-            let qrows = &q[h * g * dim..(h + 1) * g * dim];
-            let (o, e) = (cache.row(h, 0), cache.row(h, 0) + cache.capacity * dim);
-            let (kb, vb) = (&cache.keys[o..e], &cache.values[o..e]);
-            let lo = h * cache.nblocks * dim;
-            let le = lo + cache.nblocks * dim;
-            let (lk, lv) = (&cache.lm_keys[lo..le], &cache.lm_values[lo..le]);
-            let mut sc = vec![0.0f32; g * n];
-            let mut col = 0;
-            for r in tp.as_slice() {
-                simd::scores_multi(qrows, g, kb, dim, *r, scale, &mut sc, n, col);
-                col += r.len();
+    /// H2O: add to each token and landmark block the query row `q` read (`seen`) the
+    /// attention probability it received, summed over query heads (`lse` per head).
+    fn track(&mut self, q: &[f32], seen: &Visible, lse: &[f32]) {
+        let (level, shape) = (Level::active(), self.shape(q));
+        let tokens = probabilities(level, shape, &*self, q, lse, &seen.tokens);
+        let blocks = probabilities(level, shape, &self.landmarks(), q, lse, &seen.blocks);
+        for (t, p) in seen.tokens.iter().cloned().flatten().zip(tokens) {
+            self.mass[self.order[t]] += p;
+        }
+        for (b, p) in seen.blocks.iter().cloned().flatten().zip(blocks) {
+            self.block_mass[b] += p;
+        }
+    }
+}
+
+impl<E: KvElement> KvSource for KvStore<E> {
+    fn kv_dim(&self) -> usize {
+        self.kv_heads * self.dim
+    }
+    fn key_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+        E::rows(&self.keys[self.slots(start, n)])
+    }
+    fn value_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+        E::rows(&self.values[self.slots(start, n)])
+    }
+    /// Consecutive positions whose slots are consecutive too (all of them until the first
+    /// eviction).
+    fn run_len(&self, start: usize, max: usize) -> usize {
+        if self.identity || max <= 1 {
+            return max;
+        }
+        let s0 = self.order[start];
+        let same = self.order[start + 1..start + max]
+            .iter()
+            .zip(s0 + 1..)
+            .take_while(|(a, b)| **a == *b)
+            .count();
+        1 + same
+    }
+}
+
+/// The attention probability each key of `keys` (ascending ranges of `src`) received from
+/// the query row `q` (`n_head × head_dim`), summed over query heads: `exp(s − lse)` with the
+/// score `s` recomputed by the kernel's score tile and each head's log-sum-exp `lse`.
+fn probabilities<S: KvSource + ?Sized>(
+    level: Level,
+    shape: AttnShape,
+    src: &S,
+    q: &[f32],
+    lse: &[f32],
+    keys: &[Range<usize>],
+) -> Vec<f32> {
+    let (hd, group) = (shape.head_dim, shape.group());
+    let rw = group.div_ceil(8) * 8;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut p = vec![0.0f32; keys.iter().map(|r| r.len()).sum()];
+    let (mut qt, mut s, mut buf) = (vec![0.0f32; hd * rw], vec![0.0f32; TILE * rw], Vec::new());
+    for g in 0..shape.n_head_kv {
+        let heads = g * group..(g + 1) * group;
+        for (r, qh) in q[heads.start * hd..heads.end * hd]
+            .chunks_exact(hd)
+            .enumerate()
+        {
+            for (d, &x) in qh.iter().enumerate() {
+                qt[d * rw + r] = x;
             }
-            for r in bp.as_slice() {
-                simd::scores_multi(qrows, g, lk, dim, *r, scale, &mut sc, n, col);
-                col += r.len();
-            }
-            let mut st = RowStates::new(g, dim);
-            st.absorb(0, g, &mut sc, n, n);
-            let mut col = 0;
-            for r in tp.as_slice() {
-                simd::accumulate_multi(&mut st.acc, g, &sc, n, col, vb, dim, *r);
-                col += r.len();
-            }
-            for r in bp.as_slice() {
-                simd::accumulate_multi(&mut st.acc, g, &sc, n, col, lv, dim, *r);
-                col += r.len();
-            }
-            let mut o = vec![0.0f32; g * dim];
-            for r in 0..g {
-                st.finish_row(r, &mut o[r * dim..(r + 1) * dim]);
-            }
-            let mut p = Vec::new();
-            if want {
-                p = vec![0.0f32; n];
-                for r in 0..g {
-                    let inv = if st.sum[r] > 0.0 {
-                        1.0 / st.sum[r]
-                    } else {
-                        0.0
-                    };
-                    p.iter_mut()
-                        .zip(&sc[r * n..(r + 1) * n])
-                        .for_each(|(a, w)| *a += w * inv);
+        }
+        let lse = &lse[heads];
+        let mut at = 0;
+        for range in keys {
+            let mut start = range.start;
+            while start < range.end {
+                let n = src.run_len(start, TILE.min(range.end - start)).max(1);
+                let rows = src.key_rows(start, n);
+                let off = src.head_offset(g, hd);
+                let (k, stride) = head_rows(level, rows, off, src.kv_dim(), hd, n, &mut buf);
+                scores(level, k, stride, n, hd, &qt, rw, scale, &mut s);
+                for (t, pt) in p[at..at + n].iter_mut().enumerate() {
+                    *pt += lse
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, l)| l.is_finite())
+                        .map(|(r, l)| (s[t * rw + r] - l).exp())
+                        .sum::<f32>();
                 }
+                at += n;
+                start += n;
             }
-            (o, p)
-        };
-        let heads: Vec<usize> = (0..kvh).collect();
-        // Rayon only pays off when a step has enough rows to read.
-        let big = n * g * dim * kvh >= 1 << 16;
-        let res: Vec<(Vec<f32>, Vec<f32>)> = if big {
-            self.map_items(&heads, |&h| head(h))
-        } else {
-            heads.iter().map(|&h| head(h)).collect()
-        };
-        let mut acc_p = vec![0.0f32; if want { n } else { 0 }];
-        for (h, (o, p)) in res.into_iter().enumerate() {
-            out[h * g * dim..(h + 1) * g * dim].copy_from_slice(&o);
-            acc_p.iter_mut().zip(&p).for_each(|(a, x)| *a += x);
         }
-        if let Some(pv) = probs {
-            *pv = acc_p;
-        }
-        plan
     }
+    p
 }

@@ -1,20 +1,12 @@
 //! Storage element types for keys and values: `f32`, and `half::f16` with feature `fp16`.
 
+use crate::kernel::KvRows;
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     #[cfg(feature = "fp16")]
     impl Sealed for half::f16 {}
-}
-
-/// Which concrete type a [`KvElement`] is; lets the SIMD kernels pick their load instruction.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ElemKind {
-    /// IEEE binary32.
-    F32,
-    /// IEEE binary16.
-    F16,
 }
 
 /// A type keys and values can be stored as. Sealed: implemented for `f32` and (feature
@@ -24,17 +16,20 @@ pub trait KvElement:
 {
     /// Short name used in benchmarks and messages.
     const NAME: &'static str;
-    #[doc(hidden)]
-    const KIND: ElemKind;
     /// Round an `f32` to this type.
     fn from_f32(x: f32) -> Self;
     /// Widen to `f32`.
     fn to_f32(self) -> f32;
+    /// Rows of this type as the kernel reads them.
+    #[doc(hidden)]
+    fn rows(x: &[Self]) -> KvRows<'_>;
+    /// `dst[i] = from_f32(src[i])`, vectorised where the type allows.
+    #[doc(hidden)]
+    fn store(dst: &mut [Self], src: &[f32]);
 }
 
 impl KvElement for f32 {
     const NAME: &'static str = "f32";
-    const KIND: ElemKind = ElemKind::F32;
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         x
@@ -43,12 +38,17 @@ impl KvElement for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    fn rows(x: &[Self]) -> KvRows<'_> {
+        KvRows::F32(x)
+    }
+    fn store(dst: &mut [Self], src: &[f32]) {
+        dst.copy_from_slice(src)
+    }
 }
 
 #[cfg(feature = "fp16")]
 impl KvElement for half::f16 {
     const NAME: &'static str = "f16";
-    const KIND: ElemKind = ElemKind::F16;
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         half::f16::from_f32(x)
@@ -56,5 +56,12 @@ impl KvElement for half::f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
+    }
+    fn rows(x: &[Self]) -> KvRows<'_> {
+        KvRows::F16(x)
+    }
+    fn store(dst: &mut [Self], src: &[f32]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src)
     }
 }

@@ -2,27 +2,37 @@
 //!
 //! Sparse attention for long contexts on small CPUs, with no runtime dependencies.
 //!
-//! Two pieces carry everything:
+//! Everything runs on one primitive, the [`kernel`]: a block of query rows (tokens × the
+//! query heads of one GQA group) attends over key ranges of a [`kernel::KvSource`] in tiles
+//! of keys with a one-pass online softmax, giving partials `(m, l, o)` that merge exactly by
+//! log-sum-exp. Its inner loops have a scalar reference and an AVX2 twin, the level chosen
+//! once per process ([`kernel::Level`], capped by `SPARROW_SIMD=scalar|avx2|avx512`); f16
+//! rows are converted per tile. [`policy`] states what one layer reads as a
+//! [`policy::ReadPlan`] (key ranges per token and KV head, plus small side tables) and runs
+//! any plan through the kernel. The engine's attention paths are these two modules.
 //!
-//! * an **online softmax** accumulator ([`OnlineSoftmax`]) that absorbs keys in any
-//!   order and any grouping, and
-//! * **partial attention with log-sum-exp** ([`partial_attention`] → [`Partial`]) plus an
-//!   exact [`merge`]: attention over disjoint key sets (a window, some blocks, a bucket)
-//!   combines into attention over their union.
+//! The seed-style API is built on the same primitive:
 //!
-//! On top of them: dense references ([`forward_dense`], [`forward_dense_flash`]); a sparse
-//! pattern ([`SparseConfig`]: local window, sink tokens, log-stride ladder, block
-//! landmarks) run by [`SparseAttention`] (`forward`, `forward_flash`, `forward_gqa`,
-//! `forward_gqa_flash`, `forward_auto`); KV caches ([`KvCache`], `KvCacheF16` with feature
-//! `fp16`) with incremental landmark means, `decode_step` in `O(window + log T + T/block)`,
-//! `decode_batch`, and H2O eviction; and [`candidates`], which counts the pairs a pattern
-//! visits.
+//! * a sparse pattern ([`SparseConfig`]: local window, sink tokens, log-stride ladder, block
+//!   landmarks) run by [`SparseAttention`] (`forward`, `forward_gqa`, `forward_auto`, and
+//!   `forward_flash` / `forward_gqa_flash`, the same computation since the kernel always
+//!   tiles): per query, ascending key ranges of the keys, plus landmark rows (block means)
+//!   of a side table — one read plan; [`forward_dense`] is the pattern with a window
+//!   covering everything;
+//! * KV caches ([`KvCache`], `KvCacheF16` with feature `fp16`), which are `KvSource`s, with
+//!   incremental landmark means, `decode_step` in `O(window + log T + T/block)`,
+//!   `decode_batch`, and H2O eviction (`evict_and_append`);
+//! * [`partial_attention`] → [`Partial`] and an exact [`merge`]: attention over disjoint key
+//!   sets (a window, some blocks, a bucket) combines into attention over their union;
+//!   [`OnlineSoftmax`] accumulates partials, or single keys (`push`, the plain single-row
+//!   reference);
+//! * [`candidates`], which counts the pairs a pattern visits.
 //!
-//! Errors are values ([`AttnError`]); no function panics on caller input.
+//! Errors are values ([`AttnError`]); no function panics on caller input. Tests compare
+//! every path with dense attention and with the f64 oracle [`kernel::reference`].
 //!
-//! Features: `parallel` (rayon across heads / query chunks / kv heads), `fp16`
-//! (`half::f16` key/value storage). SIMD kernels (AVX2/FMA/F16C) are chosen at run time;
-//! the scalar kernels are complete and are the reference they are tested against.
+//! Features: `parallel` (rayon across blocks of query rows and pieces of long key ranges),
+//! `fp16` (`half::f16` key/value storage, Q8_0 rows for the engine).
 //!
 //! ```
 //! use sparrow_attn::{SparseAttention, SparseConfig, Tensor3, forward_dense};
@@ -48,7 +58,6 @@ mod error;
 pub mod kernel;
 mod pattern;
 pub mod policy;
-mod simd;
 mod softmax;
 mod sparse;
 mod tensor;
@@ -56,20 +65,23 @@ mod tensor;
 #[cfg(feature = "fp16")]
 pub use cache::KvCacheF16;
 pub use cache::{KvCache, KvStore};
-#[doc(hidden)]
-pub use element::ElemKind;
 pub use element::KvElement;
 pub use error::{AttnError, Result};
 pub use pattern::{
     candidates, candidates_for, CandidateCount, LandmarkMode, QueryCandidates, SparseConfig,
 };
-pub use simd::kernel_name;
 pub use softmax::{
     merge, merge_into, partial_attention, partial_attention_into, KeySet, KvView, OnlineSoftmax,
     Partial,
 };
 pub use sparse::{forward_dense, forward_dense_flash, SparseAttention};
 pub use tensor::Tensor3;
+
+/// The instruction set the attention kernels run at: [`kernel::Level::active`]'s name
+/// (`scalar` or `avx2`), detected once and capped by `SPARROW_SIMD`.
+pub fn kernel_name() -> &'static str {
+    kernel::Level::active().name()
+}
 
 /// `half::f16`, re-exported so users of [`KvCacheF16`] need no direct dependency.
 #[cfg(feature = "fp16")]

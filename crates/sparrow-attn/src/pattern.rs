@@ -20,7 +20,6 @@
 use core::ops::Range;
 
 use crate::error::{AttnError, Result};
-use crate::simd::Rows;
 
 /// Which blocks outside the window are represented by their mean key/value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -49,8 +48,8 @@ pub struct SparseConfig {
     pub log_stride: bool,
     /// Which outside blocks are represented by landmarks.
     pub landmarks: LandmarkMode,
-    /// Visit candidates in ascending key order (the default). When false the window is
-    /// visited first, then sinks, then the ladder. Results agree up to float rounding.
+    /// Kept for compatibility; has no effect. Candidates are always visited in ascending
+    /// key order (the kernel reads ascending key ranges), whatever this says.
     pub sort_candidates: bool,
 }
 
@@ -112,169 +111,104 @@ impl SparseConfig {
     }
 }
 
-/// The candidates of one query, families kept apart and each ascending.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Plan {
-    pub(crate) window: Range<usize>,
-    pub(crate) sinks: [Range<usize>; 2],
-    pub(crate) ladder_back: Vec<usize>,
-    pub(crate) ladder_fwd: Vec<usize>,
-    pub(crate) blocks: [Range<usize>; 2],
-    pub(crate) block_list: Vec<usize>,
+/// What query `i` of a sequence of `seq` tokens reads, as the kernel takes it: ascending,
+/// disjoint ranges of key positions (window, sinks, ladder singletons; adjacent pieces
+/// joined) and of landmark rows (block `b` is row `b` of the block-mean table).
+#[derive(Clone, Debug)]
+pub(crate) struct Visible {
+    pub(crate) tokens: Vec<Range<usize>>,
+    pub(crate) blocks: Vec<Range<usize>>,
 }
 
-/// Up to five row selections, in visiting order.
-pub(crate) struct PieceList<'a> {
-    items: [Rows<'a>; 5],
-    n: usize,
-}
-
-impl<'a> PieceList<'a> {
-    pub(crate) fn new() -> Self {
-        Self {
-            items: [Rows::Range { start: 0, end: 0 }; 5],
-            n: 0,
-        }
+/// Append `r` to ascending disjoint `v`, joining it to the last range when adjacent.
+fn push(v: &mut Vec<Range<usize>>, r: Range<usize>) {
+    if r.is_empty() {
+        return;
     }
-    pub(crate) fn push(&mut self, r: Rows<'a>) {
-        if r.len() > 0 {
-            self.items[self.n] = r;
-            self.n += 1;
-        }
-    }
-    pub(crate) fn as_slice(&self) -> &[Rows<'a>] {
-        &self.items[..self.n]
-    }
-    pub(crate) fn total(&self) -> usize {
-        self.as_slice().iter().map(|r| r.len()).sum()
+    match v.last_mut() {
+        Some(last) if last.end == r.start => last.end = r.end,
+        _ => v.push(r),
     }
 }
 
-fn range_rows(r: &Range<usize>) -> Rows<'static> {
-    Rows::Range {
-        start: r.start,
-        end: r.end,
+/// `from`, `from ∓ 1`, `from ∓ 2`, `from ∓ 4`, … (downwards while ≥ 0, or upwards while
+/// `< end`), excluding `from` itself unless `with_first`.
+fn ladder(from: usize, down: bool, end: usize, with_first: bool) -> Vec<usize> {
+    let mut out = Vec::new();
+    if with_first {
+        out.push(from);
     }
+    let mut d = 1usize;
+    loop {
+        let j = if down {
+            from.checked_sub(d)
+        } else {
+            from.checked_add(d).filter(|&j| j < end)
+        };
+        let Some(j) = j else { break };
+        out.push(j);
+        let Some(next) = d.checked_mul(2) else { break };
+        d = next;
+    }
+    out
 }
 
-impl Plan {
-    /// Fill the plan of query `i` (`i < seq`).
-    pub(crate) fn build(&mut self, cfg: &SparseConfig, seq: usize, i: usize) {
+impl Visible {
+    /// The pattern of query `i` (`i < seq`).
+    pub(crate) fn of(cfg: &SparseConfig, seq: usize, i: usize) -> Visible {
         let (lo, hi) = cfg.window_of(seq, i);
-        self.window = lo..hi;
-        let visible = if cfg.causal { i + 1 } else { seq };
-        let s = cfg.sinks.min(visible);
-        self.sinks = [0..s.min(lo), if s > hi { hi..s } else { 0..0 }];
-        self.ladder_back.clear();
-        self.ladder_fwd.clear();
+        let s = cfg.sinks.min(if cfg.causal { i + 1 } else { seq });
+        let mut tokens = Vec::new();
+        push(&mut tokens, 0..s.min(lo));
         if cfg.log_stride {
-            let mut d = 1usize;
-            while d <= i {
-                let j = i - d;
+            for j in ladder(i, true, 0, false).into_iter().rev() {
                 if j < lo && j >= s {
-                    self.ladder_back.push(j);
-                }
-                d = match d.checked_mul(2) {
-                    Some(x) => x,
-                    None => break,
-                };
-            }
-            self.ladder_back.reverse();
-            if !cfg.causal {
-                let mut d = 1usize;
-                while let Some(j) = i.checked_add(d).filter(|&j| j < seq) {
-                    if j >= hi && j >= s {
-                        self.ladder_fwd.push(j);
-                    }
-                    d = match d.checked_mul(2) {
-                        Some(x) => x,
-                        None => break,
-                    };
+                    push(&mut tokens, j..j + 1);
                 }
             }
         }
-        self.blocks = [0..0, 0..0];
-        self.block_list.clear();
+        push(&mut tokens, lo..hi);
+        push(&mut tokens, hi..s.max(hi));
+        if cfg.log_stride && !cfg.causal {
+            for j in ladder(i, false, seq, false) {
+                if j >= hi && j >= s {
+                    push(&mut tokens, j..j + 1);
+                }
+            }
+        }
         let bs = cfg.block_size;
-        let before = lo / bs;
-        let nblocks = seq.div_ceil(bs);
+        let (before, nblocks) = (lo / bs, seq.div_ceil(bs));
         let after = if cfg.causal {
             nblocks
         } else {
             hi.div_ceil(bs).min(nblocks)
         };
+        let mut blocks = Vec::new();
         match cfg.landmarks {
             LandmarkMode::Off => {}
-            LandmarkMode::All => self.blocks = [0..before, after..nblocks],
+            LandmarkMode::All => {
+                push(&mut blocks, 0..before);
+                push(&mut blocks, after..nblocks);
+            }
             LandmarkMode::Ladder => {
                 if before > 0 {
-                    let p = before - 1;
-                    self.block_list.push(p);
-                    let mut d = 1usize;
-                    while d <= p {
-                        self.block_list.push(p - d);
-                        d *= 2;
+                    for b in ladder(before - 1, true, 0, true).into_iter().rev() {
+                        push(&mut blocks, b..b + 1);
                     }
-                    self.block_list.reverse();
                 }
-                let mut d = 0usize;
-                while after + d < nblocks {
-                    self.block_list.push(after + d);
-                    d = if d == 0 { 1 } else { d * 2 };
+                if after < nblocks {
+                    for b in ladder(after, false, nblocks, true) {
+                        push(&mut blocks, b..b + 1);
+                    }
                 }
             }
         }
+        Visible { tokens, blocks }
     }
+}
 
-    /// Token pieces in visiting order.
-    pub(crate) fn token_pieces(&self, sorted: bool) -> PieceList<'_> {
-        let mut p = PieceList::new();
-        if sorted {
-            p.push(range_rows(&self.sinks[0]));
-            p.push(Rows::List(&self.ladder_back));
-            p.push(range_rows(&self.window));
-            p.push(range_rows(&self.sinks[1]));
-            p.push(Rows::List(&self.ladder_fwd));
-        } else {
-            p.push(range_rows(&self.window));
-            p.push(range_rows(&self.sinks[0]));
-            p.push(range_rows(&self.sinks[1]));
-            p.push(Rows::List(&self.ladder_back));
-            p.push(Rows::List(&self.ladder_fwd));
-        }
-        p
-    }
-
-    /// Token pieces outside the window (sinks and ladder), ascending.
-    pub(crate) fn extra_pieces(&self) -> PieceList<'_> {
-        let mut p = PieceList::new();
-        p.push(range_rows(&self.sinks[0]));
-        p.push(Rows::List(&self.ladder_back));
-        p.push(range_rows(&self.sinks[1]));
-        p.push(Rows::List(&self.ladder_fwd));
-        p
-    }
-
-    /// Landmark block pieces, ascending.
-    pub(crate) fn block_pieces(&self) -> PieceList<'_> {
-        let mut p = PieceList::new();
-        p.push(range_rows(&self.blocks[0]));
-        p.push(Rows::List(&self.block_list));
-        p.push(range_rows(&self.blocks[1]));
-        p
-    }
-
-    fn token_count(&self) -> usize {
-        self.window.len()
-            + self.sinks[0].len()
-            + self.sinks[1].len()
-            + self.ladder_back.len()
-            + self.ladder_fwd.len()
-    }
-
-    fn block_count(&self) -> usize {
-        self.blocks[0].len() + self.blocks[1].len() + self.block_list.len()
-    }
+fn count(v: &[Range<usize>]) -> usize {
+    v.iter().map(|r| r.len()).sum()
 }
 
 /// How many (query, key) and (query, landmark) pairs a pattern visits for one head.
@@ -309,12 +243,11 @@ impl CandidateCount {
 /// Count the pairs the pattern of `config` visits for one head at sequence length `seq`.
 pub fn candidates(config: &SparseConfig, seq: usize) -> Result<CandidateCount> {
     config.validate()?;
-    let mut plan = Plan::default();
     let (mut tok, mut lm) = (0u64, 0u64);
     for i in 0..seq {
-        plan.build(config, seq, i);
-        tok += plan.token_count() as u64;
-        lm += plan.block_count() as u64;
+        let v = Visible::of(config, seq, i);
+        tok += count(&v.tokens) as u64;
+        lm += count(&v.blocks) as u64;
     }
     let n = seq as u64;
     let dense = if config.causal {
@@ -349,18 +282,10 @@ pub fn candidates_for(config: &SparseConfig, seq: usize, i: usize) -> Result<Que
             len: seq,
         });
     }
-    let mut plan = Plan::default();
-    plan.build(config, seq, i);
-    let collect = |pieces: PieceList<'_>| {
-        let mut v: Vec<usize> = Vec::new();
-        for r in pieces.as_slice() {
-            v.extend((0..r.len()).map(|k| r.get(k)));
-        }
-        v
-    };
+    let v = Visible::of(config, seq, i);
     Ok(QueryCandidates {
-        tokens: collect(plan.token_pieces(true)),
-        blocks: collect(plan.block_pieces()),
+        tokens: v.tokens.into_iter().flatten().collect(),
+        blocks: v.blocks.into_iter().flatten().collect(),
     })
 }
 

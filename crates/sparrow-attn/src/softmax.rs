@@ -1,29 +1,33 @@
-//! One-pass online softmax, partial attention with log-sum-exp, and the exact merge.
+//! Partial attention with log-sum-exp, and the exact merge.
 //!
 //! Attention of one query over a key set `S` is `out = Σ_{j∈S} p_j v_j` with
 //! `p_j = exp(s_j - lse)` and `lse = log Σ_{j∈S} exp(s_j)`. Split `S` into disjoint parts
 //! (a window, a list of blocks, a bucket), compute `(out_i, lse_i)` for each, and
 //! [`merge`] recovers the attention over the union *exactly* (up to rounding):
 //! `lse = log(e^{lse_a} + e^{lse_b})`, `out = e^{lse_a - lse} out_a + e^{lse_b - lse} out_b`.
-//! Every forward path of this crate is built from these two pieces.
+//!
+//! [`partial_attention`] runs one query row through the kernel's block primitive
+//! ([`crate::kernel::attend_block`]) over any rows a [`KvView`] names;
+//! [`OnlineSoftmax`] accumulates such partials, or single keys, without normalising in
+//! between.
 
 use core::ops::Range;
 
 use crate::element::KvElement;
 use crate::error::{AttnError, Result};
-use crate::simd::{self, Rows};
-use crate::tensor::Tensor3;
+use crate::kernel::{attend_block, union, write_merged, AttnShape, KvRows, KvSource, Level, Unit};
+use crate::tensor::{first_diff, Tensor3};
 
 /// Running softmax state of one query: running max, running denominator, and the
 /// unnormalised weighted sum of values, rescaled whenever the max grows (Milakov &
-/// Gimelshein, 2018). Keys can arrive one at a time ([`push`](Self::push)), as whole key
-/// sets ([`attend`](Self::attend)), or as finished partials ([`merge_partial`](Self::merge_partial)).
+/// Gimelshein, 2018). Keys can arrive one at a time ([`push`](Self::push): the plain
+/// single-row reference), as whole key sets ([`attend`](Self::attend), through the
+/// kernel), or as finished partials ([`merge_partial`](Self::merge_partial)).
 #[derive(Clone, Debug)]
 pub struct OnlineSoftmax {
     max: f32,
     sum: f32,
     acc: Vec<f32>,
-    scratch: Vec<f32>,
 }
 
 impl OnlineSoftmax {
@@ -36,7 +40,6 @@ impl OnlineSoftmax {
             max: f32::NEG_INFINITY,
             sum: 0.0,
             acc: vec![0.0; dim],
-            scratch: Vec::new(),
         })
     }
 
@@ -68,32 +71,21 @@ impl OnlineSoftmax {
 
     /// Absorb one key with (already scaled) `score` and its `value`.
     pub fn push(&mut self, score: f32, value: &[f32]) -> Result<()> {
-        check_len("value", self.acc.len(), value.len())?;
-        if score == f32::NEG_INFINITY {
-            return Ok(());
-        }
-        if score > self.max {
-            let c = (self.max - score).exp();
-            self.acc.iter_mut().for_each(|a| *a *= c);
-            self.sum *= c;
-            self.max = score;
-        }
-        let w = (score - self.max).exp();
-        self.sum += w;
-        self.acc
-            .iter_mut()
-            .zip(value)
-            .for_each(|(a, v)| *a += w * v);
-        Ok(())
+        self.absorb("value", value, score)
     }
 
     /// Absorb a finished partial `(out, lse)` (normalised output over a disjoint key set).
     pub fn merge_partial(&mut self, out: &[f32], lse: f32) -> Result<()> {
-        check_len("partial out", self.acc.len(), out.len())?;
+        self.absorb("partial out", out, lse)
+    }
+
+    /// Add `e^{lse}` times `out` — one key (`out` its value, `lse` its score) or a
+    /// normalised partial.
+    fn absorb(&mut self, what: &'static str, out: &[f32], lse: f32) -> Result<()> {
+        check_len(what, self.acc.len(), out.len())?;
         if lse == f32::NEG_INFINITY {
             return Ok(());
         }
-        // A partial is `sum = e^{lse - m}` times its normalised output, for any m.
         if lse > self.max {
             let c = (self.max - lse).exp();
             self.acc.iter_mut().for_each(|a| *a *= c);
@@ -114,62 +106,9 @@ impl OnlineSoftmax {
         keys: KeySet<'_>,
         scale: f32,
     ) -> Result<()> {
-        check_len("query", kv.dim, q.len())?;
         check_len("state", kv.dim, self.acc.len())?;
-        let pieces = keys.validate(kv.rows)?;
-        let n: usize = pieces.iter().map(|r| r.len()).sum();
-        if n == 0 {
-            return Ok(());
-        }
-        let mut scores = core::mem::take(&mut self.scratch);
-        scores.clear();
-        scores.resize(n, 0.0);
-        let mut off = 0;
-        for rows in pieces.iter() {
-            let len = rows.len();
-            simd::scores(
-                q,
-                kv.keys,
-                kv.stride,
-                *rows,
-                scale,
-                &mut scores[off..off + len],
-            );
-            off += len;
-        }
-        if self.absorb_scores(&mut scores) {
-            let mut off = 0;
-            for rows in pieces.iter() {
-                let len = rows.len();
-                simd::accumulate(
-                    &mut self.acc,
-                    &scores[off..off + len],
-                    kv.values,
-                    kv.stride,
-                    *rows,
-                );
-                off += len;
-            }
-        }
-        self.scratch = scores;
-        Ok(())
-    }
-
-    /// Turn raw scores into weights relative to the (updated) running max, rescale the
-    /// accumulator, add to the denominator. Returns false when every score is `-inf`.
-    fn absorb_scores(&mut self, scores: &mut [f32]) -> bool {
-        let cm = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if cm == f32::NEG_INFINITY {
-            return false;
-        }
-        if cm > self.max {
-            let c = (self.max - cm).exp();
-            self.acc.iter_mut().for_each(|a| *a *= c);
-            self.sum *= c;
-            self.max = cm;
-        }
-        self.sum += simd::exp_sub_sum(scores, self.max);
-        true
+        let p = partial_attention(q, kv, keys, scale)?;
+        self.merge_partial(&p.out, p.lse)
     }
 
     /// Write the normalised output into `out` and return the lse. An empty state writes
@@ -192,80 +131,6 @@ impl OnlineSoftmax {
         let mut out = vec![0.0; self.acc.len()];
         let lse = self.finish(&mut out).unwrap_or(f32::NEG_INFINITY);
         Partial { out, lse }
-    }
-}
-
-/// Softmax states of `g` query rows that share the same keys (a GQA group, or a tile of
-/// queries), with their accumulators back to back so the multi-row kernels can use them.
-#[derive(Clone, Debug)]
-pub(crate) struct RowStates {
-    pub(crate) dim: usize,
-    pub(crate) max: Vec<f32>,
-    pub(crate) sum: Vec<f32>,
-    pub(crate) acc: Vec<f32>,
-}
-
-impl RowStates {
-    pub(crate) fn new(g: usize, dim: usize) -> Self {
-        Self {
-            dim,
-            max: vec![f32::NEG_INFINITY; g],
-            sum: vec![0.0; g],
-            acc: vec![0.0; g * dim],
-        }
-    }
-
-    /// Reset the first `rows` rows.
-    pub(crate) fn reset(&mut self, rows: usize) {
-        self.max[..rows].fill(f32::NEG_INFINITY);
-        self.sum[..rows].fill(0.0);
-        self.acc[..rows * self.dim].fill(0.0);
-    }
-
-    /// Scores of state row `r0 + r` live at `scores[r * stride .. r * stride + n]` for
-    /// `r < rows`. Turns them into weights relative to the row's updated max (rows whose
-    /// scores are all `-inf` get zero weights) and rescales the row's sum and accumulator.
-    pub(crate) fn absorb(
-        &mut self,
-        r0: usize,
-        rows: usize,
-        scores: &mut [f32],
-        stride: usize,
-        n: usize,
-    ) {
-        for r in 0..rows {
-            let s = &mut scores[r * stride..r * stride + n];
-            let row = r0 + r;
-            let cm = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            if cm == f32::NEG_INFINITY {
-                s.fill(0.0);
-                continue;
-            }
-            if cm > self.max[row] {
-                let c = (self.max[row] - cm).exp();
-                if c != 1.0 {
-                    self.acc[row * self.dim..(row + 1) * self.dim]
-                        .iter_mut()
-                        .for_each(|a| *a *= c);
-                }
-                self.sum[row] *= c;
-                self.max[row] = cm;
-            }
-            self.sum[row] += simd::exp_sub_sum(s, self.max[row]);
-        }
-    }
-
-    /// Normalised output of row `r` into `out`; returns its lse.
-    pub(crate) fn finish_row(&self, r: usize, out: &mut [f32]) -> f32 {
-        let acc = &self.acc[r * self.dim..(r + 1) * self.dim];
-        if self.sum[r] > 0.0 {
-            let inv = 1.0 / self.sum[r];
-            out.iter_mut().zip(acc).for_each(|(o, a)| *o = a * inv);
-            self.max[r] + self.sum[r].ln()
-        } else {
-            out.fill(0.0);
-            f32::NEG_INFINITY
-        }
     }
 }
 
@@ -322,7 +187,8 @@ pub fn merge_into(out_a: &mut [f32], lse_a: f32, out_b: &[f32], lse_b: f32) -> R
 ///
 /// Views come from a [`Tensor3`] pair ([`KvView::from_tensors`]), from a KV cache
 /// (`KvStore::view`), or from any caller-owned buffers ([`KvView::new`]), so a sparse
-/// policy can run [`partial_attention`] over whatever key subset it selects.
+/// policy can run [`partial_attention`] over whatever key subset it selects. A view is a
+/// [`KvSource`] of one KV head (rows `stride` apart).
 #[derive(Clone, Copy, Debug)]
 pub struct KvView<'a, E: KvElement = f32> {
     pub(crate) keys: &'a [E],
@@ -359,19 +225,14 @@ impl<'a, E: KvElement> KvView<'a, E> {
                     what: "view rows * stride",
                 })?,
         };
-        if keys.len() < need {
-            return Err(AttnError::DataLength {
-                what: "view keys",
-                expected: need,
-                got: keys.len(),
-            });
-        }
-        if values.len() < need {
-            return Err(AttnError::DataLength {
-                what: "view values",
-                expected: need,
-                got: values.len(),
-            });
+        for (what, got) in [("view keys", keys.len()), ("view values", values.len())] {
+            if got < need {
+                return Err(AttnError::DataLength {
+                    what,
+                    expected: need,
+                    got,
+                });
+            }
         }
         Ok(Self {
             keys,
@@ -390,6 +251,26 @@ impl<'a, E: KvElement> KvView<'a, E> {
     /// Row length.
     pub fn dim(&self) -> usize {
         self.dim
+    }
+
+    /// Elements of rows `start..start + n` (the last row only `dim` long).
+    fn span(&self, start: usize, n: usize) -> Range<usize> {
+        let a = start * self.stride;
+        a..a + n.saturating_sub(1) * self.stride + self.dim
+    }
+}
+
+/// One KV head's rows, `stride` apart (the last row only `dim` long, so a run is exactly
+/// what the kernel reads; not meant for [`crate::kernel::read_f32`]).
+impl<E: KvElement> KvSource for KvView<'_, E> {
+    fn kv_dim(&self) -> usize {
+        self.stride
+    }
+    fn key_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+        E::rows(&self.keys[self.span(start, n)])
+    }
+    fn value_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+        E::rows(&self.values[self.span(start, n)])
     }
 }
 
@@ -422,21 +303,8 @@ impl<'a> KvView<'a, f32> {
     }
 }
 
-pub(crate) fn first_diff(
-    a: (usize, usize, usize),
-    b: (usize, usize, usize),
-) -> (&'static str, usize, usize) {
-    if a.0 != b.0 {
-        ("seq", a.0, b.0)
-    } else if a.1 != b.1 {
-        ("heads", a.1, b.1)
-    } else {
-        ("dim", a.2, b.2)
-    }
-}
-
-/// Which key rows of a [`KvView`] a partial attention visits. Sets passed to one call
-/// must not repeat a row (a repeated row would simply be counted twice).
+/// Which key rows of a [`KvView`] a partial attention visits. A row named twice in one set
+/// is read once.
 #[derive(Clone, Debug)]
 pub enum KeySet<'a> {
     /// Every row of the view.
@@ -449,24 +317,10 @@ pub enum KeySet<'a> {
     Indices(&'a [usize]),
 }
 
-/// A validated key set, as kernel row selections.
-pub(crate) enum Pieces<'a> {
-    One(Rows<'a>),
-    Many(Vec<Rows<'a>>),
-}
-
-impl<'a> Pieces<'a> {
-    pub(crate) fn iter(&self) -> core::slice::Iter<'_, Rows<'a>> {
-        match self {
-            Pieces::One(r) => core::slice::from_ref(r).iter(),
-            Pieces::Many(v) => v.iter(),
-        }
-    }
-}
-
-impl<'a> KeySet<'a> {
-    pub(crate) fn validate(self, rows: usize) -> Result<Pieces<'a>> {
-        let range = |r: &Range<usize>| -> Result<Rows<'a>> {
+impl KeySet<'_> {
+    /// The set as ascending disjoint ranges of rows `< rows`, checked.
+    fn ranges(self, rows: usize) -> Result<Vec<Range<usize>>> {
+        let check = |r: &Range<usize>| {
             if r.start > r.end || r.end > rows {
                 return Err(AttnError::BadRange {
                     start: r.start,
@@ -474,18 +328,12 @@ impl<'a> KeySet<'a> {
                     len: rows,
                 });
             }
-            Ok(Rows::Range {
-                start: r.start,
-                end: r.end,
-            })
+            Ok(r.clone())
         };
-        Ok(match self {
-            KeySet::All => Pieces::One(Rows::Range {
-                start: 0,
-                end: rows,
-            }),
-            KeySet::Range(r) => Pieces::One(range(&r)?),
-            KeySet::Ranges(rs) => Pieces::Many(rs.iter().map(range).collect::<Result<_>>()?),
+        Ok(union(match self {
+            KeySet::All => std::iter::once(0..rows).collect(),
+            KeySet::Range(r) => std::iter::once(check(&r)?).collect(),
+            KeySet::Ranges(rs) => rs.iter().map(check).collect::<Result<_>>()?,
             KeySet::Indices(ix) => {
                 if let Some(&bad) = ix.iter().find(|&&j| j >= rows) {
                     return Err(AttnError::IndexOutOfRange {
@@ -494,9 +342,9 @@ impl<'a> KeySet<'a> {
                         len: rows,
                     });
                 }
-                Pieces::One(Rows::List(ix))
+                ix.iter().map(|&j| j..j + 1).collect()
             }
-        })
+        }))
     }
 }
 
@@ -509,12 +357,13 @@ pub fn partial_attention<E: KvElement>(
     keys: KeySet<'_>,
     scale: f32,
 ) -> Result<Partial> {
-    let mut st = OnlineSoftmax::new(kv.dim)?;
-    st.attend(q, kv, keys, scale)?;
-    Ok(st.to_partial())
+    let mut p = Partial::empty(kv.dim);
+    p.lse = partial_attention_into(q, kv, keys, scale, &mut p.out)?;
+    Ok(p)
 }
 
 /// [`partial_attention`] writing into a caller buffer (`out.len() == dim`); returns the lse.
+/// One query row through [`attend_block`] (tiles of keys, online softmax).
 pub fn partial_attention_into<E: KvElement>(
     q: &[f32],
     kv: &KvView<'_, E>,
@@ -522,9 +371,26 @@ pub fn partial_attention_into<E: KvElement>(
     scale: f32,
     out: &mut [f32],
 ) -> Result<f32> {
-    let mut st = OnlineSoftmax::new(kv.dim)?;
-    st.attend(q, kv, keys, scale)?;
-    st.finish(out)
+    check_len("query", kv.dim, q.len())?;
+    check_len("out", kv.dim, out.len())?;
+    let keys = keys.ranges(kv.rows)?;
+    let shape = AttnShape {
+        n_head: 1,
+        n_head_kv: 1,
+        head_dim: kv.dim,
+    };
+    // The kernel scores `q·k / √dim`: fold the caller's scale into the query.
+    let c = scale * (kv.dim as f32).sqrt();
+    let q: Vec<f32> = q.iter().map(|x| x * c).collect();
+    let unit = Unit {
+        tokens: 0..1,
+        kv_head: 0,
+        keys: keys.clone(),
+    };
+    let part = attend_block(Level::active(), shape, kv, &q, &unit, &[keys]);
+    let mut lse = [f32::NEG_INFINITY];
+    write_merged(shape, &[(0..1, 0)], &[part], out, Some(&mut lse));
+    Ok(lse[0])
 }
 
 pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<()> {

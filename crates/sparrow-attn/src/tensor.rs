@@ -11,6 +11,20 @@ pub(crate) fn checked_len(seq: usize, heads: usize, dim: usize) -> Result<usize>
         })
 }
 
+/// The first shape component where `a` and `b` differ, as an error's `(what, expected, got)`.
+pub(crate) fn first_diff(
+    a: (usize, usize, usize),
+    b: (usize, usize, usize),
+) -> (&'static str, usize, usize) {
+    if a.0 != b.0 {
+        ("seq", a.0, b.0)
+    } else if a.1 != b.1 {
+        ("heads", a.1, b.1)
+    } else {
+        ("dim", a.2, b.2)
+    }
+}
+
 /// A `(seq, heads, dim)` tensor of `f32`, stored row-major: element `(t, h, d)` lives at
 /// `(t * heads + h) * dim + d`. One "row" is the `dim` values of one token and one head.
 ///

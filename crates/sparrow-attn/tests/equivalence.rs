@@ -213,6 +213,61 @@ fn sparse_forward_matches_partial_attention_over_listed_candidates() {
 }
 
 #[test]
+fn sparse_forward_matches_f64_oracle_over_listed_candidates() {
+    // The f64 oracle reads the listed keys and the listed landmarks, given as block-mean rows
+    // appended after the keys.
+    use sparrow_attn::kernel::{reference::attention_f64, AttnShape};
+    let (seq, qh, kvh, dim) = (150, 4, 2, 16);
+    let (q, k, v) = (
+        rand_tensor(seq, qh, dim, 25, 1.5),
+        rand_tensor(seq, kvh, dim, 26, 1.5),
+        rand_tensor(seq, kvh, dim, 27, 1.0),
+    );
+    let shape = AttnShape {
+        n_head: qh,
+        n_head_kv: kvh,
+        head_dim: dim,
+    };
+    for cfg in configs() {
+        let out = SparseAttention::new(cfg.clone())
+            .unwrap()
+            .forward_gqa(&q, &k, &v)
+            .unwrap();
+        let bs = cfg.block_size;
+        let rows = |x: &Tensor3| -> Vec<Vec<f32>> {
+            let mean = |b: usize| -> Vec<f32> {
+                let t = b * bs..((b + 1) * bs).min(seq);
+                (0..kvh * dim)
+                    .map(|j| {
+                        t.clone().map(|i| x.token(i).unwrap()[j]).sum::<f32>() / t.len() as f32
+                    })
+                    .collect()
+            };
+            (0..seq)
+                .map(|i| x.token(i).unwrap().to_vec())
+                .chain((0..seq.div_ceil(bs)).map(mean))
+                .collect()
+        };
+        let (keys, values) = (rows(&k), rows(&v));
+        for i in 0..seq {
+            let c = candidates_for(&cfg, seq, i).unwrap();
+            let vis: Vec<usize> = c
+                .tokens
+                .iter()
+                .copied()
+                .chain(c.blocks.iter().map(|b| seq + b))
+                .collect();
+            let r = attention_f64(shape, &keys, &values, q.token(i).unwrap(), &vec![vis; kvh]);
+            let d = r
+                .iter()
+                .zip(out.token(i).unwrap())
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(d < TOL, "{cfg:?} i={i}: {d}");
+        }
+    }
+}
+
+#[test]
 fn candidate_counts_match_listed_pairs() {
     for cfg in configs() {
         for seq in [1, 9, 100, 257] {

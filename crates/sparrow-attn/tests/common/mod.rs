@@ -1,7 +1,8 @@
-//! Helpers shared by the integration tests: deterministic random tensors and an f64
-//! naive softmax reference written independently of the crate's code.
+//! Helpers shared by the integration tests: deterministic random tensors and dense attention
+//! from the crate's f64 oracle (naive, written independently of the kernel).
 #![allow(dead_code)]
 
+use sparrow_attn::kernel::{reference::attention_f64, AttnShape};
 use sparrow_attn::Tensor3;
 
 /// SplitMix64 stream of uniforms in [-1, 1).
@@ -28,38 +29,24 @@ pub fn rand_tensor(seq: usize, heads: usize, dim: usize, seed: u64, amp: f32) ->
     Tensor3::from_fn(seq, heads, dim, |_, _, _| r.uniform() * amp).unwrap()
 }
 
-/// Dense attention in f64: query head `h` reads kv head `h / (qh / kvh)`.
+/// Dense attention in f64 (query head `h` reads kv head `h / (qh / kvh)`), token by token
+/// through the crate's shared oracle, [`sparrow_attn::kernel::reference::attention_f64`].
 pub fn naive_dense(q: &Tensor3, k: &Tensor3, v: &Tensor3, causal: bool) -> Vec<f64> {
-    let (seq, qh, dim) = q.shape();
-    let kvh = k.heads();
-    let g = qh / kvh;
-    let scale = 1.0 / (dim as f64).sqrt();
-    let mut out = vec![0.0f64; seq * qh * dim];
-    for h in 0..qh {
-        let kh = h / g;
-        for i in 0..seq {
-            let last = if causal { i + 1 } else { seq };
-            let qr = q.row(i, h).unwrap();
-            let s: Vec<f64> = (0..last)
-                .map(|j| {
-                    let kr = k.row(j, kh).unwrap();
-                    scale
-                        * qr.iter()
-                            .zip(kr)
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum::<f64>()
-                })
-                .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-            for (j, x) in s.iter().enumerate() {
-                let p = (x - m).exp() / z;
-                let vr = v.row(j, kh).unwrap();
-                for d in 0..dim {
-                    out[(i * qh + h) * dim + d] += p * vr[d] as f64;
-                }
-            }
-        }
+    let shape = AttnShape {
+        n_head: q.heads(),
+        n_head_kv: k.heads(),
+        head_dim: q.dim(),
+    };
+    let rows = |t: &Tensor3| -> Vec<Vec<f32>> {
+        (0..t.seq()).map(|i| t.token(i).unwrap().to_vec()).collect()
+    };
+    let (keys, values) = (rows(k), rows(v));
+    let mut out = Vec::with_capacity(q.data().len());
+    for i in 0..q.seq() {
+        let visible: Vec<usize> = (0..if causal { i + 1 } else { q.seq() }).collect();
+        let per_head = vec![visible; k.heads()];
+        let o = attention_f64(shape, &keys, &values, q.token(i).unwrap(), &per_head);
+        out.extend(o.iter().map(|&x| x as f64));
     }
     out
 }
