@@ -26,13 +26,7 @@ fn main() {
     let q_dim = 14 * 64;
     let batch = 64;
     let n_ctx = depth + batch;
-    let mut seed = 1u64;
-    let mut rnd = move || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-    };
+    let mut rnd = sparrow_attn::kernel::reference::uniform(1);
     let mut cache = KvCache::new(ty, 1, n_ctx, kv_dim);
     for t in 0..n_ctx {
         let k: Vec<f32> = (0..kv_dim).map(|_| rnd()).collect();

@@ -489,15 +489,7 @@ impl KvCache {
 mod tests {
     use super::*;
 
-    fn rng(seed: u64) -> impl FnMut() -> f32 {
-        let mut s = seed;
-        move || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-        }
-    }
+    use sparrow_attn::kernel::reference::uniform as rng;
 
     #[test]
     fn kv_type_names_parse() {

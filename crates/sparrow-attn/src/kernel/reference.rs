@@ -44,3 +44,15 @@ pub fn attention_f64(
     }
     out
 }
+
+/// Deterministic test inputs, uniform in `[-1, 1)`: a 64-bit linear congruential generator
+/// (Knuth's MMIX constants), so every test and benchmark of the attention code draws its
+/// data the same way without a dependency.
+pub fn uniform(mut seed: u64) -> impl FnMut() -> f32 {
+    move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    }
+}

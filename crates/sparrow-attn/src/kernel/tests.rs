@@ -80,14 +80,7 @@ impl KvSource for Store {
     }
 }
 
-fn rng(mut seed: u64) -> impl FnMut() -> f32 {
-    move || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-    }
-}
+use super::reference::uniform as rng;
 
 /// The f64 oracle over the same positions for every KV head.
 fn reference(

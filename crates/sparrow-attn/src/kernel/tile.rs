@@ -203,15 +203,7 @@ mod tests {
     use super::*;
 
     #[cfg(feature = "fp16")]
-    fn rng(seed: u64) -> impl FnMut() -> f32 {
-        let mut s = seed;
-        move || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-        }
-    }
+    use crate::kernel::reference::uniform as rng;
 
     #[cfg(feature = "fp16")]
     fn close(a: &[f32], b: &[f32], tol: f32) {

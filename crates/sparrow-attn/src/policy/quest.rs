@@ -155,24 +155,13 @@ pub fn group_upper_bounds(
 mod tests {
     use super::*;
 
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self) -> f32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-    }
-
     #[test]
     fn the_lane_split_score_equals_the_f64_sum_at_every_length() {
-        let mut r = Lcg(5);
+        let mut r = crate::kernel::reference::uniform(5);
         for n in [0usize, 1, 7, 8, 9, 16, 63, 64, 65, 130] {
-            let q: Vec<f32> = (0..n).map(|_| r.next() * 2.0).collect();
-            let lo: Vec<f32> = (0..n).map(|_| r.next() * 3.0 - 1.0).collect();
-            let hi: Vec<f32> = lo.iter().map(|&l| l + r.next().abs() * 2.0).collect();
+            let q: Vec<f32> = (0..n).map(|_| r() * 2.0).collect();
+            let lo: Vec<f32> = (0..n).map(|_| r() * 3.0 - 1.0).collect();
+            let hi: Vec<f32> = lo.iter().map(|&l| l + r().abs() * 2.0).collect();
             let want: f64 = (0..n)
                 .map(|d| (q[d] as f64 * lo[d] as f64).max(q[d] as f64 * hi[d] as f64))
                 .sum();
@@ -186,13 +175,13 @@ mod tests {
 
     #[test]
     fn the_score_bounds_every_key_in_the_block() {
-        let mut r = Lcg(9);
+        let mut r = crate::kernel::reference::uniform(9);
         for _ in 0..200 {
             let (rows, heads, dim) = (16, 2, 8);
-            let keys: Vec<f32> = (0..rows * heads * dim).map(|_| r.next() * 3.0).collect();
+            let keys: Vec<f32> = (0..rows * heads * dim).map(|_| r() * 3.0).collect();
             let view = KeysView::new(&keys, rows, heads, dim).unwrap();
             let b = BlockBounds::from_keys(view);
-            let q: Vec<f32> = (0..dim).map(|_| r.next()).collect();
+            let q: Vec<f32> = (0..dim).map(|_| r()).collect();
             for h in 0..heads {
                 let bound = b.score(h, &q);
                 for row in 0..rows {
@@ -205,13 +194,13 @@ mod tests {
 
     #[test]
     fn the_group_bound_is_the_sum_of_the_heads_bounds_at_every_level() {
-        let mut r = Lcg(21);
+        let mut r = crate::kernel::reference::uniform(21);
         for (heads, dim) in [(1usize, 1usize), (7, 64), (2, 13), (4, 8), (3, 130)] {
             let blocks = 5;
             let stride = dim + 3;
-            let q: Vec<f32> = (0..heads * dim).map(|_| r.next() * 2.0).collect();
-            let lo: Vec<f32> = (0..blocks * stride).map(|_| r.next() * 3.0 - 1.0).collect();
-            let hi: Vec<f32> = lo.iter().map(|&l| l + r.next().abs() * 2.0).collect();
+            let q: Vec<f32> = (0..heads * dim).map(|_| r() * 2.0).collect();
+            let lo: Vec<f32> = (0..blocks * stride).map(|_| r() * 3.0 - 1.0).collect();
+            let hi: Vec<f32> = lo.iter().map(|&l| l + r().abs() * 2.0).collect();
             let (mut c, mut rad) = (vec![0.0; lo.len()], vec![0.0; lo.len()]);
             center_radius(&lo, &hi, &mut c, &mut rad);
             let (mut s, mut a) = (vec![0.0; dim], vec![0.0; dim]);

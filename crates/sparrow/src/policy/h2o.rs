@@ -409,14 +409,7 @@ mod tests {
     use crate::attention::{attend, read_set, AttnShape, DenseAttention, FixedReads};
     use crate::kv_cache::{KvCache, KvType};
 
-    fn rng(mut seed: u64) -> impl FnMut() -> f32 {
-        move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-        }
-    }
+    use sparrow_attn::kernel::reference::uniform as rng;
 
     const SHAPE: AttnShape = AttnShape {
         n_head: 6,

@@ -362,14 +362,7 @@ mod tests {
     use crate::kv_cache::{KvCache, KvType};
     use sparrow_attn::{candidates_for, LandmarkMode, SparseConfig};
 
-    fn rng(mut seed: u64) -> impl FnMut() -> f32 {
-        move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-        }
-    }
+    use sparrow_attn::kernel::reference::uniform as rng;
 
     fn ladder(window: usize, sinks: usize, block: usize, log: bool, lm: bool) -> LadderAttention {
         LadderAttention::new(

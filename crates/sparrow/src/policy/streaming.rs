@@ -142,13 +142,7 @@ mod tests {
         };
         let kv_dim = 32;
         let n = 300; // spans several tiles
-        let mut seed = 12345u64;
-        let mut rnd = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-        };
+        let mut rnd = sparrow_attn::kernel::reference::uniform(12345);
         let keys: Vec<Vec<f32>> = (0..n)
             .map(|_| (0..kv_dim).map(|_| rnd() * 3.0).collect())
             .collect();
