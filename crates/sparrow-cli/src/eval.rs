@@ -132,6 +132,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
     let cells = a.lengths.len() * a.depths.len();
     let total = cells * a.repeats;
     let mut done = 0;
+    let mut progress: Option<PrefillProgress> = None;
     for (li, &length) in a.lengths.iter().enumerate() {
         for (di, &depth) in a.depths.iter().enumerate() {
             let cell = li * a.depths.len() + di;
@@ -147,6 +148,16 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
                     kv,
                     a.batch_size,
                     &choices,
+                    &mut |label: &str, done, total| {
+                        progress.get_or_insert_with(|| PrefillProgress::new(label));
+                        if let Some(p) = progress.as_mut() {
+                            p.update(done, total);
+                            if done == total {
+                                p.finish();
+                                progress = None;
+                            }
+                        }
+                    },
                 )
                 .map_err(|e| e.to_string())?;
                 done += 1;
@@ -327,37 +338,18 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
     let tokens = text_tokens(&engine.tokenizer, &text, n).map_err(|e| e.to_string())?;
     let tail = a.prefill_rows.min(n);
 
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let b = ProgressBar::new(n as u64);
-        b.set_style(
-            ProgressStyle::with_template(
-                "prefill {bar:40} {pos}/{len} tokens ({per_sec}, eta {eta})",
-            )
-            .expect("valid template"),
-        );
-        b
-    });
     let started = std::time::Instant::now();
-    let mut last_note = 0;
+    let mut progress = PrefillProgress::new("prefill");
     let cap = capture(
         &engine.model,
         &tokens,
         a.kv.types(),
         a.batch_size,
         tail,
-        |done, total| match &bar {
-            Some(b) => b.set_position(done as u64),
-            None if done == total || done >= last_note + 4096 => {
-                eprintln!("prefill: {done}/{total} tokens");
-                last_note = done;
-            }
-            None => {}
-        },
+        |done, total| progress.update(done, total),
     )
     .map_err(|e| e.to_string())?;
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
+    progress.finish();
     eprintln!(
         "prefilled {n} tokens in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -453,5 +445,53 @@ fn print_per_layer(r: &PolicyReport) {
     println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
     for l in &r.layers {
         println!("| {} | {} |", l.layer, summary_cells(&l.summary));
+    }
+}
+
+/// Progress of a long prefill on stderr: a bar on a terminal, otherwise a line every 4096
+/// tokens (so logs of long runs show that something is happening).
+struct PrefillProgress {
+    label: String,
+    bar: Option<ProgressBar>,
+    last_note: usize,
+}
+
+impl PrefillProgress {
+    fn new(label: &str) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = ProgressBar::new(0);
+            b.set_style(
+                ProgressStyle::with_template(&format!(
+                    "{label} {{bar:40}} {{pos}}/{{len}} tokens ({{per_sec}}, eta {{eta}})"
+                ))
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b
+        });
+        PrefillProgress {
+            label: label.to_string(),
+            bar,
+            last_note: 0,
+        }
+    }
+
+    fn update(&mut self, done: usize, total: usize) {
+        match &self.bar {
+            Some(b) => {
+                b.set_length(total as u64);
+                b.set_position(done as u64);
+            }
+            None if done == total || done >= self.last_note + 4096 => {
+                eprintln!("{}: {done}/{total} tokens", self.label);
+                self.last_note = done;
+            }
+            None => {}
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
     }
 }

@@ -203,14 +203,16 @@ pub fn run_cell(
         settings.kv,
         settings.batch_size,
         std::slice::from_ref(&settings.attention),
+        &mut |_, _, _| {},
     )?;
     Ok(results.remove(0))
 }
 
 /// Ask the needle question of every policy in `choices` for one cell. Policies whose
 /// prefill is exact share one prefill of the prompt (all but its last token, which runs as
-/// each policy's first decode step); the others prefill on their own. Results come in the
-/// order of `choices`.
+/// each policy's first decode step); the others prefill on their own. Each prefill reports
+/// `progress(label, tokens done, tokens in all)` after every batch (a 32K cell prefills for
+/// minutes). Results come in the order of `choices`.
 #[allow(clippy::too_many_arguments)]
 pub fn run_cell_policies(
     engine: &Engine,
@@ -221,6 +223,7 @@ pub fn run_cell_policies(
     kv: KvTypes,
     batch_size: usize,
     choices: &[AttentionChoice],
+    progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Vec<NeedleResult>> {
     let needle = Needle::new(seed);
     let (doc, _) = build_document(engine, haystack, &needle, length, depth)?;
@@ -239,7 +242,9 @@ pub fn run_cell_policies(
             if shared.is_none() {
                 let mut st = engine.model.new_state(ids.len() + 32, kv)?;
                 let t0 = std::time::Instant::now();
-                crate::generate::prefill(&engine.model, &mut st, head, batch_size, |_, _| {})?;
+                crate::generate::prefill(&engine.model, &mut st, head, batch_size, |d, t| {
+                    progress("prefill (shared by exact-prefill policies)", d, t)
+                })?;
                 shared = Some((st, t0.elapsed().as_secs_f64()));
             }
             let (st, secs) = shared.take().expect("prefilled above");
@@ -261,7 +266,11 @@ pub fn run_cell_policies(
                 ignore_eos: false,
                 batch_size,
             },
-            |_, _| {},
+            |d, t| {
+                if !exact_prefill {
+                    progress(&format!("prefill ({})", choice.label()), d, t)
+                }
+            },
             |_, piece| {
                 answer.push_str(piece);
                 ControlFlow::Continue(())
