@@ -149,13 +149,11 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
                     a.batch_size,
                     &choices,
                     &mut |label: &str, done, total| {
-                        progress.get_or_insert_with(|| PrefillProgress::new(label));
-                        if let Some(p) = progress.as_mut() {
-                            p.update(done, total);
-                            if done == total {
-                                p.finish();
-                                progress = None;
-                            }
+                        let p = progress.get_or_insert_with(|| PrefillProgress::new(label));
+                        p.update(done, total);
+                        if done == total {
+                            p.finish();
+                            progress = None;
                         }
                     },
                 )

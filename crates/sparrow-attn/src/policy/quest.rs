@@ -4,37 +4,7 @@
 //! block, so ranking blocks by it and reading the top ones (within a token budget) keeps the
 //! keys that can matter most.
 
-use super::KeysView;
 use crate::kernel::Level;
-
-/// Element-wise bounds of one block's keys, per KV head (`kv_heads × head_dim` each).
-#[derive(Clone, Debug, PartialEq)]
-pub struct BlockBounds {
-    head_dim: usize,
-    min: Vec<f32>,
-    max: Vec<f32>,
-}
-
-impl BlockBounds {
-    /// Bounds of the keys in `keys`.
-    pub fn from_keys(keys: KeysView<'_>) -> BlockBounds {
-        let width = keys.kv_heads() * keys.head_dim();
-        let mut min = vec![f32::INFINITY; width];
-        let mut max = vec![f32::NEG_INFINITY; width];
-        key_bounds(keys.as_slice(), width, &mut min, &mut max);
-        BlockBounds {
-            head_dim: keys.head_dim(),
-            min,
-            max,
-        }
-    }
-
-    /// Upper bound of `q · k` over the block's keys of `kv_head`.
-    pub fn score(&self, kv_head: usize, q: &[f32]) -> f32 {
-        let r = kv_head * self.head_dim..(kv_head + 1) * self.head_dim;
-        upper_bound_score(q, &self.min[r.clone()], &self.max[r])
-    }
-}
 
 /// Widen the element-wise bounds `min`/`max` (`width` values each) to cover every row of
 /// `rows` (row-major, `width` values per row): Quest's page summary, computed in one place
@@ -154,6 +124,7 @@ pub fn group_upper_bounds(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::KeysView;
 
     #[test]
     fn the_lane_split_score_equals_the_f64_sum_at_every_length() {
@@ -180,10 +151,13 @@ mod tests {
             let (rows, heads, dim) = (16, 2, 8);
             let keys: Vec<f32> = (0..rows * heads * dim).map(|_| r() * 3.0).collect();
             let view = KeysView::new(&keys, rows, heads, dim).unwrap();
-            let b = BlockBounds::from_keys(view);
+            let width = heads * dim;
+            let (mut lo, mut hi) = (vec![f32::INFINITY; width], vec![f32::NEG_INFINITY; width]);
+            key_bounds(view.as_slice(), width, &mut lo, &mut hi);
             let q: Vec<f32> = (0..dim).map(|_| r()).collect();
             for h in 0..heads {
-                let bound = b.score(h, &q);
+                let head = h * dim..(h + 1) * dim;
+                let bound = upper_bound_score(&q, &lo[head.clone()], &hi[head]);
                 for row in 0..rows {
                     let dot: f32 = q.iter().zip(view.key(row, h)).map(|(a, b)| a * b).sum();
                     assert!(dot <= bound + 1e-4, "{dot} > {bound}");
