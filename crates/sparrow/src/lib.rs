@@ -15,6 +15,7 @@ pub mod model;
 pub mod perplexity;
 pub mod policy;
 pub mod prompt_cache;
+pub mod saap;
 pub mod sampler;
 pub mod synthetic;
 pub mod tokenizer;

@@ -71,19 +71,10 @@ pub enum PromptCacheError {
     Other(String),
 }
 
-/// SHA-256 of the model file's header, metadata and tensor table (everything before the
-/// tensor data), plus the first 256 bytes of every tensor's data so that two files with the
-/// same shapes but different weights differ too.
+/// The model's fingerprint ([`crate::model::config::file_fingerprint`]): prompt caches are
+/// bound to it.
 pub fn model_fingerprint(model: &Model) -> [u8; 32] {
-    let f = model.file();
-    let end = (f.data_offset() as usize).min(f.bytes().len());
-    let mut h = Sha256::new();
-    h.update(&f.bytes()[..end]);
-    for t in f.tensors() {
-        let d = f.tensor_data(t);
-        h.update(&d[..d.len().min(256)]);
-    }
-    h.finalize().into()
+    model.config.fingerprint
 }
 
 fn type_code(t: KvType) -> u8 {

@@ -226,3 +226,9 @@ pub fn synthetic_config(spec: &SyntheticSpec) -> crate::Result<crate::model::Mod
     let file = sparrow_gguf::GgufFile::from_bytes(synthetic_writer(spec).to_bytes(3))?;
     crate::model::ModelConfig::from_gguf(&file)
 }
+
+/// The synthetic model `spec` describes, loaded (f32 weights).
+pub fn synthetic_model(spec: &SyntheticSpec) -> crate::Result<crate::Model> {
+    let file = sparrow_gguf::GgufFile::from_bytes(synthetic_gguf(spec))?;
+    crate::Model::from_gguf(std::sync::Arc::new(file))
+}

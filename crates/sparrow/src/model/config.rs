@@ -71,6 +71,24 @@ pub struct ModelConfig {
     /// Context length the model was trained for.
     pub n_ctx_train: usize,
     pub vocab_size: usize,
+    /// The file's identity ([`file_fingerprint`]): what files derived from this model (a
+    /// prompt cache, a Saap index) are bound to.
+    pub fingerprint: [u8; 32],
+}
+
+/// SHA-256 of a GGUF's header, metadata and tensor table (everything before the tensor
+/// data), plus the first 256 bytes of every tensor's data so that two files with the same
+/// shapes but different weights differ too.
+pub fn file_fingerprint(f: &GgufFile) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let end = (f.data_offset() as usize).min(f.bytes().len());
+    let mut h = Sha256::new();
+    h.update(&f.bytes()[..end]);
+    for t in f.tensors() {
+        let d = f.tensor_data(t);
+        h.update(&d[..d.len().min(256)]);
+    }
+    h.finalize().into()
 }
 
 /// Upper bounds that reject absurd headers before they size allocations.
@@ -159,6 +177,7 @@ impl ModelConfig {
             rms_eps,
             n_ctx_train,
             vocab_size,
+            fingerprint: file_fingerprint(file),
         };
         cfg.validate()?;
         Ok(cfg)

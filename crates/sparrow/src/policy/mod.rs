@@ -22,7 +22,7 @@ macro_rules! policies {
     };
 }
 
-policies!(full, streaming, ladder, quest, minference, h2o, oracle);
+policies!(full, streaming, ladder, quest, minference, h2o, oracle, saap);
 
 pub use full::DenseAttention;
 pub use h2o::{H2oAttention, H2oSettings};
@@ -30,6 +30,7 @@ pub use ladder::{LadderAttention, LadderSettings};
 pub use minference::{MInferenceAttention, MInferenceSettings};
 pub use oracle::{OracleAttention, OracleSettings};
 pub use quest::{QuestAttention, QuestSettings};
+pub use saap::{SaapAttention, SaapSettings};
 pub use settings::{NoSettings, PolicySettings, SettingsMap, SettingsType};
 pub use streaming::StreamingAttention;
 

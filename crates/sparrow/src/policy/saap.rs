@@ -1,0 +1,577 @@
+//! Saap (asymmetric partitions with a trained query classifier) for decode.
+//!
+//! Keys and queries follow different distributions, so instead of searching the keys with
+//! the query, the *de-roped* keys (RoPE undone: position no longer colours them) are
+//! partitioned by k-means trained offline, and a small trained classifier (the Q-model)
+//! maps a de-roped query to the buckets that hold its attention mass
+//! ([`crate::saap::SaapIndex`], built by `sparrow saap train`).
+//!
+//! As each KV block is sealed its keys are de-roped and appended to their bucket's
+//! inverted list (positions, ascending). A decode step runs the Q-model on every query
+//! head of a GQA group, sums the group's distributions (the paper's batched queries), and
+//! reads the positions of the top-`probes` buckets plus a dense sink (position 0) and the
+//! recent `window` positions, merged by log-sum-exp in the executor. Layer 0 stays dense
+//! (as the paper: its attention is spread out); `--dense-layers` changes that. A rewind
+//! prunes the lists.
+//!
+//! With `--saap-router centroids` the query picks buckets by its own similarity to the
+//! centroids instead of the Q-model: plain k-means with the query as its own assigner, the
+//! paper's baseline.
+
+use super::{AttentionChoice, PolicyEntry, SettingsType};
+use crate::model::rope::Rope;
+use crate::saap::{default_index_path, SaapIndex};
+use sparrow_attn::kernel::union;
+use sparrow_attn::policy::{KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The registry's entry: a decode policy.
+pub const ENTRY: PolicyEntry = PolicyEntry {
+    name: "saap",
+    summary: "decode: buckets of de-roped keys chosen by a trained query classifier",
+    prefill: false,
+    decode: true,
+    build: |b| {
+        let s = settings(b.choice)?;
+        let index = load_index(&s, b.model)?;
+        Ok(Box::new(SaapAttention::new(s, index, Rope::of(b.model))?))
+    },
+    check: |c| settings(c).map(|s| format!("{s:?}")),
+    settings: SettingsType::of::<SaapSettings>(),
+};
+
+/// How a query chooses its buckets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum Router {
+    /// The trained Q-model (Saap).
+    #[default]
+    Qmodel,
+    /// The query's own similarity to the centroids (plain k-means; the paper's baseline).
+    Centroids,
+}
+
+/// Saap's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct SaapSettings {
+    /// Saap: the trained index (`sparrow saap train`) [default: the model's index in the
+    /// sparrow cache, where `sparrow saap train` puts it].
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_INDEX", long = "saap-index", help_heading = crate::policy::HELP_HEADING))]
+    pub index: Option<PathBuf>,
+    /// Saap: buckets each decode query visits per KV head (ℓ).
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_PROBES", long = "saap-probes", default_value_t = SaapSettings::default().probes, help_heading = crate::policy::HELP_HEADING))]
+    pub probes: usize,
+    /// Saap: recent positions always read (the dense window beside the sink, position 0).
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_WINDOW", long = "saap-window", default_value_t = SaapSettings::default().window, help_heading = crate::policy::HELP_HEADING))]
+    pub window: usize,
+    /// Saap: how a query picks buckets: the trained Q-model, or the centroids themselves
+    /// (plain k-means, for comparison).
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_ROUTER", long = "saap-router", value_enum, default_value_t = Router::Qmodel, help_heading = crate::policy::HELP_HEADING))]
+    pub router: Router,
+    /// Positions per sealed block (set by `--kv-block`).
+    #[cfg_attr(feature = "cli", arg(skip = 16usize))]
+    pub block: usize,
+    /// Layers that always use exact attention (set by `--dense-layers`).
+    #[cfg_attr(feature = "cli", arg(skip = vec![0usize]))]
+    pub dense_layers: Vec<usize>,
+}
+
+impl Default for SaapSettings {
+    fn default() -> Self {
+        SaapSettings {
+            index: None,
+            probes: 8,
+            window: 127,
+            router: Router::Qmodel,
+            block: 16,
+            dense_layers: vec![0],
+        }
+    }
+}
+
+/// Positions always read at the start (the attention sink).
+const SINKS: usize = 1;
+
+impl SaapSettings {
+    /// Checks the settings, naming the bad one.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.probes == 0 {
+            return Err("saap probes 0 is out of range (at least 1 bucket)".into());
+        }
+        if self.block == 0 || self.block > 4096 {
+            return Err(format!(
+                "saap block size {} is out of range (1..=4096 tokens)",
+                self.block
+            ));
+        }
+        if self.window < self.block {
+            return Err(format!(
+                "saap window {} is out of range: it must hold at least one block ({} tokens), since keys join their buckets as blocks are sealed",
+                self.window, self.block
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Saap's settings with the shared `--kv-block` and `--dense-layers` applied, checked.
+fn settings(c: &AttentionChoice) -> Result<SaapSettings, String> {
+    let mut s = c.settings::<SaapSettings>();
+    s.block = c.kv_block.unwrap_or(s.block);
+    s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
+    s.validate()?;
+    Ok(s)
+}
+
+/// The index named by the settings, or the model's default one.
+fn load_index(s: &SaapSettings, model: &crate::ModelConfig) -> Result<Arc<SaapIndex>, String> {
+    let path = match &s.index {
+        Some(p) => p.clone(),
+        None => default_index_path(&model.fingerprint).ok_or(
+            "no Saap index given and no cache directory to look in: pass --saap-index FILE",
+        )?,
+    };
+    if s.index.is_none() && !path.exists() {
+        return Err(format!(
+            "no Saap index for this model at {}: train one with `sparrow saap train -m MODEL` (it goes there), or pass --saap-index FILE",
+            path.display()
+        ));
+    }
+    SaapIndex::load(&path, model)
+        .map(Arc::new)
+        .map_err(|e| format!("{e} ({})", path.display()))
+}
+
+/// The inverted lists of one (layer, KV head): per bucket, the positions whose key it
+/// holds, ascending.
+#[derive(Clone, Default)]
+struct Lists {
+    buckets: Vec<Vec<u32>>,
+}
+
+/// One layer's lists and how far its keys are assigned.
+#[derive(Clone, Default)]
+struct LayerLists {
+    heads: Vec<Lists>,
+    /// Positions `0..assigned` are in the lists.
+    assigned: usize,
+}
+
+/// The Saap policy (one per sequence; the index is shared).
+pub struct SaapAttention {
+    settings: SaapSettings,
+    index: Arc<SaapIndex>,
+    rope: Rope,
+    layers: Vec<LayerLists>,
+    // Scratch, kept between calls.
+    key: Vec<f32>,
+    queries: Vec<f32>,
+    hidden: Vec<f32>,
+    mass: Vec<f32>,
+    order: Vec<u32>,
+    positions: Vec<u32>,
+}
+
+impl SaapAttention {
+    /// A policy over `index` for a model rotating by `rope`.
+    pub fn new(settings: SaapSettings, index: Arc<SaapIndex>, rope: Rope) -> Result<Self, String> {
+        settings.validate()?;
+        let m = &index.meta;
+        let layers = (0..m.n_layer)
+            .map(|_| LayerLists {
+                heads: vec![
+                    Lists {
+                        buckets: vec![Vec::new(); m.clusters]
+                    };
+                    m.n_head_kv
+                ],
+                assigned: 0,
+            })
+            .collect();
+        Ok(SaapAttention {
+            settings,
+            index,
+            rope,
+            layers,
+            key: Vec::new(),
+            queries: Vec::new(),
+            hidden: Vec::new(),
+            mass: Vec::new(),
+            order: Vec::new(),
+            positions: Vec::new(),
+        })
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &SaapSettings {
+        &self.settings
+    }
+
+    fn is_dense(&self, layer: usize) -> bool {
+        self.settings.dense_layers.contains(&layer) || layer >= self.layers.len()
+    }
+
+    /// Positions of the buckets chosen for the group of `kv_head` in `layer` (its de-roped
+    /// query rows in `self.queries`), below `end` and from the sinks on, ascending, as
+    /// ranges; written to `self.positions` on the way.
+    fn bucket_ranges(&mut self, layer: usize, kv_head: usize, end: usize) -> Vec<Range<usize>> {
+        let model = self.index.head(layer, kv_head);
+        let c = model.clusters();
+        self.mass.clear();
+        self.mass.resize(c, 0.0);
+        match self.settings.router {
+            Router::Qmodel => model.add_bucket_mass(&self.queries, &mut self.hidden, &mut self.mass),
+            Router::Centroids => centroid_mass(
+                &model.centroids,
+                &self.queries,
+                self.index.meta.head_dim,
+                &mut self.mass,
+            ),
+        }
+        let lists = &self.layers[layer].heads[kv_head].buckets;
+        let probes = self.settings.probes.min(c);
+        self.order.clear();
+        self.order.extend(0..c as u32);
+        if probes < c {
+            let mass = &self.mass;
+            // Most mass first; NaN (a broken activation) ranks last.
+            let key = |b: u32| {
+                let m = mass[b as usize];
+                if m.is_nan() {
+                    f32::NEG_INFINITY
+                } else {
+                    m
+                }
+            };
+            self.order
+                .select_nth_unstable_by(probes - 1, |&a, &b| key(b).total_cmp(&key(a)));
+            self.order.truncate(probes);
+        }
+        self.positions.clear();
+        for &b in &self.order {
+            let list = &lists[b as usize];
+            let from = list.partition_point(|&p| (p as usize) < SINKS);
+            let to = list.partition_point(|&p| (p as usize) < end);
+            if from < to {
+                self.positions.extend_from_slice(&list[from..to]);
+            }
+        }
+        self.positions.sort_unstable();
+        let mut ranges: Vec<Range<usize>> = Vec::new();
+        for &p in &self.positions {
+            let p = p as usize;
+            match ranges.last_mut() {
+                Some(r) if r.end == p => r.end = p + 1,
+                _ => ranges.push(p..p + 1),
+            }
+        }
+        ranges
+    }
+}
+
+/// The centroid router: each de-roped query row's softmax over its scaled inner products
+/// with the centroids, summed over the rows (as the Q-model's distributions are).
+fn centroid_mass(centroids: &[f32], queries: &[f32], d: usize, mass: &mut [f32]) {
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut s = vec![0f32; mass.len()];
+    for q in queries.chunks_exact(d) {
+        for (x, c) in s.iter_mut().zip(centroids.chunks_exact(d)) {
+            *x = crate::saap::dot(c, q) * scale;
+        }
+        let mx = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if !mx.is_finite() {
+            continue;
+        }
+        let z: f32 = s.iter().map(|&x| (x - mx).exp()).sum();
+        for (m, &x) in mass.iter_mut().zip(&s) {
+            *m += (x - mx).exp() / z;
+        }
+    }
+}
+
+impl SparsePolicy for SaapAttention {
+    fn name(&self) -> &str {
+        "saap"
+    }
+
+    fn supports_prefill(&self) -> bool {
+        false
+    }
+
+    fn requires_block_selection(&self) -> bool {
+        true
+    }
+
+    fn block_size(&self) -> Option<usize> {
+        Some(self.settings.block)
+    }
+
+    fn on_block_sealed(&mut self, layer: usize, block: usize, keys: KeysView<'_>) {
+        if self.is_dense(layer) {
+            return;
+        }
+        let start = block * self.settings.block;
+        let lists = &self.layers[layer];
+        if start < lists.assigned {
+            // Already in the lists (sealed again without a rewind in between).
+            return;
+        }
+        if start > lists.assigned {
+            // Blocks arrive in order from the last rewind; a gap is a bug upstream. Skipping
+            // keeps the lists sorted (the missing positions stay readable in the window only).
+            debug_assert_eq!(start, lists.assigned, "blocks are sealed in order");
+            return;
+        }
+        let hd = keys.head_dim();
+        let mut key = std::mem::take(&mut self.key);
+        for row in 0..keys.rows() {
+            let pos = start + row;
+            key.clear();
+            key.extend_from_slice(&keys.as_slice()[row * keys.kv_heads() * hd..][..keys.kv_heads() * hd]);
+            self.rope.unrotate(&mut key, hd, pos);
+            for (h, k) in key.chunks_exact(hd).enumerate() {
+                let b = self.index.head(layer, h).assign(k);
+                self.layers[layer].heads[h].buckets[b].push(pos as u32);
+            }
+        }
+        self.key = key;
+        self.layers[layer].assigned = start + keys.rows();
+    }
+
+    fn forget_from(&mut self, pos: usize) {
+        // Blocks are re-sealed whole, so forget from the start of the block `pos` is in.
+        let from = pos / self.settings.block * self.settings.block;
+        for layer in &mut self.layers {
+            if layer.assigned <= from {
+                continue;
+            }
+            for list in layer.heads.iter_mut().flat_map(|h| &mut h.buckets) {
+                let keep = list.partition_point(|&p| (p as usize) < from);
+                list.truncate(keep);
+            }
+            layer.assigned = from;
+        }
+    }
+
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+        let (shape, n) = (ctx.shape, ctx.pos0 + 1);
+        let window_start = n.saturating_sub(self.settings.window);
+        if ctx.n_tokens() != 1 || self.is_dense(ctx.layer) || window_start <= SINKS {
+            return ReadPlan::causal(shape, ctx.pos0, ctx.n_tokens());
+        }
+        // Positions the lists do not hold yet (not sealed) must lie in the window.
+        debug_assert!(self.layers[ctx.layer].assigned >= window_start);
+        let hd = shape.head_dim;
+        let entries = (0..shape.n_head_kv)
+            .map(|h| {
+                self.queries.clear();
+                self.queries.extend_from_slice(ctx.group_queries(0, h));
+                let mut q = std::mem::take(&mut self.queries);
+                self.rope.unrotate(&mut q, hd, ctx.pos0);
+                self.queries = q;
+                let mut ranges = self.bucket_ranges(ctx.layer, h, window_start);
+                ranges.push(0..SINKS);
+                ranges.push(window_start..n);
+                PlanEntry {
+                    kv_heads: h..h + 1,
+                    source: Source::Store,
+                    visible: vec![union(ranges)],
+                }
+            })
+            .collect();
+        ReadPlan {
+            entries,
+            side: Vec::new(),
+        }
+    }
+
+    fn fraction_read(&self, n_ctx: usize) -> f64 {
+        if n_ctx == 0 {
+            return 1.0;
+        }
+        let dense = (SINKS + self.settings.window).min(n_ctx);
+        let c = self.index.meta.clusters.max(1);
+        let probed = (n_ctx - dense) as f64 * self.settings.probes.min(c) as f64 / c as f64;
+        (dense as f64 + probed) / n_ctx as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::{attend, read_set, AttnShape, DenseAttention};
+    use crate::kv_cache::{KvCache, KvType};
+    use crate::saap::index::tests::random_index;
+    use crate::synthetic::{synthetic_config, SyntheticSpec};
+
+    fn model() -> crate::ModelConfig {
+        synthetic_config(&SyntheticSpec::default()).unwrap()
+    }
+
+    fn shape(m: &crate::ModelConfig) -> AttnShape {
+        AttnShape {
+            n_head: m.n_head,
+            n_head_kv: m.n_head_kv,
+            head_dim: m.head_dim,
+        }
+    }
+
+    /// A cache of `n` positions of pseudo-random keys for every layer.
+    fn cache(m: &crate::ModelConfig, n: usize) -> KvCache {
+        let kv_dim = m.kv_dim();
+        let mut c = KvCache::new(KvType::F32, m.n_layer, n, kv_dim);
+        for l in 0..m.n_layer {
+            for t in 0..n {
+                let k: Vec<f32> = (0..kv_dim)
+                    .map(|d| (((t * 31 + d * 7 + l * 5) % 23) as f32 - 11.0) / 7.0)
+                    .collect();
+                c.write(l, t, &k, &k);
+            }
+        }
+        c
+    }
+
+    /// Feed every complete block of `cache` (positions `0..n`) to `p`, as the engine does.
+    fn seal(p: &mut SaapAttention, m: &crate::ModelConfig, c: &KvCache, n: usize) {
+        let (bs, kv_dim) = (p.settings.block, m.kv_dim());
+        let mut keys = vec![0f32; bs * kv_dim];
+        for l in 0..m.n_layer {
+            for b in 0..n / bs {
+                c.read_keys(l, b * bs, &mut keys);
+                p.on_block_sealed(l, b, KeysView::new(&keys, bs, m.n_head_kv, m.head_dim).unwrap());
+            }
+        }
+    }
+
+    fn policy(m: &crate::ModelConfig, s: SaapSettings, c: usize) -> SaapAttention {
+        SaapAttention::new(s, Arc::new(random_index(m, c, 8, 7)), Rope::of(m)).unwrap()
+    }
+
+    /// The inverted lists equal a brute-force assignment of the de-roped keys, and a rewind
+    /// leaves them as if the forgotten blocks had never been sealed.
+    #[test]
+    fn lists_equal_brute_force_assignment_and_rewinds_prune_them() {
+        let m = model();
+        let n = 200;
+        let c = cache(&m, n);
+        let mut p = policy(&m, SaapSettings::default(), 5);
+        seal(&mut p, &m, &c, n);
+        let rope = Rope::of(&m);
+        let hd = m.head_dim;
+        let index = p.index.clone();
+        let brute = |upto: usize, layer: usize, h: usize| -> Vec<Vec<u32>> {
+            let mut lists = vec![Vec::new(); 5];
+            let mut k = vec![0f32; m.kv_dim()];
+            for t in 0..upto {
+                c.read_keys(layer, t, &mut k);
+                rope.unrotate(&mut k, hd, t);
+                let key = &k[h * hd..(h + 1) * hd];
+                let model = index.head(layer, h);
+                // Nearest by the index's own rule, scored in f64.
+                let best = (0..5)
+                    .max_by(|&a, &b| {
+                        let s = |x: usize| {
+                            key.iter()
+                                .zip(&model.centroids[x * hd..(x + 1) * hd])
+                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .sum::<f64>()
+                                + model.centroid_bias[x] as f64
+                        };
+                        s(a).total_cmp(&s(b))
+                    })
+                    .unwrap();
+                lists[best].push(t as u32);
+            }
+            lists
+        };
+        let sealed = n / 16 * 16;
+        for l in 1..m.n_layer {
+            for h in 0..m.n_head_kv {
+                assert_eq!(p.layers[l].heads[h].buckets, brute(sealed, l, h), "layer {l} head {h}");
+            }
+        }
+        assert!(p.layers[0].heads.iter().all(|h| h.buckets.iter().all(Vec::is_empty)), "layer 0 is dense");
+        p.forget_from(70);
+        for l in 1..m.n_layer {
+            assert_eq!(p.layers[l].assigned, 64);
+            assert_eq!(p.layers[l].heads[0].buckets, brute(64, l, 0));
+        }
+        seal(&mut p, &m, &c, n);
+        for l in 1..m.n_layer {
+            assert_eq!(p.layers[l].heads[1].buckets, brute(sealed, l, 1));
+        }
+    }
+
+    /// Probing every bucket reads everything: exact attention, bit for bit. Fewer probes
+    /// read the sink, the window and the chosen buckets' positions — and nothing else.
+    #[test]
+    fn all_probes_equal_full_and_fewer_read_the_chosen_buckets() {
+        let m = model();
+        let sh = shape(&m);
+        let n = 300;
+        let c = cache(&m, n);
+        let q: Vec<f32> = (0..sh.q_dim()).map(|i| ((i * 13 % 7) as f32 - 3.0) / 2.0).collect();
+        let s = SaapSettings {
+            window: 32,
+            probes: 6,
+            ..Default::default()
+        };
+        let mut all = policy(&m, s.clone(), 6);
+        seal(&mut all, &m, &c, n);
+        for layer in 0..m.n_layer {
+            let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+            attend(&mut all, sh, &c, layer, &q, n - 1, &mut a);
+            attend(&mut DenseAttention, sh, &c, layer, &q, n - 1, &mut b);
+            assert_eq!(a, b, "layer {layer}");
+        }
+        let mut few = policy(&m, SaapSettings { probes: 2, ..s }, 6);
+        seal(&mut few, &m, &c, n);
+        let layer = 1;
+        let read = read_set(&mut few, sh, &c, layer, &q, n - 1);
+        for (h, ranges) in read.iter().enumerate() {
+            let got: Vec<usize> = ranges.iter().cloned().flatten().collect();
+            // The two buckets with the most mass for this group, recomputed here.
+            let model = few.index.head(layer, h);
+            let group = sh.n_head / sh.n_head_kv;
+            let mut qg = q[h * group * m.head_dim..(h + 1) * group * m.head_dim].to_vec();
+            Rope::of(&m).unrotate(&mut qg, m.head_dim, n - 1);
+            let mut mass = vec![0f32; 6];
+            model.add_bucket_mass(&qg, &mut Vec::new(), &mut mass);
+            let mut order: Vec<usize> = (0..6).collect();
+            order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
+            let mut want: Vec<usize> = order[..2]
+                .iter()
+                .flat_map(|&b| few.layers[layer].heads[h].buckets[b].iter().map(|&p| p as usize))
+                .filter(|&p| p >= 1 && p < n - 32)
+                .collect();
+            want.push(0);
+            want.extend(n - 32..n);
+            want.sort_unstable();
+            assert_eq!(got, want, "head {h}");
+            assert!(got.len() < n, "two of six buckets read less than everything");
+        }
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let mut s = SaapSettings::default();
+        assert!(s.validate().is_ok());
+        s.probes = 0;
+        assert!(s.validate().unwrap_err().contains("probes"));
+        let s = SaapSettings {
+            window: 8,
+            ..Default::default()
+        };
+        assert!(s.validate().unwrap_err().contains("window"));
+        // A missing index is refused at build with what to do about it.
+        let choice = AttentionChoice::named("saap").with(SaapSettings {
+            index: Some("/nonexistent/x.saap".into()),
+            ..Default::default()
+        });
+        let e = choice.build(&model()).err().unwrap();
+        assert!(e.contains("/nonexistent/x.saap"), "{e}");
+    }
+}

@@ -1,0 +1,584 @@
+//! The Saap index file: per layer and KV head, the k-means centroids that partition the
+//! de-roped keys and the Q-model that maps a de-roped query to the buckets holding its
+//! attention mass — trained offline (`sparrow saap train`), loaded by the `saap` policy.
+//!
+//! Layout (integers little-endian, floats f32 little-endian):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 8 | magic `SPRWSAAP` |
+//! | 4 | format version ([`VERSION`]) |
+//! | 32 | model fingerprint ([`crate::model::config::file_fingerprint`]) |
+//! | 4 | length `m` of the metadata |
+//! | m | metadata, JSON ([`IndexMeta`]: shapes, `C`, hidden width, how it was trained) |
+//! | … | per layer, per KV head ([`HeadModel`]): centroids `C × head_dim`, centroid biases `C`, `w1` `hidden × head_dim`, `b1` `hidden`, `w2` `C × hidden`, `b2` `C` |
+//! | 32 | SHA-256 of everything above |
+//!
+//! Loading checks, in order: length, magic, version, checksum (a truncated or altered file
+//! fails here), fingerprint, metadata, shapes against the model, exact size, finite
+//! values; each failure is an [`IndexError`] that says what is wrong.
+
+use crate::model::ModelConfig;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+
+/// File magic.
+pub const MAGIC: &[u8; 8] = b"SPRWSAAP";
+/// Format version written and read.
+pub const VERSION: u32 = 1;
+/// Largest bucket count or hidden width accepted (bounds allocations from a header).
+pub const MAX_WIDTH: usize = 1 << 16;
+const HEADER: usize = 8 + 4 + 32 + 4;
+
+/// Why an index file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("Saap index {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("Saap index is truncated ({len} bytes; a valid index has at least {need})")]
+    Truncated { len: usize, need: usize },
+    #[error("not a Saap index file (bad magic)")]
+    BadMagic,
+    #[error(
+        "Saap index format version {found} is not supported (this sparrow reads version {VERSION})"
+    )]
+    Version { found: u32 },
+    #[error("Saap index checksum mismatch: the file is truncated or corrupted")]
+    Checksum,
+    #[error("Saap index was trained for a different model (fingerprint mismatch): train one for this model with `sparrow saap train`")]
+    OtherModel,
+    #[error("Saap index metadata is invalid: {0}")]
+    Meta(String),
+    #[error("Saap index shape ({what}) does not match the model ({want})")]
+    Shape { what: String, want: String },
+    #[error("Saap index size is wrong ({len} bytes, expected {want})")]
+    Size { len: usize, want: usize },
+    #[error("Saap index holds a non-finite value in layer {layer}, KV head {kv_head}")]
+    NotFinite { layer: usize, kv_head: usize },
+}
+
+/// How an index was trained (reported, not used by the policy).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainingInfo {
+    /// Training contexts, their length in tokens, and the queries trained on.
+    pub contexts: usize,
+    pub context_tokens: usize,
+    pub queries: usize,
+    /// Random seed (k-means initialisation, sampling, MLP initialisation).
+    pub seed: u64,
+    /// K-means iterations, and whether it was spherical (unit centroids, cosine).
+    pub kmeans_iterations: usize,
+    pub spherical: bool,
+    /// Q-model optimisation steps, batch size and learning rate (Adam).
+    pub steps: usize,
+    pub batch: usize,
+    pub learning_rate: f64,
+    /// Minimum distance (tokens) from a training query to its best key.
+    pub min_distance: usize,
+    /// Wall time of the training, seconds.
+    pub seconds: f64,
+    /// Where the training text came from.
+    pub text: String,
+}
+
+/// The index's shapes and provenance.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IndexMeta {
+    pub n_layer: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Buckets per (layer, KV head): `C`.
+    pub clusters: usize,
+    /// Q-model hidden width.
+    pub hidden: usize,
+    pub training: TrainingInfo,
+}
+
+impl IndexMeta {
+    /// Heads stored: one model per (layer, KV head).
+    pub fn n_heads(&self) -> usize {
+        self.n_layer * self.n_head_kv
+    }
+
+    /// Values of one [`HeadModel`].
+    fn head_values(&self) -> usize {
+        let (c, h, d) = (self.clusters, self.hidden, self.head_dim);
+        c * d + c + h * d + h + c * h + c
+    }
+
+    fn check(&self) -> Result<(), IndexError> {
+        let bad = |m: String| Err(IndexError::Meta(m));
+        if self.n_layer == 0 || self.n_head_kv == 0 || self.head_dim == 0 {
+            return bad("a zero layer count, KV head count or head size".into());
+        }
+        if self.clusters < 1 || self.clusters > MAX_WIDTH {
+            return bad(format!(
+                "{} buckets (1..={MAX_WIDTH} accepted)",
+                self.clusters
+            ));
+        }
+        if self.hidden < 1 || self.hidden > MAX_WIDTH {
+            return bad(format!(
+                "hidden width {} (1..={MAX_WIDTH} accepted)",
+                self.hidden
+            ));
+        }
+        if self.head_dim > MAX_WIDTH || self.n_layer > 4096 || self.n_head_kv > 4096 {
+            return bad("absurd shapes".into());
+        }
+        Ok(())
+    }
+}
+
+/// One (layer, KV head)'s partition and query classifier.
+///
+/// A key `k` (de-roped) goes to bucket `argmax_c centroids[c] · k + centroid_bias[c]`: with
+/// bias `-‖c‖²/2` that is the nearest centroid (standard k-means); with unit centroids and
+/// bias 0, the most similar one (spherical k-means).
+///
+/// The Q-model maps a de-roped query `q` to a distribution over the buckets:
+/// `softmax(w2 · relu(w1 · q + b1) + b2)`, batch normalisation folded into `w1`/`b1`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeadModel {
+    /// `C × head_dim`.
+    pub centroids: Vec<f32>,
+    /// `C`.
+    pub centroid_bias: Vec<f32>,
+    /// `hidden × head_dim`.
+    pub w1: Vec<f32>,
+    /// `hidden`.
+    pub b1: Vec<f32>,
+    /// `C × hidden`.
+    pub w2: Vec<f32>,
+    /// `C`.
+    pub b2: Vec<f32>,
+}
+
+/// `a · b` in eight partial sums (vectorised by the compiler).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+impl HeadModel {
+    /// Buckets.
+    pub fn clusters(&self) -> usize {
+        self.centroid_bias.len()
+    }
+
+    /// Hidden width.
+    pub fn hidden(&self) -> usize {
+        self.b1.len()
+    }
+
+    /// The bucket of a de-roped key.
+    pub fn assign(&self, key: &[f32]) -> usize {
+        let d = key.len();
+        let mut best = (f32::NEG_INFINITY, 0);
+        for (c, (cent, &bias)) in self
+            .centroids
+            .chunks_exact(d)
+            .zip(&self.centroid_bias)
+            .enumerate()
+        {
+            let s = dot(cent, key) + bias;
+            if s > best.0 {
+                best = (s, c);
+            }
+        }
+        best.1
+    }
+
+    /// Adds to `mass` (`C`) the Q-model's distribution over buckets for each de-roped
+    /// query row of `queries` (`rows × head_dim`): the summed distribution of a GQA group
+    /// (the paper's batched queries). `hidden` is scratch (`rows × hidden`).
+    pub fn add_bucket_mass(&self, queries: &[f32], hidden: &mut Vec<f32>, mass: &mut [f32]) {
+        let h = self.hidden();
+        let d = self.w1.len() / h.max(1);
+        let rows = queries.len() / d.max(1);
+        hidden.clear();
+        hidden.resize(rows * h, 0.0);
+        for (j, (w, &b)) in self.w1.chunks_exact(d).zip(&self.b1).enumerate() {
+            for (r, q) in queries.chunks_exact(d).enumerate() {
+                hidden[r * h + j] = (dot(w, q) + b).max(0.0);
+            }
+        }
+        let c = self.clusters();
+        let mut logits = vec![0f32; rows * c];
+        for (k, (w, &b)) in self.w2.chunks_exact(h).zip(&self.b2).enumerate() {
+            for r in 0..rows {
+                logits[r * c + k] = dot(w, &hidden[r * h..(r + 1) * h]) + b;
+            }
+        }
+        for row in logits.chunks_exact(c) {
+            let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if !mx.is_finite() {
+                continue;
+            }
+            let z: f32 = row.iter().map(|&x| (x - mx).exp()).sum();
+            for (m, &x) in mass.iter_mut().zip(row) {
+                *m += (x - mx).exp() / z;
+            }
+        }
+    }
+}
+
+/// A trained index: metadata, the model it belongs to, one [`HeadModel`] per (layer, KV
+/// head), layer-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SaapIndex {
+    pub meta: IndexMeta,
+    pub fingerprint: [u8; 32],
+    pub heads: Vec<HeadModel>,
+}
+
+impl SaapIndex {
+    /// The model of `kv_head` in `layer`.
+    pub fn head(&self, layer: usize, kv_head: usize) -> &HeadModel {
+        &self.heads[layer * self.meta.n_head_kv + kv_head]
+    }
+
+    /// The file image.
+    pub fn encode(&self) -> Vec<u8> {
+        let meta = serde_json::to_vec(&self.meta).expect("index metadata serialises");
+        let mut out = Vec::with_capacity(
+            HEADER + meta.len() + 4 * self.meta.head_values() * self.heads.len() + 32,
+        );
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&self.fingerprint);
+        out.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+        out.extend_from_slice(&meta);
+        for h in &self.heads {
+            for part in [&h.centroids, &h.centroid_bias, &h.w1, &h.b1, &h.w2, &h.b2] {
+                for v in part.iter() {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        let sum: [u8; 32] = Sha256::digest(&out).into();
+        out.extend_from_slice(&sum);
+        out
+    }
+
+    /// Parse and validate an index image for `model` (its fingerprint and shapes).
+    pub fn decode(bytes: &[u8], model: &ModelConfig) -> Result<SaapIndex, IndexError> {
+        let need = HEADER + 32;
+        if bytes.len() < need {
+            return Err(IndexError::Truncated {
+                len: bytes.len(),
+                need,
+            });
+        }
+        if &bytes[..8] != MAGIC {
+            return Err(IndexError::BadMagic);
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(IndexError::Version { found: version });
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 32);
+        if Sha256::digest(body).as_slice() != sum {
+            return Err(IndexError::Checksum);
+        }
+        if bytes[12..44] != model.fingerprint {
+            return Err(IndexError::OtherModel);
+        }
+        let meta_len = u32::from_le_bytes(bytes[44..48].try_into().expect("4 bytes")) as usize;
+        let meta_bytes = body
+            .get(HEADER..HEADER.saturating_add(meta_len))
+            .ok_or_else(|| {
+                IndexError::Meta(format!("{meta_len} bytes of metadata past the end"))
+            })?;
+        let meta: IndexMeta =
+            serde_json::from_slice(meta_bytes).map_err(|e| IndexError::Meta(e.to_string()))?;
+        meta.check()?;
+        let have = (meta.n_layer, meta.n_head_kv, meta.head_dim);
+        let want = (model.n_layer, model.n_head_kv, model.head_dim);
+        if have != want {
+            return Err(IndexError::Shape {
+                what: format!("{} layers × {} KV heads × {}", have.0, have.1, have.2),
+                want: format!("{} layers × {} KV heads × {}", want.0, want.1, want.2),
+            });
+        }
+        let values = meta.head_values() * meta.n_heads();
+        let want_len = HEADER + meta_len + 4 * values + 32;
+        if bytes.len() != want_len {
+            return Err(IndexError::Size {
+                len: bytes.len(),
+                want: want_len,
+            });
+        }
+        let mut floats = body[HEADER + meta_len..]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));
+        let (c, h, d) = (meta.clusters, meta.hidden, meta.head_dim);
+        let mut take = |n: usize| -> Vec<f32> { floats.by_ref().take(n).collect() };
+        let mut heads = Vec::with_capacity(meta.n_heads());
+        for i in 0..meta.n_heads() {
+            let head = HeadModel {
+                centroids: take(c * d),
+                centroid_bias: take(c),
+                w1: take(h * d),
+                b1: take(h),
+                w2: take(c * h),
+                b2: take(c),
+            };
+            let finite = [
+                &head.centroids,
+                &head.centroid_bias,
+                &head.w1,
+                &head.b1,
+                &head.w2,
+                &head.b2,
+            ]
+            .iter()
+            .all(|p| p.iter().all(|v| v.is_finite()));
+            if !finite {
+                return Err(IndexError::NotFinite {
+                    layer: i / meta.n_head_kv,
+                    kv_head: i % meta.n_head_kv,
+                });
+            }
+            heads.push(head);
+        }
+        Ok(SaapIndex {
+            meta,
+            fingerprint: model.fingerprint,
+            heads,
+        })
+    }
+
+    /// Write the index to `path` (through a temporary file renamed into place, so a
+    /// crash never leaves half an index where a good one was).
+    pub fn save(&self, path: &Path) -> Result<(), IndexError> {
+        let io = |source| IndexError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, self.encode()).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// Read and validate the index at `path` for `model`.
+    pub fn load(path: &Path, model: &ModelConfig) -> Result<SaapIndex, IndexError> {
+        let bytes = std::fs::read(path).map_err(|source| IndexError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        SaapIndex::decode(&bytes, model)
+    }
+}
+
+/// Where `sparrow saap train` keeps the index of the model with `fingerprint` when no path
+/// is given, and where the `saap` policy looks for it: `$SPARROW_SAAP_DIR`, else
+/// `$XDG_CACHE_HOME/sparrow/saap`, else `~/.cache/sparrow/saap`; the file is named by the
+/// fingerprint, so every model has its own and a re-downloaded model finds its index.
+pub fn default_index_path(fingerprint: &[u8; 32]) -> Option<std::path::PathBuf> {
+    let dir = if let Some(d) = std::env::var_os("SPARROW_SAAP_DIR") {
+        std::path::PathBuf::from(d)
+    } else if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        std::path::PathBuf::from(d).join("sparrow").join("saap")
+    } else {
+        std::path::PathBuf::from(std::env::var_os("HOME")?)
+            .join(".cache")
+            .join("sparrow")
+            .join("saap")
+    };
+    let hex: String = fingerprint[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Some(dir.join(format!("{hex}.saap")))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::synthetic::{synthetic_config, SyntheticSpec};
+    use rand::{Rng, SeedableRng};
+
+    /// A random index for `model` with `c` buckets and hidden width `h`.
+    pub(crate) fn random_index(model: &ModelConfig, c: usize, h: usize, seed: u64) -> SaapIndex {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let d = model.head_dim;
+        let mut v =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        let heads = (0..model.n_layer * model.n_head_kv)
+            .map(|_| HeadModel {
+                centroids: v(c * d),
+                centroid_bias: v(c),
+                w1: v(h * d),
+                b1: v(h),
+                w2: v(c * h),
+                b2: v(c),
+            })
+            .collect();
+        SaapIndex {
+            meta: IndexMeta {
+                n_layer: model.n_layer,
+                n_head_kv: model.n_head_kv,
+                head_dim: d,
+                clusters: c,
+                hidden: h,
+                training: TrainingInfo::default(),
+            },
+            fingerprint: model.fingerprint,
+            heads,
+        }
+    }
+
+    fn model() -> ModelConfig {
+        synthetic_config(&SyntheticSpec::default()).unwrap()
+    }
+
+    #[test]
+    fn round_trips() {
+        let m = model();
+        let idx = random_index(&m, 8, 6, 1);
+        assert_eq!(SaapIndex::decode(&idx.encode(), &m).unwrap(), idx);
+    }
+
+    /// Another model, a truncated file, any flipped bit, a wrong magic or version: each is
+    /// refused with its own reason.
+    #[test]
+    fn refuses_foreign_truncated_and_corrupt_files() {
+        let m = model();
+        let bytes = random_index(&m, 8, 6, 2).encode();
+        let mut other = m.clone();
+        other.fingerprint[0] ^= 1;
+        assert!(matches!(
+            SaapIndex::decode(&bytes, &other),
+            Err(IndexError::OtherModel)
+        ));
+        let mut shape = m.clone();
+        shape.n_layer += 1;
+        assert!(matches!(
+            SaapIndex::decode(&bytes, &shape),
+            Err(IndexError::Shape { .. })
+        ));
+        for cut in [0, 10, HEADER + 5, bytes.len() / 2, bytes.len() - 1] {
+            let e = SaapIndex::decode(&bytes[..cut], &m).unwrap_err();
+            assert!(
+                matches!(e, IndexError::Truncated { .. } | IndexError::Checksum),
+                "cut at {cut}: {e}"
+            );
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for _ in 0..64 {
+            let mut b = bytes.clone();
+            let at = rng.random_range(12..b.len());
+            b[at] ^= 1 << rng.random_range(0..8);
+            assert!(
+                matches!(SaapIndex::decode(&b, &m), Err(IndexError::Checksum)),
+                "flip at {at}"
+            );
+        }
+        let mut b = bytes.clone();
+        b[0] = b'X';
+        assert!(matches!(
+            SaapIndex::decode(&b, &m),
+            Err(IndexError::BadMagic)
+        ));
+        let mut b = bytes.clone();
+        b[8] = 9;
+        assert!(matches!(
+            SaapIndex::decode(&b, &m),
+            Err(IndexError::Version { found: 9 })
+        ));
+    }
+
+    /// A file whose checksum is right but whose values are not finite is refused too.
+    #[test]
+    fn refuses_non_finite_values() {
+        let m = model();
+        let mut idx = random_index(&m, 4, 3, 4);
+        idx.heads[1].w2[2] = f32::NAN;
+        let e = SaapIndex::decode(&idx.encode(), &m).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                IndexError::NotFinite {
+                    layer: 0,
+                    kv_head: 1
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    /// The Q-model forward and the assignment against an f64 reference written here.
+    #[test]
+    fn forward_and_assignment_match_f64() {
+        let m = model();
+        let idx = random_index(&m, 11, 9, 5);
+        let head = &idx.heads[0];
+        let d = m.head_dim;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+        let q: Vec<f32> = (0..3 * d).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let mut mass = vec![0f32; 11];
+        head.add_bucket_mass(&q, &mut Vec::new(), &mut mass);
+        let mut want = vec![0f64; 11];
+        for row in q.chunks_exact(d) {
+            let hid: Vec<f64> = (0..9)
+                .map(|j| {
+                    let s: f64 = (0..d)
+                        .map(|i| head.w1[j * d + i] as f64 * row[i] as f64)
+                        .sum();
+                    (s + head.b1[j] as f64).max(0.0)
+                })
+                .collect();
+            let logit: Vec<f64> = (0..11)
+                .map(|k| {
+                    (0..9)
+                        .map(|j| head.w2[k * 9 + j] as f64 * hid[j])
+                        .sum::<f64>()
+                        + head.b2[k] as f64
+                })
+                .collect();
+            let mx = logit.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = logit.iter().map(|x| (x - mx).exp()).sum();
+            for (w, x) in want.iter_mut().zip(&logit) {
+                *w += (x - mx).exp() / z;
+            }
+        }
+        for (a, b) in mass.iter().zip(&want) {
+            assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        assert!((mass.iter().sum::<f32>() - 3.0).abs() < 1e-4);
+        for row in q.chunks_exact(d) {
+            let best = (0..11)
+                .max_by(|&a, &b| {
+                    let s = |c: usize| {
+                        (0..d)
+                            .map(|i| head.centroids[c * d + i] as f64 * row[i] as f64)
+                            .sum::<f64>()
+                            + head.centroid_bias[c] as f64
+                    };
+                    s(a).total_cmp(&s(b))
+                })
+                .unwrap();
+            assert_eq!(head.assign(row), best);
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! Saap's offline half: recording training contexts ([`collect`]), the record file
+//! ([`record`]) and the index file the trainer writes and the `saap` policy
+//! ([`crate::policy::saap`]) reads ([`index`]). Training itself (k-means, the Q-model)
+//! lives in the `sparrow-saap-train` crate, so the engine carries no training library.
+
+pub mod collect;
+pub mod index;
+pub mod record;
+
+pub use collect::{collect_context, CollectSettings};
+pub use index::{
+    default_index_path, dot, HeadModel, IndexError, IndexMeta, SaapIndex, TrainingInfo,
+};
+pub use record::{ContextRecord, RecordError, RecordMeta, RopeParams};
