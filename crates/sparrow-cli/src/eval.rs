@@ -2,14 +2,13 @@
 //! (optionally drawn as a heatmap PNG). `sparrow eval attention`: how closely each
 //! attention policy follows exact attention on the real activations of a prompt.
 
+use crate::progress::PrefillProgress;
 use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
-use indicatif::{ProgressBar, ProgressStyle};
 use sparrow::attention::AttentionChoice;
 use sparrow::eval::attention::{capture, evaluate, text_tokens, Phase, PolicyReport, Summary};
 use sparrow::eval::needle::{load_haystack, run_cell_policies, NeedleResult};
 use sparrow::Engine;
-use std::io::IsTerminal;
 
 // The heatmap writer lives beside this file; only `eval needle` uses it.
 #[path = "heatmap.rs"]
@@ -443,53 +442,5 @@ fn print_per_layer(r: &PolicyReport) {
     println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
     for l in &r.layers {
         println!("| {} | {} |", l.layer, summary_cells(&l.summary));
-    }
-}
-
-/// Progress of a long prefill on stderr: a bar on a terminal, otherwise a line every 4096
-/// tokens (so logs of long runs show that something is happening).
-struct PrefillProgress {
-    label: String,
-    bar: Option<ProgressBar>,
-    last_note: usize,
-}
-
-impl PrefillProgress {
-    fn new(label: &str) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let b = ProgressBar::new(0);
-            b.set_style(
-                ProgressStyle::with_template(&format!(
-                    "{label} {{bar:40}} {{pos}}/{{len}} tokens ({{per_sec}}, eta {{eta}})"
-                ))
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
-            b
-        });
-        PrefillProgress {
-            label: label.to_string(),
-            bar,
-            last_note: 0,
-        }
-    }
-
-    fn update(&mut self, done: usize, total: usize) {
-        match &self.bar {
-            Some(b) => {
-                b.set_length(total as u64);
-                b.set_position(done as u64);
-            }
-            None if done == total || done >= self.last_note + 4096 => {
-                eprintln!("{}: {done}/{total} tokens", self.label);
-                self.last_note = done;
-            }
-            None => {}
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
     }
 }

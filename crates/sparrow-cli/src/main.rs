@@ -7,8 +7,10 @@ mod eval;
 mod memory;
 mod models;
 mod perplexity;
+mod progress;
 mod prompt_cache;
 mod run;
+mod saap;
 mod serve;
 mod tokenize;
 
@@ -44,6 +46,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Chat with the model in the terminal.
     Chat(chat::ChatArgs),
+    /// Saap sparse attention's offline steps: record training activations, train an index.
+    #[command(subcommand)]
+    Saap(saap::SaapCommand),
 }
 
 /// llama.cpp's multi-letter single-dash spellings, which clap cannot declare as short flags:
@@ -86,6 +91,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => perplexity::perplexity(a),
         Command::Serve(a) => serve::serve(a),
         Command::Chat(a) => chat::chat(a),
+        Command::Saap(c) => saap::saap(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

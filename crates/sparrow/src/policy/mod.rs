@@ -22,7 +22,7 @@ macro_rules! policies {
     };
 }
 
-policies!(full, streaming, ladder, quest, minference, h2o, oracle, saap);
+policies!(full, streaming, ladder, quest, minference, h2o, oracle, saap, kmeans);
 
 pub use full::DenseAttention;
 pub use h2o::{H2oAttention, H2oSettings};

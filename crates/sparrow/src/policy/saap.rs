@@ -14,14 +14,15 @@
 //! (as the paper: its attention is spread out); `--dense-layers` changes that. A rewind
 //! prunes the lists.
 //!
-//! With `--saap-router centroids` the query picks buckets by its own similarity to the
-//! centroids instead of the Q-model: plain k-means with the query as its own assigner, the
-//! paper's baseline.
+//! The same index read without its Q-model — the query picking buckets by its own
+//! similarity to the centroids, plain k-means as in the paper's baseline — is the `kmeans`
+//! policy ([`super::kmeans`]).
 
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use crate::model::rope::Rope;
+use crate::saap::index::Scratch;
 use crate::saap::{default_index_path, SaapIndex};
-use sparrow_attn::kernel::union;
+use sparrow_attn::kernel::{union, Level};
 use sparrow_attn::policy::{KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
 use std::ops::Range;
 use std::path::PathBuf;
@@ -36,18 +37,16 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
     build: |b| {
         let s = settings(b.choice)?;
         let index = load_index(&s, b.model)?;
-        Ok(Box::new(SaapAttention::new(s, index, Rope::of(b.model))?))
+        Ok(Box::new(SaapAttention::new(s, index, Rope::of(b.model), Router::Qmodel)?))
     },
     check: |c| settings(c).map(|s| format!("{s:?}")),
     settings: SettingsType::of::<SaapSettings>(),
 };
 
 /// How a query chooses its buckets.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Router {
     /// The trained Q-model (Saap).
-    #[default]
     Qmodel,
     /// The query's own similarity to the centroids (plain k-means; the paper's baseline).
     Centroids,
@@ -67,10 +66,6 @@ pub struct SaapSettings {
     /// Saap: recent positions always read (the dense window beside the sink, position 0).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_WINDOW", long = "saap-window", default_value_t = SaapSettings::default().window, help_heading = crate::policy::HELP_HEADING))]
     pub window: usize,
-    /// Saap: how a query picks buckets: the trained Q-model, or the centroids themselves
-    /// (plain k-means, for comparison).
-    #[cfg_attr(feature = "cli", arg(id = "SAAP_ROUTER", long = "saap-router", value_enum, default_value_t = Router::Qmodel, help_heading = crate::policy::HELP_HEADING))]
-    pub router: Router,
     /// Positions per sealed block (set by `--kv-block`).
     #[cfg_attr(feature = "cli", arg(skip = 16usize))]
     pub block: usize,
@@ -85,7 +80,6 @@ impl Default for SaapSettings {
             index: None,
             probes: 8,
             window: 127,
-            router: Router::Qmodel,
             block: 16,
             dense_layers: vec![0],
         }
@@ -118,7 +112,7 @@ impl SaapSettings {
 }
 
 /// Saap's settings with the shared `--kv-block` and `--dense-layers` applied, checked.
-fn settings(c: &AttentionChoice) -> Result<SaapSettings, String> {
+pub(super) fn settings(c: &AttentionChoice) -> Result<SaapSettings, String> {
     let mut s = c.settings::<SaapSettings>();
     s.block = c.kv_block.unwrap_or(s.block);
     s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
@@ -127,7 +121,7 @@ fn settings(c: &AttentionChoice) -> Result<SaapSettings, String> {
 }
 
 /// The index named by the settings, or the model's default one.
-fn load_index(s: &SaapSettings, model: &crate::ModelConfig) -> Result<Arc<SaapIndex>, String> {
+pub(super) fn load_index(s: &SaapSettings, model: &crate::ModelConfig) -> Result<Arc<SaapIndex>, String> {
     let path = match &s.index {
         Some(p) => p.clone(),
         None => default_index_path(&model.fingerprint).ok_or(
@@ -163,13 +157,16 @@ struct LayerLists {
 /// The Saap policy (one per sequence; the index is shared).
 pub struct SaapAttention {
     settings: SaapSettings,
+    router: Router,
     index: Arc<SaapIndex>,
     rope: Rope,
     layers: Vec<LayerLists>,
     // Scratch, kept between calls.
-    key: Vec<f32>,
+    keys: Vec<f32>,
+    head_keys: Vec<f32>,
+    buckets: Vec<u32>,
     queries: Vec<f32>,
-    hidden: Vec<f32>,
+    scratch: Scratch,
     mass: Vec<f32>,
     order: Vec<u32>,
     positions: Vec<u32>,
@@ -177,7 +174,12 @@ pub struct SaapAttention {
 
 impl SaapAttention {
     /// A policy over `index` for a model rotating by `rope`.
-    pub fn new(settings: SaapSettings, index: Arc<SaapIndex>, rope: Rope) -> Result<Self, String> {
+    pub fn new(
+        settings: SaapSettings,
+        index: Arc<SaapIndex>,
+        rope: Rope,
+        router: Router,
+    ) -> Result<Self, String> {
         settings.validate()?;
         let m = &index.meta;
         let layers = (0..m.n_layer)
@@ -193,12 +195,15 @@ impl SaapAttention {
             .collect();
         Ok(SaapAttention {
             settings,
+            router,
             index,
             rope,
             layers,
-            key: Vec::new(),
+            keys: Vec::new(),
+            head_keys: Vec::new(),
+            buckets: Vec::new(),
             queries: Vec::new(),
-            hidden: Vec::new(),
+            scratch: Scratch::default(),
             mass: Vec::new(),
             order: Vec::new(),
             positions: Vec::new(),
@@ -222,14 +227,14 @@ impl SaapAttention {
         let c = model.clusters();
         self.mass.clear();
         self.mass.resize(c, 0.0);
-        match self.settings.router {
-            Router::Qmodel => model.add_bucket_mass(&self.queries, &mut self.hidden, &mut self.mass),
-            Router::Centroids => centroid_mass(
-                &model.centroids,
-                &self.queries,
-                self.index.meta.head_dim,
-                &mut self.mass,
-            ),
+        let level = Level::active();
+        match self.router {
+            Router::Qmodel => {
+                model.add_bucket_mass(level, &self.queries, &mut self.scratch, &mut self.mass)
+            }
+            Router::Centroids => {
+                model.add_centroid_mass(level, &self.queries, &mut self.scratch, &mut self.mass)
+            }
         }
         let lists = &self.layers[layer].heads[kv_head].buckets;
         let probes = self.settings.probes.min(c);
@@ -272,29 +277,12 @@ impl SaapAttention {
     }
 }
 
-/// The centroid router: each de-roped query row's softmax over its scaled inner products
-/// with the centroids, summed over the rows (as the Q-model's distributions are).
-fn centroid_mass(centroids: &[f32], queries: &[f32], d: usize, mass: &mut [f32]) {
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut s = vec![0f32; mass.len()];
-    for q in queries.chunks_exact(d) {
-        for (x, c) in s.iter_mut().zip(centroids.chunks_exact(d)) {
-            *x = crate::saap::dot(c, q) * scale;
-        }
-        let mx = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if !mx.is_finite() {
-            continue;
-        }
-        let z: f32 = s.iter().map(|&x| (x - mx).exp()).sum();
-        for (m, &x) in mass.iter_mut().zip(&s) {
-            *m += (x - mx).exp() / z;
-        }
-    }
-}
-
 impl SparsePolicy for SaapAttention {
     fn name(&self) -> &str {
-        "saap"
+        match self.router {
+            Router::Qmodel => "saap",
+            Router::Centroids => "kmeans",
+        }
     }
 
     fn supports_prefill(&self) -> bool {
@@ -325,19 +313,29 @@ impl SparsePolicy for SaapAttention {
             debug_assert_eq!(start, lists.assigned, "blocks are sealed in order");
             return;
         }
-        let hd = keys.head_dim();
-        let mut key = std::mem::take(&mut self.key);
-        for row in 0..keys.rows() {
-            let pos = start + row;
-            key.clear();
-            key.extend_from_slice(&keys.as_slice()[row * keys.kv_heads() * hd..][..keys.kv_heads() * hd]);
-            self.rope.unrotate(&mut key, hd, pos);
-            for (h, k) in key.chunks_exact(hd).enumerate() {
-                let b = self.index.head(layer, h).assign(k);
-                self.layers[layer].heads[h].buckets[b].push(pos as u32);
+        let (hd, kv) = (keys.head_dim(), keys.kv_heads());
+        // De-rope the block's keys, then assign each KV head's in one product.
+        self.keys.clear();
+        self.keys.extend_from_slice(keys.as_slice());
+        for (row, k) in self.keys.chunks_exact_mut(kv * hd).enumerate() {
+            self.rope.unrotate(k, hd, start + row);
+        }
+        for h in 0..kv {
+            self.head_keys.clear();
+            for k in self.keys.chunks_exact(kv * hd) {
+                self.head_keys.extend_from_slice(&k[h * hd..(h + 1) * hd]);
+            }
+            self.index.head(layer, h).assign(
+                Level::active(),
+                &self.head_keys,
+                &mut self.scratch,
+                &mut self.buckets,
+            );
+            let lists = &mut self.layers[layer].heads[h].buckets;
+            for (row, &b) in self.buckets.iter().enumerate() {
+                lists[b as usize].push((start + row) as u32);
             }
         }
-        self.key = key;
         self.layers[layer].assigned = start + keys.rows();
     }
 
@@ -447,7 +445,8 @@ mod tests {
     }
 
     fn policy(m: &crate::ModelConfig, s: SaapSettings, c: usize) -> SaapAttention {
-        SaapAttention::new(s, Arc::new(random_index(m, c, 8, 7)), Rope::of(m)).unwrap()
+        SaapAttention::new(s, Arc::new(random_index(m, c, 8, 7)), Rope::of(m), Router::Qmodel)
+            .unwrap()
     }
 
     /// The inverted lists equal a brute-force assignment of the de-roped keys, and a rewind
@@ -539,7 +538,7 @@ mod tests {
             let mut qg = q[h * group * m.head_dim..(h + 1) * group * m.head_dim].to_vec();
             Rope::of(&m).unrotate(&mut qg, m.head_dim, n - 1);
             let mut mass = vec![0f32; 6];
-            model.add_bucket_mass(&qg, &mut Vec::new(), &mut mass);
+            model.add_bucket_mass(Level::active(), &qg, &mut Scratch::default(), &mut mass);
             let mut order: Vec<usize> = (0..6).collect();
             order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
             let mut want: Vec<usize> = order[..2]

@@ -9,7 +9,9 @@ use crate::kv_cache::KvType;
 use crate::kv_store::StoreLayer;
 use crate::model::rope::Rope;
 use crate::model::{Logits, Model};
+use crate::tokenizer::Tokenizer;
 use sparrow_attn::kernel::read_f32;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// Which positions' queries are recorded, and how the context is run.
@@ -148,6 +150,87 @@ pub fn collect_context(
         keys,
         queries,
     })
+}
+
+/// A training context: where it came from and its tokens.
+pub type TextContext = (String, Vec<u32>);
+
+/// Up to `count` contexts of `n` tokens from the `.txt` files of `dir` (file-name order):
+/// consecutive chunks of each file, the files taken in turn (chunk 0 of every file, then
+/// chunk 1, …) so that a few contexts already span several texts. Each context starts with
+/// the model's BOS token when it uses one, like a real prompt, so position 0 is the sink
+/// it would be. Fewer than `count` when the texts run out; an error when there is none.
+pub fn text_contexts(
+    tokenizer: &Tokenizer,
+    dir: &Path,
+    n: usize,
+    count: usize,
+) -> Result<Vec<TextContext>> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| Error::Other(format!("cannot read text folder {}: {e}", dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "txt"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::Other(format!("no .txt files in {}", dir.display())));
+    }
+    let bos = tokenizer.encode("", true, false);
+    let body = n
+        .checked_sub(bos.len())
+        .filter(|&b| b > 0)
+        .ok_or_else(|| Error::Other(format!("a training context of {n} tokens is too short")))?;
+    // Chunks wanted per file, and the text needed for them (~4 bytes per token; more is
+    // read if that falls short).
+    let per_file = count.div_ceil(files.len());
+    let mut chunks: Vec<Vec<TextContext>> = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| Error::Other(format!("cannot read {}: {e}", f.display())))?;
+        let mut bytes = (per_file * body * 5).max(4096);
+        let ids = loop {
+            let mut end = bytes.min(text.len());
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            let ids = tokenizer.encode(&text[..end], false, false);
+            if ids.len() >= per_file * body || end == text.len() {
+                break ids;
+            }
+            bytes *= 2;
+        };
+        let name = f
+            .file_name()
+            .map_or(String::new(), |s| s.to_string_lossy().into_owned());
+        chunks.push(
+            ids.chunks_exact(body)
+                .take(per_file)
+                .enumerate()
+                .map(|(j, c)| {
+                    let mut t = bos.clone();
+                    t.extend_from_slice(c);
+                    (format!("{name} tokens {}..{}", j * body, (j + 1) * body), t)
+                })
+                .collect(),
+        );
+    }
+    let mut out = Vec::with_capacity(count);
+    for j in 0..per_file {
+        for file in &chunks {
+            if out.len() < count {
+                if let Some(c) = file.get(j) {
+                    out.push(c.clone());
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::Other(format!(
+            "the texts in {} are shorter than one context of {n} tokens",
+            dir.display()
+        )));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -21,6 +21,8 @@
 use crate::model::ModelConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use sparrow_attn::kernel::tile::scores;
+use sparrow_attn::kernel::Level;
 use std::path::Path;
 
 /// File magic.
@@ -158,22 +160,32 @@ pub struct HeadModel {
     pub b2: Vec<f32>,
 }
 
-/// `a · b` in eight partial sums (vectorised by the compiler).
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
+/// Scratch for [`HeadModel`]'s products, kept between calls.
+#[derive(Clone, Debug, Default)]
+pub struct Scratch {
+    /// Input rows transposed (`dim × rw`).
+    xt: Vec<f32>,
+    /// First layer's output, transposed (`hidden × rw`).
+    hidden: Vec<f32>,
+    /// Products of the second layer or the centroids (`C × rw`).
+    out: Vec<f32>,
+}
+
+/// Rows of `x` (`rows × dim`) transposed into `xt[d * rw + r]`, `rw` the rows padded to a
+/// multiple of 8 with zeros: the layout of the attention kernel's query tile, whose
+/// `scores` product ([`sparrow_attn::kernel::tile::scores`], an AVX2 twin under a scalar
+/// reference) computes every matrix product here.
+fn transpose_rows(x: &[f32], dim: usize, xt: &mut Vec<f32>) -> usize {
+    let rows = x.len() / dim.max(1);
+    let rw = rows.div_ceil(8).max(1) * 8;
+    xt.clear();
+    xt.resize(dim * rw, 0.0);
+    for (r, row) in x.chunks_exact(dim).enumerate() {
+        for (d, &v) in row.iter().enumerate() {
+            xt[d * rw + r] = v;
         }
     }
-    acc.iter().sum::<f32>() + tail
+    rw
 }
 
 impl HeadModel {
@@ -187,54 +199,144 @@ impl HeadModel {
         self.b1.len()
     }
 
-    /// The bucket of a de-roped key.
-    pub fn assign(&self, key: &[f32]) -> usize {
-        let d = key.len();
-        let mut best = (f32::NEG_INFINITY, 0);
-        for (c, (cent, &bias)) in self
-            .centroids
-            .chunks_exact(d)
-            .zip(&self.centroid_bias)
-            .enumerate()
-        {
-            let s = dot(cent, key) + bias;
-            if s > best.0 {
-                best = (s, c);
+    fn head_dim(&self) -> usize {
+        self.centroids.len() / self.clusters().max(1)
+    }
+
+    /// `centroids[c] · x_r` for the rows of `x` (`rows × head_dim`), as `out[c * rw + r]`;
+    /// returns `rw`.
+    fn centroid_products(&self, level: Level, x: &[f32], scratch: &mut Scratch) -> usize {
+        let (c, d) = (self.clusters(), self.head_dim());
+        let rw = transpose_rows(x, d, &mut scratch.xt);
+        scratch.out.resize(c * rw, 0.0);
+        scores(
+            level,
+            &self.centroids,
+            d,
+            c,
+            d,
+            &scratch.xt,
+            rw,
+            1.0,
+            &mut scratch.out,
+        );
+        rw
+    }
+
+    /// Writes to `buckets` the bucket of each de-roped key row of `keys` (`rows ×
+    /// head_dim`).
+    pub fn assign(
+        &self,
+        level: Level,
+        keys: &[f32],
+        scratch: &mut Scratch,
+        buckets: &mut Vec<u32>,
+    ) {
+        let rows = keys.len() / self.head_dim().max(1);
+        let rw = self.centroid_products(level, keys, scratch);
+        buckets.clear();
+        for r in 0..rows {
+            let mut best = (f32::NEG_INFINITY, 0u32);
+            for (c, &bias) in self.centroid_bias.iter().enumerate() {
+                let s = scratch.out[c * rw + r] + bias;
+                if s > best.0 {
+                    best = (s, c as u32);
+                }
             }
+            buckets.push(best.1);
         }
-        best.1
     }
 
     /// Adds to `mass` (`C`) the Q-model's distribution over buckets for each de-roped
     /// query row of `queries` (`rows × head_dim`): the summed distribution of a GQA group
-    /// (the paper's batched queries). `hidden` is scratch (`rows × hidden`).
-    pub fn add_bucket_mass(&self, queries: &[f32], hidden: &mut Vec<f32>, mass: &mut [f32]) {
-        let h = self.hidden();
-        let d = self.w1.len() / h.max(1);
+    /// (the paper's batched queries).
+    pub fn add_bucket_mass(
+        &self,
+        level: Level,
+        queries: &[f32],
+        scratch: &mut Scratch,
+        mass: &mut [f32],
+    ) {
+        let (c, h, d) = (self.clusters(), self.hidden(), self.head_dim());
         let rows = queries.len() / d.max(1);
-        hidden.clear();
-        hidden.resize(rows * h, 0.0);
-        for (j, (w, &b)) in self.w1.chunks_exact(d).zip(&self.b1).enumerate() {
-            for (r, q) in queries.chunks_exact(d).enumerate() {
-                hidden[r * h + j] = (dot(w, q) + b).max(0.0);
-            }
+        let rw = transpose_rows(queries, d, &mut scratch.xt);
+        scratch.hidden.resize(h * rw, 0.0);
+        scores(
+            level,
+            &self.w1,
+            d,
+            h,
+            d,
+            &scratch.xt,
+            rw,
+            1.0,
+            &mut scratch.hidden,
+        );
+        for (row, &b) in scratch.hidden.chunks_exact_mut(rw).zip(&self.b1) {
+            row.iter_mut().for_each(|x| *x = (*x + b).max(0.0));
         }
-        let c = self.clusters();
-        let mut logits = vec![0f32; rows * c];
-        for (k, (w, &b)) in self.w2.chunks_exact(h).zip(&self.b2).enumerate() {
-            for r in 0..rows {
-                logits[r * c + k] = dot(w, &hidden[r * h..(r + 1) * h]) + b;
-            }
+        scratch.out.resize(c * rw, 0.0);
+        scores(
+            level,
+            &self.w2,
+            h,
+            c,
+            h,
+            &scratch.hidden,
+            rw,
+            1.0,
+            &mut scratch.out,
+        );
+        add_softmaxes(&mut scratch.out, &self.b2, rw, rows, 1.0, mass);
+    }
+
+    /// Adds to `mass` each query row's softmax over its scaled inner products with the
+    /// centroids (`centroid · q / sqrt(head_dim)`): buckets picked by the query itself, as
+    /// a plain inverted-file index does (the `kmeans` policy, the paper's baseline).
+    pub fn add_centroid_mass(
+        &self,
+        level: Level,
+        queries: &[f32],
+        scratch: &mut Scratch,
+        mass: &mut [f32],
+    ) {
+        let d = self.head_dim();
+        let rows = queries.len() / d.max(1);
+        let rw = self.centroid_products(level, queries, scratch);
+        let zero = vec![0.0; self.clusters()];
+        add_softmaxes(
+            &mut scratch.out,
+            &zero,
+            rw,
+            rows,
+            1.0 / (d as f32).sqrt(),
+            mass,
+        );
+    }
+}
+
+/// For each row `r < rows` of `logits` (`C × rw`, column `r`): adds
+/// `softmax(scale · logits[·, r] + bias)` to `mass`. A row that is not finite adds nothing.
+fn add_softmaxes(
+    logits: &mut [f32],
+    bias: &[f32],
+    rw: usize,
+    rows: usize,
+    scale: f32,
+    mass: &mut [f32],
+) {
+    for (row, &b) in logits.chunks_exact_mut(rw).zip(bias) {
+        row.iter_mut().for_each(|x| *x = *x * scale + b);
+    }
+    for r in 0..rows {
+        let col = || logits.chunks_exact(rw).map(|row| row[r]);
+        let mx = col().fold(f32::NEG_INFINITY, f32::max);
+        if !mx.is_finite() {
+            continue;
         }
-        for row in logits.chunks_exact(c) {
-            let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            if !mx.is_finite() {
-                continue;
-            }
-            let z: f32 = row.iter().map(|&x| (x - mx).exp()).sum();
-            for (m, &x) in mass.iter_mut().zip(row) {
-                *m += (x - mx).exp() / z;
-            }
+        let z: f32 = col().map(|x| (x - mx).exp()).sum();
+        for (m, x) in mass.iter_mut().zip(col()) {
+            *m += (x - mx).exp() / z;
         }
     }
 }
@@ -536,49 +638,87 @@ pub(crate) mod tests {
         let d = m.head_dim;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
         let q: Vec<f32> = (0..3 * d).map(|_| rng.random_range(-2.0..2.0)).collect();
-        let mut mass = vec![0f32; 11];
-        head.add_bucket_mass(&q, &mut Vec::new(), &mut mass);
-        let mut want = vec![0f64; 11];
+        for level in Level::supported() {
+            let mut mass = vec![0f32; 11];
+            head.add_bucket_mass(level, &q, &mut Scratch::default(), &mut mass);
+            let mut want = vec![0f64; 11];
+            for row in q.chunks_exact(d) {
+                let hid: Vec<f64> = (0..9)
+                    .map(|j| {
+                        let s: f64 = (0..d)
+                            .map(|i| head.w1[j * d + i] as f64 * row[i] as f64)
+                            .sum();
+                        (s + head.b1[j] as f64).max(0.0)
+                    })
+                    .collect();
+                let logit: Vec<f64> = (0..11)
+                    .map(|k| {
+                        (0..9)
+                            .map(|j| head.w2[k * 9 + j] as f64 * hid[j])
+                            .sum::<f64>()
+                            + head.b2[k] as f64
+                    })
+                    .collect();
+                let mx = logit.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = logit.iter().map(|x| (x - mx).exp()).sum();
+                for (w, x) in want.iter_mut().zip(&logit) {
+                    *w += (x - mx).exp() / z;
+                }
+            }
+            for (a, b) in mass.iter().zip(&want) {
+                assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+            }
+            assert!((mass.iter().sum::<f32>() - 3.0).abs() < 1e-4);
+            let mut buckets = Vec::new();
+            head.assign(level, &q, &mut Scratch::default(), &mut buckets);
+            for (row, &got) in q.chunks_exact(d).zip(&buckets) {
+                let best = (0..11)
+                    .max_by(|&a, &b| {
+                        let s = |c: usize| {
+                            (0..d)
+                                .map(|i| head.centroids[c * d + i] as f64 * row[i] as f64)
+                                .sum::<f64>()
+                                + head.centroid_bias[c] as f64
+                        };
+                        s(a).total_cmp(&s(b))
+                    })
+                    .unwrap();
+                assert_eq!(got as usize, best, "{level:?}");
+            }
+        }
+    }
+
+    /// The centroid router's distribution against f64.
+    #[test]
+    fn centroid_mass_matches_f64() {
+        let m = model();
+        let idx = random_index(&m, 7, 5, 8);
+        let head = &idx.heads[2];
+        let d = m.head_dim;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let q: Vec<f32> = (0..2 * d).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let mut want = vec![0f64; 7];
         for row in q.chunks_exact(d) {
-            let hid: Vec<f64> = (0..9)
-                .map(|j| {
-                    let s: f64 = (0..d)
-                        .map(|i| head.w1[j * d + i] as f64 * row[i] as f64)
-                        .sum();
-                    (s + head.b1[j] as f64).max(0.0)
-                })
-                .collect();
-            let logit: Vec<f64> = (0..11)
-                .map(|k| {
-                    (0..9)
-                        .map(|j| head.w2[k * 9 + j] as f64 * hid[j])
+            let s: Vec<f64> = (0..7)
+                .map(|c| {
+                    (0..d)
+                        .map(|i| head.centroids[c * d + i] as f64 * row[i] as f64)
                         .sum::<f64>()
-                        + head.b2[k] as f64
+                        / (d as f64).sqrt()
                 })
                 .collect();
-            let mx = logit.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = logit.iter().map(|x| (x - mx).exp()).sum();
-            for (w, x) in want.iter_mut().zip(&logit) {
+            let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+            for (w, x) in want.iter_mut().zip(&s) {
                 *w += (x - mx).exp() / z;
             }
         }
-        for (a, b) in mass.iter().zip(&want) {
-            assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
-        }
-        assert!((mass.iter().sum::<f32>() - 3.0).abs() < 1e-4);
-        for row in q.chunks_exact(d) {
-            let best = (0..11)
-                .max_by(|&a, &b| {
-                    let s = |c: usize| {
-                        (0..d)
-                            .map(|i| head.centroids[c * d + i] as f64 * row[i] as f64)
-                            .sum::<f64>()
-                            + head.centroid_bias[c] as f64
-                    };
-                    s(a).total_cmp(&s(b))
-                })
-                .unwrap();
-            assert_eq!(head.assign(row), best);
+        for level in Level::supported() {
+            let mut mass = vec![0f32; 7];
+            head.add_centroid_mass(level, &q, &mut Scratch::default(), &mut mass);
+            for (a, b) in mass.iter().zip(&want) {
+                assert!((*a as f64 - b).abs() < 1e-5, "{level:?}: {a} vs {b}");
+            }
         }
     }
 }

@@ -7,8 +7,8 @@ pub mod collect;
 pub mod index;
 pub mod record;
 
-pub use collect::{collect_context, CollectSettings};
+pub use collect::{collect_context, text_contexts, CollectSettings, TextContext};
 pub use index::{
-    default_index_path, dot, HeadModel, IndexError, IndexMeta, SaapIndex, TrainingInfo,
+    default_index_path, HeadModel, IndexError, IndexMeta, SaapIndex, Scratch, TrainingInfo,
 };
 pub use record::{ContextRecord, RecordError, RecordMeta, RopeParams};
