@@ -7,7 +7,12 @@
 //! * `prefill_long/*`: sparse alone at 16384 and 32768;
 //! * `decode/*`: one `decode_step` (32 q / 8 kv heads, dim 128) at T = 1K…32K, f32 and f16;
 //! * `parallel/*`: rayon on vs off (needs feature `parallel` for "on" to differ);
-//! * `evict/*`: `evict_and_append` on a full 32K cache.
+//! * `evict/*`: `evict_and_append` on a full 32K cache;
+//! * `gather/*` (feature `fp16`): the kernel primitive for one decode token of a
+//!   Qwen2.5-0.5B-like layer (14 q / 2 kv heads, dim 64, f16 rows, 32768 cached keys),
+//!   single-threaded, both kv heads: 1300 scattered single positions per kv head (a sparse
+//!   policy's read plan; the token's visible list is those positions, or everything), vs
+//!   the same number of keys as one contiguous range.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use sparrow_attn::{forward_dense, KvElement, KvStore, SparseAttention, SparseConfig, Tensor3};
@@ -151,5 +156,90 @@ fn evict(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, prefill, decode, parallel, evict);
+#[cfg(feature = "fp16")]
+#[allow(clippy::single_range_in_vec_init)] // lists of key ranges that hold one
+fn gather(c: &mut Criterion) {
+    use sparrow_attn::f16;
+    use sparrow_attn::kernel::{attend_block, AttnShape, KvRows, KvSource, Level, Unit};
+    use std::ops::Range;
+
+    struct Rows {
+        kv_dim: usize,
+        k: Vec<f16>,
+        v: Vec<f16>,
+    }
+    impl KvSource for Rows {
+        fn kv_dim(&self) -> usize {
+            self.kv_dim
+        }
+        fn key_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+            KvRows::F16(&self.k[start * self.kv_dim..(start + n) * self.kv_dim])
+        }
+        fn value_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+            KvRows::F16(&self.v[start * self.kv_dim..(start + n) * self.kv_dim])
+        }
+    }
+
+    let shape = AttnShape {
+        n_head: 14,
+        n_head_kv: 2,
+        head_dim: 64,
+    };
+    let (t, picks) = (32768usize, 1300usize);
+    let mut r = sparrow_attn::kernel::reference::uniform(9);
+    let src = Rows {
+        kv_dim: shape.kv_dim(),
+        k: (0..t * shape.kv_dim())
+            .map(|_| f16::from_f32(r()))
+            .collect(),
+        v: (0..t * shape.kv_dim())
+            .map(|_| f16::from_f32(r()))
+            .collect(),
+    };
+    let q: Vec<f32> = (0..shape.q_dim()).map(|_| r()).collect();
+    // Per kv head: `picks` distinct random positions, sorted, as single-key ranges.
+    let scattered: Vec<Vec<Range<usize>>> = (0..shape.n_head_kv)
+        .map(|_| {
+            let mut p = Vec::new();
+            while p.len() < picks {
+                p.push(((r() + 1.0) * 0.5 * t as f32) as usize % t);
+                p.sort_unstable();
+                p.dedup();
+            }
+            p.into_iter().map(|p| p..p + 1).collect()
+        })
+        .collect();
+    let units = |keys: &dyn Fn(usize) -> Vec<Range<usize>>| -> Vec<Unit> {
+        (0..shape.n_head_kv)
+            .map(|kv_head| Unit {
+                tokens: 0..1,
+                kv_head,
+                keys: keys(kv_head),
+            })
+            .collect()
+    };
+    let sparse = units(&|h| scattered[h].clone());
+    let dense = units(&|_| vec![t - picks..t]);
+    // Per kv head, the one token's visible ranges.
+    let own: Vec<Vec<Vec<Range<usize>>>> = scattered.iter().map(|s| vec![s.clone()]).collect();
+    let all = vec![vec![vec![0..t]]; shape.n_head_kv];
+    let level = Level::active();
+    let run = |units: &[Unit], vis: &[Vec<Vec<Range<usize>>>]| {
+        for u in units {
+            black_box(attend_block(level, shape, &src, &q, u, &vis[u.kv_head]));
+        }
+    };
+    let mut g = c.benchmark_group("gather");
+    g.bench_function("scattered_1300", |b| b.iter(|| run(&sparse, &own)));
+    g.bench_function("scattered_1300_visible_all", |b| {
+        b.iter(|| run(&sparse, &all))
+    });
+    g.bench_function("contiguous_1300", |b| b.iter(|| run(&dense, &all)));
+    g.finish();
+}
+
+#[cfg(not(feature = "fp16"))]
+fn gather(_: &mut Criterion) {}
+
+criterion_group!(benches, prefill, decode, parallel, evict, gather);
 criterion_main!(benches);

@@ -1,10 +1,10 @@
 //! The attention primitive every path runs on: a block of query rows (every head of one
 //! GQA group for a few consecutive tokens) attends over a list of key ranges of one
-//! [`KvSource`], walking the keys in tiles of [`TILE`] rows — each K/V row read once per
-//! block — with a one-pass online softmax. The result is a [`BlockPartial`]: running max
-//! `m`, denominator `l` and unnormalised output `o` per row, so blocks over disjoint key
-//! sets (pieces of a long range, a policy's landmarks) merge exactly by log-sum-exp
-//! ([`write_merged`]).
+//! [`KvSource`], walking the keys in tiles of up to [`TILE`] rows — each K/V row read once
+//! per block, short ranges gathered into one tile — with a one-pass online softmax. The
+//! result is a [`BlockPartial`]: running max `m`, denominator `l` and unnormalised output
+//! `o` per row, so blocks over disjoint key sets (pieces of a long range, a policy's
+//! landmarks) merge exactly by log-sum-exp ([`write_merged`]).
 //!
 //! [`attend_batch`] is the dense executor on top: it cuts a batch into blocks, splits long
 //! key lists when there are too few blocks to keep every thread busy (decode), runs the
@@ -82,6 +82,15 @@ pub struct Unit {
 /// the group of token `unit.tokens.start + r / group`; each token only sees the keys of its
 /// own entry in `visible` (indexed by batch index, ascending disjoint ranges), the others
 /// are masked.
+///
+/// The keys are walked in tiles of up to [`TILE`] rows, each tile a list of pieces
+/// `(start, n)` of consecutive rows that [`KvSource::run_len`] hands out as one run, filled
+/// across runs and consecutive ranges (a tile ends only when it is full or the keys are). The work per tile (softmax pass, rescale of the outputs, the
+/// calls, the SIMD lanes) does not shrink with its keys, so a plan of many short ranges —
+/// scattered single positions, small pages — would otherwise pay it once per range: short
+/// ranges are gathered into full tiles instead. A tile of one piece (the tiles of a long
+/// range) reads f32 rows in place; a tile of several pieces copies (f32), converts (f16)
+/// or dequantizes (Q8_0) each piece's head rows into the tile buffers.
 pub fn attend_block<S: KvSource + ?Sized>(
     level: Level,
     shape: AttnShape,
@@ -116,17 +125,38 @@ pub fn attend_block<S: KvSource + ?Sized>(
     };
     let mut corr = vec![0.0f32; rw];
     let mut s = vec![0.0f32; TILE * rw];
-    // Tiles f16 rows are converted into and Q8_0 rows dequantized into (f32 rows are read
-    // in place); sized on first use.
+    // Tiles that f16 rows are converted into, Q8_0 rows dequantized into and the pieces of
+    // a gathered tile copied into (a one-piece tile of f32 rows is read in place); sized on
+    // first use.
     let mut ktile = Vec::new();
     let mut vtile = Vec::new();
 
-    for range in &unit.keys {
-        let mut start = range.start;
-        while start < range.end {
-            let n = src.run_len(start, TILE.min(range.end - start)).max(1);
-            let s = &mut s[..n * rw];
-            let (k, k_stride) = head_rows(
+    // The pieces `(start, n)` of the current tile, each at least one key, and the part of
+    // the current range not yet tiled.
+    let mut pieces = [(0usize, 0usize); TILE];
+    let mut ranges = unit.keys.iter().filter(|r| r.start < r.end);
+    let mut cur = ranges.next().map(|r| (r.start, r.end));
+    loop {
+        let (mut np, mut n) = (0, 0);
+        while n < TILE {
+            let Some((start, end)) = cur else { break };
+            let len = src.run_len(start, (TILE - n).min(end - start)).max(1);
+            pieces[np] = (start, len);
+            np += 1;
+            n += len;
+            cur = if start + len < end {
+                Some((start + len, end))
+            } else {
+                ranges.next().map(|r| (r.start, r.end))
+            };
+        }
+        if n == 0 {
+            break;
+        }
+        let pieces = &pieces[..np];
+        let s = &mut s[..n * rw];
+        let (k, k_stride) = match pieces {
+            &[(start, n)] => head_rows(
                 level,
                 src.key_rows(start, n),
                 head_off,
@@ -134,18 +164,35 @@ pub fn attend_block<S: KvSource + ?Sized>(
                 hd,
                 n,
                 &mut ktile,
-            );
-            scores(level, k, k_stride, n, hd, &qt, rw, scale, s);
-            mask(&unit.tokens, visible, start, n, group, rw, s);
-            softmax_tile(level, s, n, rw, &mut part.m, &mut part.l, &mut corr);
-            for (r, &c) in corr[..rows].iter().enumerate() {
-                if c != 1.0 {
-                    part.o[r * hd..(r + 1) * hd]
-                        .iter_mut()
-                        .for_each(|a| *a *= c);
-                }
+            ),
+            _ => gather_rows(
+                level,
+                pieces,
+                |a, b| src.key_rows(a, b),
+                head_off,
+                kv_dim,
+                hd,
+                &mut ktile,
+            ),
+        };
+        scores(level, k, k_stride, n, hd, &qt, rw, scale, s);
+        // Per piece: its rows of the tile are keys `start..start + len`.
+        let mut at = 0;
+        for &(start, len) in pieces {
+            let sp = &mut s[at * rw..(at + len) * rw];
+            mask(&unit.tokens, visible, start, len, group, rw, sp);
+            at += len;
+        }
+        softmax_tile(level, s, n, rw, &mut part.m, &mut part.l, &mut corr);
+        for (r, &c) in corr[..rows].iter().enumerate() {
+            if c != 1.0 {
+                part.o[r * hd..(r + 1) * hd]
+                    .iter_mut()
+                    .for_each(|a| *a *= c);
             }
-            let (v, v_stride) = head_rows(
+        }
+        let (v, v_stride) = match pieces {
+            &[(start, n)] => head_rows(
                 level,
                 src.value_rows(start, n),
                 head_off,
@@ -153,10 +200,18 @@ pub fn attend_block<S: KvSource + ?Sized>(
                 hd,
                 n,
                 &mut vtile,
-            );
-            pv(level, s, rw, rows, v, v_stride, n, hd, &mut part.o);
-            start += n;
-        }
+            ),
+            _ => gather_rows(
+                level,
+                pieces,
+                |a, b| src.value_rows(a, b),
+                head_off,
+                kv_dim,
+                hd,
+                &mut vtile,
+            ),
+        };
+        pv(level, s, rw, rows, v, v_stride, n, hd, &mut part.o);
     }
     part
 }
@@ -178,31 +233,79 @@ pub fn head_rows<'a>(
     match rows {
         KvRows::F32(x) => (&x[head_off..], kv_dim),
         #[cfg(feature = "fp16")]
-        KvRows::F16(x) => {
+        _ => {
             if buf.len() < n * hd {
                 buf.resize(TILE.max(n) * hd, 0.0);
             }
-            convert_tile(level, &x[head_off..], kv_dim, n, hd, buf);
+            head_rows_into(level, rows, head_off, kv_dim, hd, n, &mut buf[..n * hd]);
             (&buf[..n * hd], hd)
         }
+    }
+}
+
+/// One kv head's `n` rows as f32, written densely (`hd` apart) to `dst[..n * hd]`: copied
+/// from f32 rows, converted from f16 ones, dequantized from Q8_0 ones (whose head size and
+/// offset must then be whole 32-value blocks). `head_off` is the head's first value within
+/// a row of `kv_dim`.
+#[allow(unused_variables)] // without `fp16` only f32 rows exist: `level` is unused
+pub fn head_rows_into(
+    level: Level,
+    rows: KvRows<'_>,
+    head_off: usize,
+    kv_dim: usize,
+    hd: usize,
+    n: usize,
+    dst: &mut [f32],
+) {
+    assert!(dst.len() >= n * hd, "tile out of bounds");
+    match rows {
+        KvRows::F32(x) => {
+            for (t, d) in dst[..n * hd].chunks_exact_mut(hd).enumerate() {
+                d.copy_from_slice(&x[head_off + t * kv_dim..][..hd]);
+            }
+        }
+        #[cfg(feature = "fp16")]
+        KvRows::F16(x) => convert_tile(level, &x[head_off..], kv_dim, n, hd, dst),
         #[cfg(feature = "fp16")]
         KvRows::Q8_0(x) => {
             assert!(
                 hd.is_multiple_of(QK8_0) && head_off.is_multiple_of(QK8_0),
                 "Q8_0 rows need head sizes that are multiples of {QK8_0}, got {hd}"
             );
-            if buf.len() < n * hd {
-                buf.resize(TILE.max(n) * hd, 0.0);
-            }
             let (b_off, b_stride, b_width) = (head_off / QK8_0, kv_dim / QK8_0, hd / QK8_0);
-            dequant_q8_0_tile(level, &x[b_off..], b_stride, n, b_width, buf);
-            (&buf[..n * hd], hd)
+            dequant_q8_0_tile(level, &x[b_off..], b_stride, n, b_width, dst);
         }
     }
 }
 
-/// Set to `-inf` the scores of keys `start..start + n` that a token of the block does not
-/// see (causal diagonal, or a policy's gaps).
+/// A gathered tile: the head rows of every piece `(start, n)` (rows `rows(start, n)`, in
+/// order) written densely into `buf`; returns them with their stride `hd`.
+fn gather_rows<'s, 'b>(
+    level: Level,
+    pieces: &[(usize, usize)],
+    rows: impl Fn(usize, usize) -> KvRows<'s>,
+    head_off: usize,
+    kv_dim: usize,
+    hd: usize,
+    buf: &'b mut Vec<f32>,
+) -> (&'b [f32], usize) {
+    let n: usize = pieces.iter().map(|p| p.1).sum();
+    if buf.len() < n * hd {
+        buf.resize(TILE.max(n) * hd, 0.0);
+    }
+    let mut at = 0;
+    for &(start, len) in pieces {
+        let dst = &mut buf[at * hd..(at + len) * hd];
+        head_rows_into(level, rows(start, len), head_off, kv_dim, hd, len, dst);
+        at += len;
+    }
+    (&buf[..n * hd], hd)
+}
+
+/// Set to `-inf` the scores of keys `start..start + n` (rows `0..n` of `s`) that a token of
+/// the block does not see (causal diagonal, or a policy's gaps). A token's ranges are found
+/// by binary search: a gathered tile masks each of its pieces, and a sparse plan's token
+/// may list thousands of ranges.
 fn mask(
     tokens: &Range<usize>,
     visible: &[Vec<Range<usize>>],
@@ -215,8 +318,10 @@ fn mask(
     let end = start + n;
     for (j, token) in tokens.clone().enumerate() {
         let vis = &visible[token];
-        let seen: usize = vis
-            .iter()
+        let first = vis.partition_point(|r| r.end <= start);
+        let overlap = vis[first..].iter().take_while(|r| r.start < end);
+        let seen: usize = overlap
+            .clone()
             .map(|r| r.end.min(end).saturating_sub(r.start.max(start)))
             .sum();
         if seen == n {
@@ -224,7 +329,7 @@ fn mask(
         }
         // Walk the token's ranges once across the tile, masking the gaps between them.
         let mut t = start;
-        for r in vis.iter().filter(|r| r.end > start && r.start < end) {
+        for r in overlap {
             for key in t..r.start.max(start) {
                 s[(key - start) * rw + j * group..][..group].fill(f32::NEG_INFINITY);
             }

@@ -1,6 +1,7 @@
 //! The primitive against f64 references: every level, f32 / f16 / Q8_0 rows, head sizes
 //! with tails, MHA and GQA groups, batches of several blocks, forced key splits, per-token
-//! masks, and a source that cuts its runs short.
+//! masks, a source that cuts its runs short, and plans of many short ranges gathered into
+//! shared tiles; a plan of one range stays the plain tile loop bit for bit.
 
 #![allow(clippy::single_range_in_vec_init)] // lists of key ranges that may hold one
 
@@ -225,4 +226,386 @@ fn key_splits_cover_each_key_once() {
         union(vec![5..9, 0..3, 2..4, 9..9, 10..12]),
         vec![0..4, 5..9, 10..12]
     );
+}
+
+/// Positions as ascending disjoint ranges (adjacent positions joined).
+fn runs(positions: impl IntoIterator<Item = usize>) -> Vec<Range<usize>> {
+    union(positions.into_iter().map(|p| p..p + 1).collect())
+}
+
+/// Sparse plans of many short ranges (single positions, 2–5 key runs, mixed with long
+/// ranges), gathered into shared tiles: every level, every split and row type equals the
+/// scalar single-thread run, and that equals the f64 reference, for decode and for blocks
+/// of tokens that each see their own subset (causal, with per-token holes and an empty
+/// range), over a source whose runs are whole, 48 or 3 rows long.
+#[test]
+fn scattered_short_ranges_match_f64_reference_at_every_level() {
+    let mut rnd = rng(7);
+    let mut below = |n: usize| ((rnd() + 1.0) * 0.5 * n as f32) as usize % n;
+    let depth = 700;
+    // Plans over positions `0..depth`.
+    let singles: Vec<usize> = {
+        let mut p: Vec<usize> = (0..160).map(|_| below(depth)).collect();
+        p.sort_unstable();
+        p.dedup();
+        p
+    };
+    let short_runs: Vec<usize> = {
+        let mut p = Vec::new();
+        let mut at = below(8);
+        while at < depth {
+            let len = 2 + below(4);
+            p.extend(at..(at + len).min(depth));
+            at += len + 1 + below(12);
+        }
+        p
+    };
+    let mixed: Vec<usize> = (0..4)
+        .chain(singles.iter().copied().filter(|&p| (10..200).contains(&p)))
+        .chain(200..330)
+        .chain(
+            short_runs
+                .iter()
+                .copied()
+                .filter(|&p| (340..590).contains(&p)),
+        )
+        .chain(600..depth)
+        .collect();
+    let plans = [singles, short_runs, mixed];
+
+    let shapes = [(14, 2, 64), (4, 4, 20), (8, 2, 13), (6, 1, 32)];
+    for &(n_head, n_head_kv, head_dim) in &shapes {
+        let shape = AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+        };
+        let (kv_dim, q_dim) = (shape.kv_dim(), shape.q_dim());
+        let keys: Vec<Vec<f32>> = (0..depth)
+            .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
+            .collect();
+        let vals: Vec<Vec<f32>> = (0..depth)
+            .map(|_| (0..kv_dim).map(|_| rnd()).collect())
+            .collect();
+        let mut types = vec![(Ty::F32, Ty::F32), (Ty::F16, Ty::F16)];
+        if head_dim.is_multiple_of(QK8_0) {
+            types.extend([(Ty::Q8, Ty::Q8), (Ty::F32, Ty::Q8)]);
+        }
+        for (tk, tv) in types {
+            for run in [usize::MAX, 48, 3] {
+                let store = Store {
+                    kv_dim,
+                    k: Stored::new(tk, &keys),
+                    v: Stored::new(tv, &vals),
+                    run,
+                };
+                let (hk, hv) = (store.k.held(kv_dim), store.v.held(kv_dim));
+                for plan in &plans {
+                    for &n in &[1usize, 3, 19] {
+                        let pos0 = depth - n;
+                        let q: Vec<f32> = (0..n * q_dim).map(|_| rnd()).collect();
+                        // Token `i` (position `pos0 + i`) sees the plan's keys up to its own
+                        // position, less a fifth that differs from token to token.
+                        let visible: Vec<Vec<Range<usize>>> = (0..n)
+                            .map(|i| {
+                                let mut v = runs(plan.iter().copied().filter(|&p| {
+                                    p <= pos0 + i && (n == 1 || (p * 7 + i * 3) % 5 != 0)
+                                }));
+                                if i == 1 {
+                                    v.insert(0, 0..0);
+                                }
+                                v
+                            })
+                            .collect();
+                        let mut want = vec![0.0; n * q_dim];
+                        attend_batch(Level::Scalar, 1, shape, &store, &q, &visible, &mut want);
+                        for i in 0..n {
+                            let keys_i: Vec<usize> = visible[i].iter().cloned().flatten().collect();
+                            let qi = &q[i * q_dim..][..q_dim];
+                            let held = reference(shape, &hk, &hv, qi, &keys_i);
+                            for (a, b) in want[i * q_dim..][..q_dim].iter().zip(&held) {
+                                assert!(
+                                    (a - b).abs() < 2e-5,
+                                    "{shape:?} {tk:?}/{tv:?} run {run} n {n}: {a} vs {b}"
+                                );
+                            }
+                        }
+                        for level in Level::supported() {
+                            for threads in [1, 2, 16] {
+                                let mut got = vec![0.0; n * q_dim];
+                                attend_batch(level, threads, shape, &store, &q, &visible, &mut got);
+                                for (a, b) in got.iter().zip(&want) {
+                                    assert!(
+                                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                                        "{level:?} {threads} {tk:?}/{tv:?} {shape:?} run {run} n {n}: {a} vs {b}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Each KV head of a GQA model reading its own scattered positions (a plan entry per head,
+/// as a sparse policy states it): decode over 2000 keys, ~120 single positions and a few
+/// short runs per head, against the f64 reference with per-head key sets.
+#[test]
+fn per_head_scattered_plans_match_f64_reference() {
+    use crate::policy::{execute, PlanEntry, ReadPlan, Source};
+    let mut rnd = rng(3);
+    let shape = AttnShape {
+        n_head: 14,
+        n_head_kv: 2,
+        head_dim: 64,
+    };
+    let (kv_dim, q_dim, depth) = (shape.kv_dim(), shape.q_dim(), 2000);
+    let keys: Vec<Vec<f32>> = (0..depth)
+        .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
+        .collect();
+    let vals: Vec<Vec<f32>> = (0..depth)
+        .map(|_| (0..kv_dim).map(|_| rnd()).collect())
+        .collect();
+    let per_head: Vec<Vec<usize>> = (0..shape.n_head_kv)
+        .map(|h| {
+            let mut p: Vec<usize> = (0..depth)
+                .filter(|&p| (p * 2654435761 + h * 97) % 1000 < 60 + 20 * (p % 3 == 0) as usize)
+                .collect();
+            p.extend(depth - 5..depth);
+            p.sort_unstable();
+            p.dedup();
+            p
+        })
+        .collect();
+    let plan = ReadPlan {
+        entries: (0..shape.n_head_kv)
+            .map(|h| PlanEntry {
+                kv_heads: h..h + 1,
+                source: Source::Store,
+                visible: vec![runs(per_head[h].iter().copied())],
+            })
+            .collect(),
+        side: Vec::new(),
+    };
+    let q: Vec<f32> = (0..q_dim).map(|_| rnd()).collect();
+    for ty in [Ty::F32, Ty::F16, Ty::Q8] {
+        let store = Store {
+            kv_dim,
+            k: Stored::new(ty, &keys),
+            v: Stored::new(ty, &vals),
+            run: 256,
+        };
+        let (hk, hv) = (store.k.held(kv_dim), store.v.held(kv_dim));
+        let want = super::reference::attention_f64(shape, &hk, &hv, &q, &per_head);
+        for level in Level::supported() {
+            for threads in [1, 2, 16] {
+                let mut got = vec![0.0; q_dim];
+                execute(level, threads, shape, &store, &plan, &q, &mut got, None);
+                for (a, b) in got.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() < 2e-5,
+                        "{level:?} {threads} {ty:?}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Adjacent ranges are the same keys as their union: a plan split at arbitrary points
+/// (0..10, 10..20, …, and uneven cuts) equals the one-range result within float tolerance,
+/// and one split on tile boundaries walks the very same tiles, so it equals it bit for bit.
+#[test]
+fn adjacent_split_ranges_equal_one_range() {
+    let mut rnd = rng(11);
+    let shape = AttnShape {
+        n_head: 14,
+        n_head_kv: 2,
+        head_dim: 64,
+    };
+    let (kv_dim, q_dim, depth) = (shape.kv_dim(), shape.q_dim(), 700);
+    let keys: Vec<Vec<f32>> = (0..depth)
+        .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
+        .collect();
+    let vals: Vec<Vec<f32>> = (0..depth)
+        .map(|_| (0..kv_dim).map(|_| rnd()).collect())
+        .collect();
+    let cut = |points: &[usize]| -> Vec<Range<usize>> {
+        let mut b = vec![0];
+        b.extend(points.iter().copied().filter(|&p| p > 0 && p < depth));
+        b.push(depth);
+        b.windows(2).map(|w| w[0]..w[1]).collect()
+    };
+    let tens: Vec<usize> = (1..70).map(|i| i * 10).collect();
+    let uneven = [1, 3, 64, 65, 70, 127, 200, 201, 202, 333, 500, 699];
+    let tiles: Vec<usize> = (1..11).map(|i| i * TILE).collect();
+    let q: Vec<f32> = (0..q_dim).map(|_| rnd()).collect();
+    for ty in [Ty::F32, Ty::F16, Ty::Q8] {
+        let store = Store {
+            kv_dim,
+            k: Stored::new(ty, &keys),
+            v: Stored::new(ty, &vals),
+            run: usize::MAX,
+        };
+        for level in Level::supported() {
+            let run = |keys: Vec<Range<usize>>| {
+                (0..shape.n_head_kv)
+                    .map(|kv_head| {
+                        let unit = Unit {
+                            tokens: 0..1,
+                            kv_head,
+                            keys: keys.clone(),
+                        };
+                        attend_block(level, shape, &store, &q, &unit, &[vec![0..depth]])
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let one = run(vec![0..depth]);
+            let bits = |p: &[BlockPartial]| -> Vec<u32> {
+                p.iter()
+                    .flat_map(|b| b.m.iter().chain(&b.l).chain(&b.o).map(|x| x.to_bits()))
+                    .collect()
+            };
+            assert_eq!(bits(&one), bits(&run(cut(&tiles))), "{level:?} {ty:?}");
+            for points in [&tens[..], &uneven[..]] {
+                let split = run(cut(points));
+                for (a, b) in one.iter().zip(&split) {
+                    for r in 0..shape.group() {
+                        let (la, lb) = (a.m[r] + a.l[r].ln(), b.m[r] + b.l[r].ln());
+                        assert!((la - lb).abs() < 1e-5, "{level:?} {ty:?}: lse {la} vs {lb}");
+                        for d in 0..shape.head_dim {
+                            let x = a.o[r * shape.head_dim + d] / a.l[r];
+                            let y = b.o[r * shape.head_dim + d] / b.l[r];
+                            assert!((x - y).abs() < 1e-5, "{level:?} {ty:?}: {x} vs {y}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A plan of one long range is the plain tile loop — head rows in place (f32) or converted,
+/// scores, mask, online softmax, rescale, P·V per [`TILE`] keys — bit for bit: gathering
+/// leaves the one-piece path as it was.
+#[test]
+fn one_range_is_the_plain_tile_loop_bit_for_bit() {
+    use super::tile::{pv, scores, softmax_tile};
+    let mut rnd = rng(5);
+    let shape = AttnShape {
+        n_head: 14,
+        n_head_kv: 2,
+        head_dim: 64,
+    };
+    let (kv_dim, q_dim, depth) = (shape.kv_dim(), shape.q_dim(), 1000);
+    let (hd, group) = (shape.head_dim, shape.group());
+    let keys: Vec<Vec<f32>> = (0..depth)
+        .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
+        .collect();
+    let vals: Vec<Vec<f32>> = (0..depth)
+        .map(|_| (0..kv_dim).map(|_| rnd()).collect())
+        .collect();
+    let q: Vec<f32> = (0..q_dim).map(|_| rnd()).collect();
+    let range = 37..depth;
+    for ty in [Ty::F32, Ty::F16, Ty::Q8] {
+        let store = Store {
+            kv_dim,
+            k: Stored::new(ty, &keys),
+            v: Stored::new(ty, &vals),
+            run: usize::MAX,
+        };
+        for level in Level::supported() {
+            for kv_head in 0..shape.n_head_kv {
+                let unit = Unit {
+                    tokens: 0..1,
+                    kv_head,
+                    keys: vec![range.clone()],
+                };
+                let got = attend_block(level, shape, &store, &q, &unit, &[vec![0..depth]]);
+                // The loop, written out.
+                let rw = group.div_ceil(8) * 8;
+                let mut qt = vec![0.0f32; hd * rw];
+                for r in 0..group {
+                    for d in 0..hd {
+                        qt[d * rw + r] = q[(kv_head * group + r) * hd + d];
+                    }
+                }
+                let (mut m, mut l) = (vec![f32::NEG_INFINITY; rw], vec![0.0f32; rw]);
+                let mut o = vec![0.0f32; group * hd];
+                let (mut corr, mut s) = (vec![0.0f32; rw], vec![0.0f32; TILE * rw]);
+                let (mut kb, mut vb) = (Vec::new(), Vec::new());
+                let scale = 1.0 / (hd as f32).sqrt();
+                let mut start = range.start;
+                while start < range.end {
+                    let n = TILE.min(range.end - start);
+                    let s = &mut s[..n * rw];
+                    let rows = store.key_rows(start, n);
+                    let (k, ks) = head_rows(level, rows, kv_head * hd, kv_dim, hd, n, &mut kb);
+                    scores(level, k, ks, n, hd, &qt, rw, scale, s);
+                    softmax_tile(level, s, n, rw, &mut m, &mut l, &mut corr);
+                    for (r, &c) in corr[..group].iter().enumerate() {
+                        if c != 1.0 {
+                            o[r * hd..(r + 1) * hd].iter_mut().for_each(|a| *a *= c);
+                        }
+                    }
+                    let rows = store.value_rows(start, n);
+                    let (v, vs) = head_rows(level, rows, kv_head * hd, kv_dim, hd, n, &mut vb);
+                    pv(level, s, rw, group, v, vs, n, hd, &mut o);
+                    start += n;
+                }
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got.m), bits(&m), "{level:?} {ty:?}");
+                assert_eq!(bits(&got.l), bits(&l), "{level:?} {ty:?}");
+                assert_eq!(bits(&got.o), bits(&o), "{level:?} {ty:?}");
+            }
+        }
+    }
+}
+
+/// The helper a gathered tile is built with writes what [`head_rows`] yields, densely, at
+/// any offset of a destination: f32, f16 and Q8_0 rows, every level.
+#[test]
+fn head_rows_into_matches_head_rows() {
+    let mut rnd = rng(13);
+    let (kv_dim, hd, depth) = (3 * 64, 64, 40);
+    let rows: Vec<Vec<f32>> = (0..depth)
+        .map(|_| (0..kv_dim).map(|_| rnd()).collect())
+        .collect();
+    for ty in [Ty::F32, Ty::F16, Ty::Q8] {
+        let st = Stored::new(ty, &rows);
+        for level in Level::supported() {
+            for head in 0..3 {
+                let (start, n) = (5, 17);
+                let mut buf = Vec::new();
+                let (want, stride) = head_rows(
+                    level,
+                    st.rows(kv_dim, start, n),
+                    head * hd,
+                    kv_dim,
+                    hd,
+                    n,
+                    &mut buf,
+                );
+                let mut dst = vec![f32::NAN; (n + 4) * hd];
+                head_rows_into(
+                    level,
+                    st.rows(kv_dim, start, n),
+                    head * hd,
+                    kv_dim,
+                    hd,
+                    n,
+                    &mut dst[3 * hd..],
+                );
+                for t in 0..n {
+                    assert_eq!(&dst[(3 + t) * hd..][..hd], &want[t * stride..][..hd]);
+                }
+                assert!(dst[..3 * hd]
+                    .iter()
+                    .chain(&dst[(3 + n) * hd..])
+                    .all(|x| x.is_nan()));
+            }
+        }
+    }
 }
