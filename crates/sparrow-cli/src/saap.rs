@@ -1,5 +1,7 @@
 //! `sparrow saap collect`: record a model's de-roped keys and sampled queries over training
-//! text, the input of `sparrow saap train`.
+//! text. `sparrow saap train`: train an index from such records (or from text directly),
+//! saved where `--attn saap` finds it. `sparrow saap eval`: how much attention mass an
+//! index's routers capture on recorded queries.
 
 use crate::progress::PrefillProgress;
 use crate::run::init_threads;
@@ -8,12 +10,24 @@ use sparrow::saap::{collect_context, text_contexts, CollectSettings, ContextReco
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+#[cfg(feature = "train")]
+#[path = "saap_train.rs"]
+mod train;
+
 /// Saap's offline steps.
 #[derive(clap::Subcommand, Debug)]
 pub enum SaapCommand {
     /// Record the model's de-roped keys and sampled queries over long training text (one
     /// `.saapc` file per context), for `sparrow saap train --records`.
     Collect(CollectArgs),
+    /// Train an index (k-means of de-roped keys + the query classifier) from records or
+    /// straight from a text folder, and report its held-out routing quality.
+    #[cfg(feature = "train")]
+    Train(train::TrainArgs),
+    /// Attention mass captured by an index's routers (Q-model, centroids, oracle) and the
+    /// keys they read, per probe count, on recorded queries.
+    #[cfg(feature = "train")]
+    Eval(train::EvalArgs),
 }
 
 /// What text to record and how.
@@ -57,6 +71,10 @@ pub struct CollectArgs {
 pub fn saap(c: SaapCommand) -> Result<(), String> {
     match c {
         SaapCommand::Collect(a) => collect(a),
+        #[cfg(feature = "train")]
+        SaapCommand::Train(a) => train::train(a),
+        #[cfg(feature = "train")]
+        SaapCommand::Eval(a) => train::eval(a),
     }
 }
 

@@ -243,26 +243,6 @@ fn ranked(score: &[f32]) -> Vec<usize> {
     order
 }
 
-/// The centroid router's score: each row's softmax of its scaled inner products with the
-/// centroids, summed over the rows (the `saap` policy's `centroid_mass`).
-fn centroid_mass(centroids: &[f32], queries: &[f32], d: usize, mass: &mut [f32]) {
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut s = vec![0f32; mass.len()];
-    for q in queries.chunks_exact(d) {
-        for (x, c) in s.iter_mut().zip(centroids.chunks_exact(d)) {
-            *x = sparrow::saap::dot(c, q) * scale;
-        }
-        let mx = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if !mx.is_finite() {
-            continue;
-        }
-        let z: f32 = s.iter().map(|&x| (x - mx).exp()).sum();
-        for (m, &x) in mass.iter_mut().zip(&s) {
-            *m += (x - mx).exp() / z;
-        }
-    }
-}
-
 /// Sums of one (layer, KV head) over the records.
 fn eval_head(
     index: &SaapIndex,
@@ -280,7 +260,8 @@ fn eval_head(
         examples: 0,
         sums: vec![[0f64; 6]; probes.len()],
     };
-    let (mut hidden, mut queries) = (Vec::new(), Vec::new());
+    let (mut scratch, mut queries) = (sparrow::saap::Scratch::default(), Vec::new());
+    let level = sparrow::saap::Level::active();
     for r in records {
         let m = &r.meta;
         let g = m.n_head / m.n_head_kv;
@@ -327,9 +308,9 @@ fn eval_head(
                 queries.extend_from_slice(r.query(layer, kv_head * g + h, t.row));
             }
             let mut qmodel = vec![0f32; c];
-            head.add_bucket_mass(&queries, &mut hidden, &mut qmodel);
+            head.add_bucket_mass(level, &queries, &mut scratch, &mut qmodel);
             let mut cent = vec![0f32; c];
-            centroid_mass(&head.centroids, &queries, d, &mut cent);
+            head.add_centroid_mass(level, &queries, &mut scratch, &mut cent);
             let mut oracle = vec![0f32; c];
             for &h in &long {
                 for (o, &x) in oracle.iter_mut().zip(t.head_mass(h)) {

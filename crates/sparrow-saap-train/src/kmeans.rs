@@ -360,7 +360,14 @@ mod tests {
                 if score(order[0]) - score(order[1]) < 1e-4 {
                     continue; // a near tie: f32 may pick either
                 }
-                assert_eq!(head.assign(x), order[0]);
+                let mut got = Vec::new();
+                head.assign(
+                    sparrow::saap::Level::active(),
+                    x,
+                    &mut sparrow::saap::Scratch::default(),
+                    &mut got,
+                );
+                assert_eq!(got[0] as usize, order[0]);
                 assert_eq!(b as usize, order[0]);
             }
         }

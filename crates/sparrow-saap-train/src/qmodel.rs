@@ -476,7 +476,12 @@ mod tests {
             .unwrap();
         for (r, w) in want.iter().enumerate() {
             let mut mass = vec![0f32; c];
-            head.add_bucket_mass(&q[r * d..][..d], &mut Vec::new(), &mut mass);
+            head.add_bucket_mass(
+                sparrow::saap::Level::active(),
+                &q[r * d..][..d],
+                &mut sparrow::saap::Scratch::default(),
+                &mut mass,
+            );
             for (a, b) in mass.iter().zip(w) {
                 assert!((a - b).abs() < 1e-5, "row {r}: {a} vs {b}");
             }

@@ -12,3 +12,4 @@ pub use index::{
     default_index_path, HeadModel, IndexError, IndexMeta, SaapIndex, Scratch, TrainingInfo,
 };
 pub use record::{ContextRecord, RecordError, RecordMeta, RopeParams};
+pub use sparrow_attn::kernel::Level;
