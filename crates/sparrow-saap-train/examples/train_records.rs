@@ -5,6 +5,7 @@
 //! `SAAP_MODEL` names the model (default: the default model in the sparrow cache);
 //! `SAAP_CLUSTERS`, `SAAP_HIDDEN`, `SAAP_STEPS`, `SAAP_BATCH`, `SAAP_LR`, `SAAP_POINTS`,
 //! `SAAP_THREADS`, `SAAP_SPHERICAL=1`, `SAAP_MIN_DISTANCE` override the defaults;
+//! `SAAP_EVAL_MIN_DISTANCE` evaluates other queries than those trained on;
 //! `SAAP_OUT=FILE` saves the index; `SAAP_LAYERS=1` prints the per-layer table too.
 
 use sparrow_saap_train::{evaluate, load_records, train, EvalSettings, Progress, TrainSettings};
@@ -52,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let index = train(&records, &config, &s, &mut |p| {
         if let Progress::Done { head, summary: m } = p {
             eprintln!(
-                "head {:2}/{} (layer {:2}, kv {}): k-means {:.2} s, targets {:.2} s, Q-model {:.2} s; {} of {} queries long-range, KL train {:.3} held-out {:.3}",
+                "head {:2}/{} (layer {:2}, kv {}): k-means {:.2} s, targets {:.2} s, Q-model {:.2} s; {} of {} queries at ≥ {} tokens, KL train {:.3} held-out {:.3}",
                 head.index + 1,
                 head.total,
                 head.layer,
@@ -62,6 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 m.qmodel_seconds,
                 m.examples,
                 m.candidates,
+                m.min_distance,
                 m.train_kl,
                 m.held_out_kl.unwrap_or(f64::NAN)
             );
@@ -78,7 +80,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let t0 = Instant::now();
     let probes = [1, 2, 4, 8, 16, 32];
-    let report = evaluate(&index, &records, &probes, &EvalSettings::held_out(&s))?;
+    let mut eval = EvalSettings::held_out(&s);
+    eval.min_distance = env("SAAP_EVAL_MIN_DISTANCE", eval.min_distance);
+    let report = evaluate(&index, &records, &probes, &eval)?;
     eprintln!("evaluated in {:.1} s", t0.elapsed().as_secs_f64());
     println!("{report}");
     if env("SAAP_LAYERS", 0u8) == 1 {

@@ -46,6 +46,10 @@ pub struct TrainSettings {
     /// A query trains the Q-model only when its best key is at least this many tokens
     /// back (the paper's long-range queries).
     pub min_distance: usize,
+    /// A head with fewer long-range training queries than this trains on its
+    /// `min_examples` longest-range ones instead (some heads almost never look far back;
+    /// a model fitted to a handful of queries routes no better than chance).
+    pub min_examples: usize,
     /// Fraction of query positions held out of training (for the held-out loss and
     /// [`EvalRows::HeldOut`]).
     pub holdout: f64,
@@ -62,11 +66,12 @@ impl Default for TrainSettings {
             hidden: 256,
             kmeans_iterations: 10,
             spherical: false,
-            points_per_centroid: 256,
-            steps: 600,
+            points_per_centroid: 128,
+            steps: 300,
             batch: 256,
             learning_rate: 2e-3,
             min_distance: 1024,
+            min_examples: 256,
             holdout: 0.1,
             seed: 0,
             threads: 0,
@@ -132,6 +137,9 @@ pub struct HeadSummary {
     /// to train on.
     pub candidates: usize,
     pub examples: usize,
+    /// The distance the examples' best keys are at least (`min_distance`, or less when the
+    /// head had fewer than `min_examples` queries that far).
+    pub min_distance: usize,
     /// Long-range examples of the held-out split.
     pub held_out: usize,
     /// Mean KL divergence (nats) of the final model on its training and held-out examples.

@@ -150,6 +150,43 @@ pub(crate) fn record_keys(r: &ContextRecord, layer: usize, kv_head: usize) -> Ve
         .collect()
 }
 
+/// The training and held-out examples of one head: (query row, query head) pairs whose
+/// best key is at least `min_distance` back, with their attention mass per bucket of
+/// `part`. The distance of every training pair is pushed to `distances`.
+fn examples(
+    records: &[ContextRecord],
+    head: HeadId,
+    part: &kmeans::Partition,
+    s: &TrainSettings,
+    min_distance: usize,
+    distances: &mut Vec<usize>,
+) -> Result<(Examples, Examples), TrainError> {
+    let (layer, kv_head) = (head.layer, head.kv_head);
+    let m = &records[0].meta;
+    let (d, g, c) = (m.head_dim, m.n_head / m.n_head_kv, s.clusters);
+    let (mut train, mut held) = (Examples::new(d, c), Examples::new(d, c));
+    for r in records {
+        let keys = record_keys(r, layer, kv_head);
+        let buckets = kmeans::assign(&keys, d, &part.centroids, &part.bias)?;
+        let (train_rows, held_rows) = train_rows(r, s);
+        let rows: Vec<usize> = train_rows.iter().chain(&held_rows).copied().collect();
+        let targets = group_targets(r, layer, kv_head, &buckets, c, &rows)?;
+        for (k, t) in targets.iter().enumerate() {
+            let is_train = k < train_rows.len();
+            for h in 0..g {
+                if is_train {
+                    distances.push(t.position - t.best[h]);
+                }
+                if t.long_range(h, min_distance) {
+                    let set = if is_train { &mut train } else { &mut held };
+                    set.push(r.query(layer, kv_head * g + h, t.row), t.head_mass(h));
+                }
+            }
+        }
+    }
+    Ok((train, held))
+}
+
 /// K-means, targets and Q-model for one head.
 fn train_head(
     records: &[ContextRecord],
@@ -159,7 +196,7 @@ fn train_head(
 ) -> Result<HeadModel, TrainError> {
     let (layer, kv_head) = (head.layer, head.kv_head);
     let m = &records[0].meta;
-    let (d, g, c) = (m.head_dim, m.n_head / m.n_head_kv, s.clusters);
+    let (d, c) = (m.head_dim, s.clusters);
     let mut rng = ChaCha8Rng::seed_from_u64(s.seed);
     rng.set_stream(head.index as u64);
     let mut summary = HeadSummary::default();
@@ -199,28 +236,18 @@ fn train_head(
         phase: Phase::Targets,
     });
     let t0 = Instant::now();
-    let (mut train, mut held) = (Examples::new(d, c), Examples::new(d, c));
-    for r in records {
-        let buckets = kmeans::assign(
-            &record_keys(r, layer, kv_head),
-            d,
-            &part.centroids,
-            &part.bias,
-        )?;
-        let (train_rows, held_rows) = train_rows(r, s);
-        let rows: Vec<usize> = train_rows.iter().chain(&held_rows).copied().collect();
-        let targets = group_targets(r, layer, kv_head, &buckets, c, &rows)?;
-        for (k, t) in targets.iter().enumerate() {
-            let is_train = k < train_rows.len();
-            for h in 0..g {
-                summary.candidates += is_train as usize;
-                if t.long_range(h, s.min_distance) {
-                    let set = if is_train { &mut train } else { &mut held };
-                    set.push(r.query(layer, kv_head * g + h, t.row), t.head_mass(h));
-                }
-            }
-        }
+    let mut distances = Vec::new();
+    let mut threshold = s.min_distance;
+    let (mut train, mut held) = examples(records, head, &part, s, threshold, &mut distances)?;
+    summary.candidates = distances.len();
+    if train.len() < s.min_examples.min(distances.len()) {
+        // Too few long-range queries (a head that mostly looks back a short way): train on
+        // the `min_examples` longest-range ones instead of on almost nothing.
+        distances.sort_unstable_by(|a, b| b.cmp(a));
+        threshold = distances[s.min_examples.min(distances.len()) - 1];
+        (train, held) = examples(records, head, &part, s, threshold, &mut Vec::new())?;
     }
+    summary.min_distance = threshold;
     summary.examples = train.len();
     summary.held_out = held.len();
     summary.targets_seconds = t0.elapsed().as_secs_f64();
@@ -353,6 +380,7 @@ mod tests {
             batch: 32,
             learning_rate: 1e-2,
             min_distance: 8,
+            min_examples: 16,
             holdout: 0.25,
             seed: 5,
             threads: 2,
@@ -405,7 +433,33 @@ mod tests {
         assert_eq!(again.heads, index.heads);
     }
 
-    /// A record of another model, a too-long minimum distance and too many clusters are
+    /// A head with too few long-range queries trains on its longest-range ones.
+    #[test]
+    fn falls_back_to_the_longest_range_queries() {
+        let m = model();
+        let recs = records(&m, 64, 3);
+        let s = TrainSettings {
+            min_distance: 64,
+            min_examples: 40,
+            ..settings()
+        };
+        let mut sums = Vec::new();
+        train(&recs, &m, &s, &mut |p| {
+            if let Progress::Done { summary, .. } = p {
+                sums.push(summary)
+            }
+        })
+        .unwrap();
+        for sum in &sums {
+            assert!(sum.min_distance < 64 && sum.min_distance > 0, "{sum:?}");
+            assert!(
+                sum.examples >= 40 && sum.examples < sum.candidates,
+                "{sum:?}"
+            );
+        }
+    }
+
+    /// A record of another model, records without a query and too many clusters are
     /// refused with what is wrong.
     #[test]
     fn refuses_foreign_records_and_impossible_settings() {
@@ -414,13 +468,14 @@ mod tests {
         recs[1].fingerprint[3] ^= 1;
         let e = train(&recs, &m, &settings(), &mut |_| {}).unwrap_err();
         assert!(matches!(e, TrainError::OtherModel { .. }), "{e}");
-        let recs = records(&m, 64, 2);
-        let far = TrainSettings {
-            min_distance: 64,
-            ..settings()
-        };
-        let e = train(&recs, &m, &far, &mut |_| {}).unwrap_err();
+        let mut recs = records(&m, 64, 2);
+        for r in &mut recs {
+            r.meta.query_positions.clear();
+            r.queries.iter_mut().for_each(Vec::clear);
+        }
+        let e = train(&recs, &m, &settings(), &mut |_| {}).unwrap_err();
         assert!(matches!(e, TrainError::NoExamples { .. }), "{e}");
+        let recs = records(&m, 64, 2);
         let many = TrainSettings {
             clusters: 1000,
             ..settings()
