@@ -180,7 +180,16 @@ pub fn train(a: TrainArgs) -> Result<(), String> {
             recs
         }
     };
-    let recorded = t0.elapsed().as_secs_f64();
+    let got = format!(
+        "{} {} contexts in {:.0} s",
+        if a.records.is_some() {
+            "loaded"
+        } else {
+            "recorded"
+        },
+        records.len(),
+        t0.elapsed().as_secs_f64()
+    );
     drop(engine);
     let progress = HeadProgress::new();
     let t1 = Instant::now();
@@ -192,12 +201,11 @@ pub fn train(a: TrainArgs) -> Result<(), String> {
     index.save(&out).map_err(|e| e.to_string())?;
     let size = std::fs::metadata(&out).map_or(0, |m| m.len());
     eprintln!(
-        "index: {} ({:.1} MiB; C = {}, hidden {}) — recorded {} contexts in {recorded:.0} s, trained in {trained:.0} s",
+        "index: {} ({:.1} MiB; C = {}, hidden {}) — {got}, trained in {trained:.0} s",
         out.display(),
         size as f64 / (1 << 20) as f64,
         settings.clusters,
         settings.hidden,
-        records.len(),
     );
     let report = evaluate(
         &index,

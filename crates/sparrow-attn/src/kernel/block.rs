@@ -13,7 +13,7 @@
 use super::level::Level;
 #[cfg(feature = "fp16")]
 use super::rows::QK8_0;
-use super::rows::{KvRows, KvSource};
+use super::rows::{prefetch_head_rows, KvRows, KvSource};
 #[cfg(feature = "fp16")]
 use super::tile::{convert_tile, dequant_q8_0_tile};
 use super::tile::{pv, scores, softmax_tile};
@@ -66,7 +66,8 @@ pub struct BlockPartial {
 }
 
 /// One task: the query rows of batch tokens `tokens` for `kv_head`, over the key positions
-/// in `keys` (ascending, disjoint).
+/// in `keys` (ascending, disjoint, and within the union of the tokens' visible ranges, as
+/// [`plan_units`] and the plan executor build them: a one-token unit sees all of them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unit {
     /// Batch indices of the block's tokens.
@@ -165,20 +166,29 @@ pub fn attend_block<S: KvSource + ?Sized>(
                 n,
                 &mut ktile,
             ),
-            _ => gather_rows(
-                level,
-                pieces,
-                |a, b| src.key_rows(a, b),
-                head_off,
-                kv_dim,
-                hd,
-                &mut ktile,
-            ),
+            _ => {
+                for &(start, len) in pieces {
+                    prefetch_head_rows(src.key_rows(start, len), head_off, kv_dim, hd, len);
+                    prefetch_head_rows(src.value_rows(start, len), head_off, kv_dim, hd, len);
+                }
+                gather_rows(
+                    level,
+                    pieces,
+                    |a, b| src.key_rows(a, b),
+                    head_off,
+                    kv_dim,
+                    hd,
+                    &mut ktile,
+                )
+            }
         };
         scores(level, k, k_stride, n, hd, &qt, rw, scale, s);
-        // Per piece: its rows of the tile are keys `start..start + len`.
+        // Per piece: its rows of the tile are keys `start..start + len`. A block of one
+        // token sees every key of its unit (the unit's keys are the union of its tokens'
+        // visible ranges): nothing to mask, which a decode over thousands of scattered
+        // ranges would otherwise search for piece by piece.
         let mut at = 0;
-        for &(start, len) in pieces {
+        for &(start, len) in pieces.iter().filter(|_| unit.tokens.len() > 1) {
             let sp = &mut s[at * rw..(at + len) * rw];
             mask(&unit.tokens, visible, start, len, group, rw, sp);
             at += len;

@@ -112,6 +112,61 @@ pub trait KvSource: Sync {
     }
 }
 
+/// Ask the CPU to start loading one KV head's part (`hd` values from `head_off`) of the `n`
+/// rows of `rows`, `kv_dim` values apart: a hint, with no effect on results. A gathered tile
+/// reads scattered rows, each a cache miss the hardware prefetcher cannot predict; issuing
+/// every load of a tile (keys and values) before converting any lets the misses overlap
+/// instead of queueing one behind the other.
+#[allow(unused_variables)] // elsewhere than x86-64 it does nothing
+pub fn prefetch_head_rows(rows: KvRows<'_>, head_off: usize, kv_dim: usize, hd: usize, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (base, len, row, off, bytes): (*const u8, usize, usize, usize, usize) = match rows {
+            KvRows::F32(x) => (
+                x.as_ptr().cast(),
+                x.len() * 4,
+                kv_dim * 4,
+                head_off * 4,
+                hd * 4,
+            ),
+            #[cfg(feature = "fp16")]
+            KvRows::F16(x) => (
+                x.as_ptr().cast(),
+                x.len() * 2,
+                kv_dim * 2,
+                head_off * 2,
+                hd * 2,
+            ),
+            #[cfg(feature = "fp16")]
+            KvRows::Q8_0(x) => {
+                let b = BLOCK_Q8_0_BYTES;
+                (
+                    x.as_ptr().cast(),
+                    x.len() * b,
+                    kv_dim / QK8_0 * b,
+                    head_off / QK8_0 * b,
+                    hd / QK8_0 * b,
+                )
+            }
+        };
+        for r in 0..n {
+            let first = r * row + off;
+            let last = (first + bytes).min(len);
+            // Every 64-byte line the head's values touch: one probe per line, and the last
+            // byte (the span need not start on a line).
+            let probes = (first..last)
+                .step_by(64)
+                .chain((last > first).then(|| last - 1));
+            for at in probes {
+                // SAFETY: `at < len`, so the pointer is inside the borrowed rows; a prefetch
+                // reads nothing into the program and cannot fault.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(at).cast()) };
+            }
+        }
+    }
+}
+
 /// Keys (or, with `values`, values) of positions `start..start + dst.len() / kv_dim` of `src`
 /// as f32, in runs as the source hands them out.
 pub fn read_f32<S: KvSource + ?Sized>(src: &S, values: bool, start: usize, dst: &mut [f32]) {
