@@ -1,0 +1,50 @@
+//! The cost of Saap's routing per decode token: the Q-model (or the centroid router) run
+//! for every KV head group of every sparse layer, as the `saap` policy runs it.
+//!
+//! `cargo run --release -p sparrow --example saap_cost -- MODEL.gguf [INDEX]` (default
+//! index: the model's in the sparrow cache).
+
+use sparrow::saap::{default_index_path, Level, SaapIndex, Scratch};
+use std::time::Instant;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let model = args.get(1).ok_or("usage: saap_cost MODEL.gguf [INDEX]")?;
+    let config = sparrow::Model::load_with(model, sparrow::LoadOptions { repack: false })?.config;
+    let path = match args.get(2) {
+        Some(p) => p.into(),
+        None => default_index_path(&config.fingerprint).ok_or("no cache directory")?,
+    };
+    let index = SaapIndex::load(&path, &config)?;
+    let m = &index.meta;
+    let group = config.n_head / config.n_head_kv;
+    let mut rnd = sparrow_attn::kernel::reference::uniform(3);
+    let q: Vec<f32> = (0..group * m.head_dim).map(|_| rnd()).collect();
+    let mut scratch = Scratch::default();
+    let mut mass = vec![0f32; m.clusters];
+    let sparse = (1..m.n_layer).flat_map(|l| (0..m.n_head_kv).map(move |h| (l, h)));
+    for (name, qmodel) in [("Q-model", true), ("centroids", false)] {
+        let mut best = f64::INFINITY;
+        for _ in 0..20 {
+            let t0 = Instant::now();
+            for (l, h) in sparse.clone() {
+                let head = index.head(l, h);
+                if qmodel {
+                    head.add_bucket_mass(Level::active(), &q, &mut scratch, &mut mass);
+                } else {
+                    head.add_centroid_mass(Level::active(), &q, &mut scratch, &mut mass);
+                }
+            }
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        println!(
+            "{name}: {:.3} ms per token ({} layers x {} KV heads, group of {group}, C = {}, hidden {}; best of 20, one thread)",
+            best * 1e3,
+            m.n_layer - 1,
+            m.n_head_kv,
+            m.clusters,
+            m.hidden
+        );
+    }
+    Ok(())
+}
