@@ -3,6 +3,9 @@
 //! turn that reuses the cached prefix), every command refuses a bad policy name or setting
 //! with one `error:` line, and llama.cpp's `-ctk`/`-ctv` spellings work.
 
+mod common;
+
+use common::one_error;
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow_gguf::Value;
 use std::io::Write;
@@ -68,16 +71,6 @@ fn ok(out: &Output) -> (String, String) {
     assert!(out.status.success(), "failed: {e}");
     assert!(!e.contains("panicked"), "{e}");
     (o, e)
-}
-
-/// Exit code 1 and exactly one `error:` line, which is returned.
-fn one_error(out: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "want exit 1: {stderr}");
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(errors.len(), 1, "want one error line, got: {stderr}");
-    errors[0].to_string()
 }
 
 /// A user message of about 650 tokens (the synthetic tokenizer is byte-level), so a Quest

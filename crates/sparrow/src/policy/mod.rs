@@ -485,9 +485,20 @@ mod registry_tests {
     fn policy_names_list_the_registry() {
         let names: Vec<&str> = REGISTRY.iter().map(|p| p.name).collect();
         assert_eq!(names.join(", "), policy_names());
+        // Saap and kmeans read a trained index: a random one for these shapes.
+        let model = shapes(2);
+        let index =
+            std::env::temp_dir().join(format!("sparrow-registry-{}.saap", std::process::id()));
+        crate::saap::index::tests::random_index(&model, 4, 4, 1)
+            .save(&index)
+            .unwrap();
         for p in REGISTRY {
             let built = AttentionChoice::named(p.name)
-                .build_one(p.name, &shapes(2))
+                .with(SaapSettings {
+                    index: Some(index.clone()),
+                    ..Default::default()
+                })
+                .build_one(p.name, &model)
                 .unwrap();
             assert_eq!(built.supports_prefill(), p.prefill, "{}", p.name);
             assert_eq!(built.supports_decode(), p.decode, "{}", p.name);
