@@ -86,9 +86,9 @@ pub fn collect_context(
 ) -> Result<ContextRecord> {
     let c = &model.config;
     let n = tokens.len();
-    if settings.query_stride == 0 || settings.batch == 0 {
+    if settings.query_stride == 0 || settings.batch == 0 || settings.first_query == 0 {
         return Err(Error::Other(
-            "query stride and batch size must be at least 1".into(),
+            "query stride, batch size and first query position must be at least 1".into(),
         ));
     }
     if n <= settings.first_query {

@@ -187,8 +187,14 @@ impl ContextRecord {
                 meta.n_layer
             )));
         }
-        if meta.query_positions.iter().any(|&p| p >= meta.n_tokens) {
-            return Err(RecordError::Meta("a query position past the keys".into()));
+        if meta
+            .query_positions
+            .iter()
+            .any(|&p| p == 0 || p >= meta.n_tokens)
+        {
+            return Err(RecordError::Meta(
+                "a query position at 0 (no key past the sink) or past the keys".into(),
+            ));
         }
         let n_keys = meta.n_tokens * meta.n_head_kv * meta.head_dim;
         let (mut keys, mut queries) = (Vec::new(), Vec::new());
