@@ -351,6 +351,18 @@ fn mask(
     }
 }
 
+/// Ascending positions as ranges of consecutive ones (`[3, 4, 5, 9]` → `3..6, 9..10`).
+pub fn runs(positions: impl IntoIterator<Item = usize>) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for p in positions {
+        match out.last_mut() {
+            Some(r) if r.end == p => r.end = p + 1,
+            _ => out.push(p..p + 1),
+        }
+    }
+    out
+}
+
 /// Sorted union of ranges.
 pub fn union(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
     ranges.retain(|r| !r.is_empty());

@@ -21,7 +21,7 @@ mod tests;
 pub mod tile;
 
 pub use block::{
-    attend_batch, attend_block, head_rows, head_rows_into, plan_units, run_units, split_keys,
+    attend_batch, attend_block, head_rows, head_rows_into, plan_units, run_units, runs, split_keys,
     union, write_merged, AttnShape, BlockPartial, Unit, BLOCK_ROWS, MIN_PIECE, TILE,
 };
 pub use level::Level;

@@ -76,15 +76,11 @@ impl Needle {
     }
 }
 
-/// Filler text: every `.txt` file of `dir` in file-name order, concatenated.
-pub fn load_haystack(dir: &Path) -> Result<String> {
+/// The `.txt` files of `dir` in file-name order; an error naming the folder when it cannot
+/// be read or holds none.
+pub fn text_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| {
-            Error::Other(format!(
-                "cannot read haystack folder {}: {e}",
-                dir.display()
-            ))
-        })?
+        .map_err(|e| Error::Other(format!("cannot read text folder {}: {e}", dir.display())))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "txt"))
         .collect();
@@ -92,6 +88,12 @@ pub fn load_haystack(dir: &Path) -> Result<String> {
     if files.is_empty() {
         return Err(Error::Other(format!("no .txt files in {}", dir.display())));
     }
+    Ok(files)
+}
+
+/// Filler text: every `.txt` file of `dir` in file-name order, concatenated.
+pub fn load_haystack(dir: &Path) -> Result<String> {
+    let files = text_files(dir)?;
     let mut text = String::new();
     for f in files {
         let t = std::fs::read_to_string(&f)

@@ -7,7 +7,7 @@
 //! slow: an instrument, not a method. Prefill reads everything.
 
 use super::{PolicyEntry, SettingsType};
-use sparrow_attn::kernel::read_f32;
+use sparrow_attn::kernel::{read_f32, runs};
 use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
 use std::ops::Range;
 
@@ -111,14 +111,7 @@ impl OracleAttention {
         order.select_nth_unstable_by(k - 1, |&a, &b| mass[b].total_cmp(&mass[a]).then(b.cmp(&a)));
         let mut chosen = order[..k].to_vec();
         chosen.sort_unstable();
-        let mut ranges: Vec<Range<usize>> = Vec::new();
-        for p in chosen {
-            match ranges.last_mut() {
-                Some(last) if last.end == p => last.end = p + 1,
-                _ => ranges.push(p..p + 1),
-            }
-        }
-        ranges
+        runs(chosen)
     }
 }
 

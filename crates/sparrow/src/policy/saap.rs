@@ -22,7 +22,7 @@ use super::{AttentionChoice, PolicyEntry, SettingsType};
 use crate::model::rope::Rope;
 use crate::saap::index::Scratch;
 use crate::saap::{default_index_path, SaapIndex};
-use sparrow_attn::kernel::{union, Level};
+use sparrow_attn::kernel::{runs, union, Level};
 use sparrow_attn::policy::{KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
 use std::ops::Range;
 use std::path::PathBuf;
@@ -269,15 +269,7 @@ impl SaapAttention {
             }
         }
         self.positions.sort_unstable();
-        let mut ranges: Vec<Range<usize>> = Vec::new();
-        for &p in &self.positions {
-            let p = p as usize;
-            match ranges.last_mut() {
-                Some(r) if r.end == p => r.end = p + 1,
-                _ => ranges.push(p..p + 1),
-            }
-        }
-        ranges
+        runs(self.positions.iter().map(|&p| p as usize))
     }
 }
 

@@ -166,15 +166,7 @@ pub fn text_contexts(
     n: usize,
     count: usize,
 ) -> Result<Vec<TextContext>> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| Error::Other(format!("cannot read text folder {}: {e}", dir.display())))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "txt"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(Error::Other(format!("no .txt files in {}", dir.display())));
-    }
+    let files = crate::eval::needle::text_files(dir)?;
     let bos = tokenizer.encode("", true, false);
     let body = n
         .checked_sub(bos.len())

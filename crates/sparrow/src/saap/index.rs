@@ -287,7 +287,7 @@ impl HeadModel {
             1.0,
             &mut scratch.out,
         );
-        add_softmaxes(&mut scratch.out, &self.b2, rw, rows, 1.0, mass);
+        add_softmaxes(&mut scratch.out, Some(&self.b2), rw, rows, 1.0, mass);
     }
 
     /// Adds to `mass` each query row's softmax over its scaled inner products with the
@@ -303,10 +303,9 @@ impl HeadModel {
         let d = self.head_dim();
         let rows = queries.len() / d.max(1);
         let rw = self.centroid_products(level, queries, scratch);
-        let zero = vec![0.0; self.clusters()];
         add_softmaxes(
             &mut scratch.out,
-            &zero,
+            None,
             rw,
             rows,
             1.0 / (d as f32).sqrt(),
@@ -316,16 +315,18 @@ impl HeadModel {
 }
 
 /// For each row `r < rows` of `logits` (`C × rw`, column `r`): adds
-/// `softmax(scale · logits[·, r] + bias)` to `mass`. A row that is not finite adds nothing.
+/// `softmax(scale · logits[·, r] + bias)` to `mass` (no bias: zero). A row that is not
+/// finite adds nothing.
 fn add_softmaxes(
     logits: &mut [f32],
-    bias: &[f32],
+    bias: Option<&[f32]>,
     rw: usize,
     rows: usize,
     scale: f32,
     mass: &mut [f32],
 ) {
-    for (row, &b) in logits.chunks_exact_mut(rw).zip(bias) {
+    for (c, row) in logits.chunks_exact_mut(rw).enumerate() {
+        let b = bias.map_or(0.0, |b| b[c]);
         row.iter_mut().for_each(|x| *x = *x * scale + b);
     }
     for r in 0..rows {
