@@ -668,3 +668,54 @@ fn serve_refuses_bad_attention_settings_at_startup() {
         }
     }
 }
+
+/// The hole a new user found: a chat template of three nested `range(9999)` loops made
+/// `sparrow run --chat` spin for ever. Now the sandbox stops it, `run --chat` fails with
+/// the limit named, and `serve` refuses to start instead of hanging on the first chat.
+#[test]
+fn hostile_chat_template_is_stopped_not_spun() {
+    let loops = "{% for a in range(9999) %}{% for b in range(9999) %}{% for c in range(9999) %}{% endfor %}{% endfor %}{% endfor %}";
+    let p = tmp().join("hostile-template.gguf");
+    let spec = SyntheticSpec {
+        overrides: vec![(
+            "tokenizer.chat_template".into(),
+            sparrow_gguf::Value::String(loops.into()),
+        )],
+        ..Default::default()
+    };
+    std::fs::write(&p, synthetic_gguf(&spec)).unwrap();
+    let e = refused_at_startup(&p, &[]);
+    assert!(
+        e.contains("chat template") && e.contains("instructions"),
+        "{e}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_sparrow"))
+        .args([
+            "run",
+            "-m",
+            p.to_str().unwrap(),
+            "--chat",
+            "-p",
+            "hi",
+            "-n",
+            "2",
+            "-t",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("10000000 instructions"), "{stderr}");
+}
+
+/// `-c` past the machine's memory is refused with the bytes it needs, before allocating.
+#[test]
+fn context_larger_than_the_machine_is_refused_with_the_bytes() {
+    let m = synthetic_model();
+    let e = refused_at_startup(&m, &["-c", "1000000000000"]);
+    assert!(
+        e.contains("needs") && e.contains("TiB") && e.contains("-c/--ctx-size"),
+        "{e}"
+    );
+}

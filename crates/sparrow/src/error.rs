@@ -29,6 +29,12 @@ pub enum Error {
         "the prompt has {n_prompt} tokens but the context size is {n_ctx} (raise -c/--ctx-size)"
     )]
     PromptTooLong { n_prompt: usize, n_ctx: usize },
+    #[error(
+        "a context of {n_ctx} positions needs {} (KV cache and RoPE table), more than this machine's {} of memory (RAM and swap): use a smaller -c/--ctx-size",
+        crate::memory::human_bytes(*.need),
+        crate::memory::human_bytes(*.have)
+    )]
+    ContextTooLarge { n_ctx: usize, need: u64, have: u64 },
     #[error("context is full: {n_ctx} tokens")]
     ContextFull { n_ctx: usize },
     #[error("token id {id} is outside the vocabulary (size {vocab})")]

@@ -11,6 +11,7 @@ pub mod grammar;
 pub mod kv_blocks;
 pub mod kv_cache;
 pub mod kv_store;
+pub mod memory;
 pub mod model;
 pub mod perplexity;
 pub mod policy;
@@ -20,7 +21,7 @@ pub mod sampler;
 pub mod synthetic;
 pub mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, TemplateLimits};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use generate::{generate, prefill, GenerateOptions, GenerationStats, StopReason};

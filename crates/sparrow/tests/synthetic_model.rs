@@ -322,3 +322,65 @@ fn streaming_attention_in_the_model() {
     assert_eq!(&short[..3 * v], &full[..3 * v]);
     assert!(max_diff(&short[6 * v..], &full[6 * v..]) > 1e-3);
 }
+
+/// Files whose metadata asks for absurd allocations are refused before anything is
+/// allocated, with the number at fault in the message.
+#[test]
+fn absurd_sizes_are_refused_before_allocating() {
+    let spec = SyntheticSpec::default();
+    // A vocabulary of 2^30 tokens.
+    let e = load(with_meta(&spec, "qwen2.vocab_size", Value::U32(1 << 30)))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("vocab size = 1073741824"), "{e}");
+    // A million layers.
+    let e = load(with_meta(&spec, "qwen2.block_count", Value::U32(1_000_000)))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("block_count = 1000000"), "{e}");
+    // A token array that claims 2^30 entries in a file of a few hundred KiB: the parser
+    // checks the count against the bytes left before reserving anything.
+    let mut bytes = synthetic_gguf(&spec);
+    let key = b"tokenizer.ggml.tokens";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    // key, then the value type (u32 array = 9), the element type (string = 8), the count.
+    assert_eq!(&bytes[at..at + 8], &[9, 0, 0, 0, 8, 0, 0, 0]);
+    bytes[at + 8..at + 16].copy_from_slice(&(1u64 << 30).to_le_bytes());
+    let e = GgufFile::from_bytes(bytes).err().unwrap();
+    assert!(e.to_string().contains("1073741824"), "{e}");
+    // A training context of 2^31 positions loads (nothing is sized by it at load), but a
+    // state that size is refused with the bytes it would need — not an abort.
+    let model = load(with_meta(
+        &spec,
+        "qwen2.context_length",
+        Value::U32(1 << 31),
+    ))
+    .unwrap();
+    assert_eq!(model.config.n_ctx_train, 1 << 31);
+    let have = sparrow::memory::machine_memory();
+    let huge = 1usize << 40;
+    match model.new_state(huge, KvType::F16) {
+        Err(Error::ContextTooLarge {
+            n_ctx,
+            need,
+            have: h,
+        }) => {
+            assert_eq!(n_ctx, huge);
+            assert_eq!(Some(h), have);
+            // f16 K and V of 2 layers × 32 wide, plus the RoPE table's cos and sin.
+            let per = 2 * 2 * 2 * 32 + 4 * model.config.n_rot as u64;
+            assert_eq!(need, per * huge as u64);
+            let msg = model
+                .new_state(huge, KvType::F16)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                msg.contains("TiB") && msg.contains("-c/--ctx-size"),
+                "{msg}"
+            );
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => assert!(have.is_none(), "a 2^40-position state was allocated"),
+    }
+}

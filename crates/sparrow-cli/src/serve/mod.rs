@@ -7,7 +7,7 @@
 //! A client that disconnects drops its receiver, and the generation thread stops its
 //! request at the next step.
 
-pub mod api;
+pub use sparrow_cli::openai as api;
 pub mod metrics;
 pub mod scheduler;
 
@@ -126,6 +126,11 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             ChatTemplate::new(FALLBACK_TEMPLATE, "", "").map_err(|e| e.to_string())?
         }
     };
+    // The template comes with the model file: if it cannot render a one-message chat
+    // (broken, or hostile and stopped by its sandbox), say so now, not on every request.
+    template
+        .render(&[sparrow::ChatMessage::new("user", "hello")], true)
+        .map_err(|e| format!("the model's chat template cannot render a one-message chat: {e}"))?;
     let (attn_prefill, attn_decode) = attention.phase_names()?;
     let metrics = Arc::new(Metrics {
         info: metrics::Info {

@@ -242,6 +242,8 @@ impl Model {
             return Err(Error::BadHyperParameter("context size 0".into()));
         }
         let c = &self.config;
+        let kv_types: KvTypes = kv_type.into();
+        self.check_state_fits(n_ctx, kv_types)?;
         let rope = RopeTable::new(
             n_ctx,
             c.n_rot,
@@ -251,7 +253,7 @@ impl Model {
         );
         Ok(State {
             kv: Box::new(
-                KvCache::try_new(kv_type, c.n_layer, n_ctx, c.kv_dim(), c.head_dim)
+                KvCache::try_new(kv_types, c.n_layer, n_ctx, c.kv_dim(), c.head_dim)
                     .map_err(Error::Other)?,
             ),
             attention: Box::new(DenseAttention),
@@ -261,6 +263,22 @@ impl Model {
             vocab: c.vocab_size,
             scratch: Scratch::default(),
         })
+    }
+
+    /// Refuse a state whose KV cache and RoPE table alone pass the machine's memory (a
+    /// context size from a hostile file, or a `-c` typed with one zero too many).
+    fn check_state_fits(&self, n_ctx: usize, kv_types: KvTypes) -> Result<()> {
+        let c = &self.config;
+        let per_position = (kv_types.k.row_bytes(c.kv_dim()) + kv_types.v.row_bytes(c.kv_dim()))
+            as u128
+            * c.n_layer as u128
+            + 4 * c.n_rot as u128;
+        let need = per_position.saturating_mul(n_ctx as u128);
+        let need = u64::try_from(need).unwrap_or(u64::MAX);
+        match crate::memory::machine_memory() {
+            Some(have) if need > have => Err(Error::ContextTooLarge { n_ctx, need, have }),
+            _ => Ok(()),
+        }
     }
 
     fn linear(&self, w: &Linear, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
