@@ -7,9 +7,11 @@ from a text file), streaming or not; a share of streaming clients hang up mid-st
 share of requests carry malformed bodies. The server's RSS is sampled every few seconds.
 
 The verdict (exit 1 if any fails): the server never died, no 5xx other than 503 (the full
-queue, by design), every malformed body got a 400, `/health` answers 200 after the run.
-A summary (JSON with --json, and a table) reports requests by outcome and RSS of the first
-minute against the last.
+queue, by design), every malformed body got a 400, `/health` answers 200 after the run,
+and the heap is flat: RssAnon of the last minute within 5% of the first minute's. (RssFile,
+the mapped model, grows as tokens never seen before have their embedding rows read; it is
+bounded by the file and reported beside.) A summary (JSON with --json) reports requests by
+outcome and RSS of the first minute against the last.
 
     scripts/soak.py --sparrow target/release/sparrow -m MODEL --text ../shared/data/haystack/books
 """
@@ -54,13 +56,17 @@ def free_port():
 
 
 def rss_kib(pid):
+    """(VmRSS, RssAnon, RssFile) in KiB: the heap is RssAnon; RssFile is the mapped model,
+    which grows as new tokens' embedding rows are first read and is not a leak."""
     try:
+        fields = {}
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile"):
+                fields[key] = int(rest.split()[0])
+        return fields["VmRSS"], fields["RssAnon"], fields["RssFile"]
+    except (OSError, KeyError, ValueError, IndexError):
         return None
-    return None
 
 
 class Stats:
@@ -124,6 +130,8 @@ def client(i, port, deadline, args, words, stats):
                 r.read()
                 if r.status == 503:
                     stats.add(f"{kind}: 503 (queue full)")
+                    if args.honor_retry_after:
+                        time.sleep(float(r.getheader("retry-after") or 1))
                 elif r.status == 400:
                     # A prompt past the server's limit is a legitimate 400.
                     stats.add(f"{kind}: 400")
@@ -173,6 +181,8 @@ def main():
     ap.add_argument("--max-words", type=int, default=600)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-retry-after", dest="honor_retry_after", action="store_false",
+                    help="retry a 503 at once instead of waiting its Retry-After (a 503 storm)")
     ap.add_argument("--json", help="write the summary here")
     ap.add_argument("serve_args", nargs="*", help="extra `sparrow serve` flags (after --)")
     a = ap.parse_args()
@@ -223,7 +233,8 @@ def main():
         if time.time() - last_report >= 60:
             last_report = time.time()
             done = sum(stats.counts.values())
-            print(f"[{last_report - start:5.0f} s] {done} requests, RSS {samples[-1][1] / 1024:.0f} MiB", file=sys.stderr)
+            rss, anon, _ = samples[-1][1]
+            print(f"[{last_report - start:5.0f} s] {done} requests, RSS {rss / 1024:.0f} MiB (anon {anon / 1024:.0f})", file=sys.stderr)
     for t in threads:
         t.join()
     stop.set()
@@ -245,8 +256,9 @@ def main():
     except subprocess.TimeoutExpired:
         server.kill()
 
-    first = [k for t, k in samples if t < 60]
-    last = [k for t, k in samples if t >= a.duration - 60]
+    def minute_mean(which, early):
+        vals = [k[which] for t, k in samples if (t < 60 if early else t >= a.duration - 60)]
+        return round(statistics.mean(vals) / 1024, 1) if vals else None
     bad_status = {k: v for k, v in stats.counts.items() if k[-3:].isdigit() and k[-3] == "5" and "503" not in k}
     summary = {
         "duration_s": a.duration,
@@ -255,14 +267,22 @@ def main():
         "outcomes": dict(sorted(stats.counts.items())),
         "server_alive_at_end": alive,
         "health_after": health,
-        "rss_mib_first_minute": round(statistics.mean(first) / 1024, 1) if first else None,
-        "rss_mib_last_minute": round(statistics.mean(last) / 1024, 1) if last else None,
-        "rss_mib_max": round(max(k for _, k in samples) / 1024, 1) if samples else None,
+        "rss_mib_first_minute": minute_mean(0, True),
+        "rss_mib_last_minute": minute_mean(0, False),
+        "rss_anon_mib_first_minute": minute_mean(1, True),
+        "rss_anon_mib_last_minute": minute_mean(1, False),
+        "rss_file_mib_first_minute": minute_mean(2, True),
+        "rss_file_mib_last_minute": minute_mean(2, False),
+        "rss_mib_max": round(max(k[0] for _, k in samples) / 1024, 1) if samples else None,
         "failures": stats.failures,
         "command": " ".join(cmd),
     }
     malformed_ok = all(k in ("malformed: 400", "malformed: 503") for k in stats.counts if k.startswith("malformed"))
-    ok = alive and health == 200 and not bad_status and malformed_ok and "connection error" not in stats.counts \
+    # Flat: the heap (RssAnon) of the last minute within 5% of the first minute's.
+    anon_first, anon_last = summary["rss_anon_mib_first_minute"], summary["rss_anon_mib_last_minute"]
+    flat = anon_first is not None and anon_last is not None and anon_last <= anon_first * 1.05
+    summary["rss_anon_flat"] = flat
+    ok = flat and alive and health == 200 and not bad_status and malformed_ok and "connection error" not in stats.counts \
         and "stream: truncated" not in stats.counts
     summary["verdict"] = "pass" if ok else "FAIL"
     if a.json:
