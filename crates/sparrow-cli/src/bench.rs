@@ -168,7 +168,7 @@ fn run_test(
                 model
                     .forward(&mut state, &tokens(1, vocab, 5), Logits::Last)
                     .map_err(|e| e.to_string())?;
-                state.truncate(depth);
+                rewind(&mut state, depth)?;
             }
             let start = Instant::now();
             if n_prompt > 0 {
@@ -186,10 +186,21 @@ fn run_test(
                     .map_err(|e| e.to_string())?;
             }
             samples[p].push(start.elapsed().as_nanos() as u64);
-            state.truncate(depth);
+            rewind(&mut state, depth)?;
         }
     }
     Ok(samples)
+}
+
+/// Rewind to the filled depth for the next measurement.
+fn rewind(state: &mut State, depth: usize) -> Result<(), String> {
+    match state.truncate(depth) {
+        kept if kept == depth => Ok(()),
+        _ => Err(format!(
+            "cannot rewind to depth {depth}: the model's sliding-window layers have overwritten \
+             it (use fewer -p/-n tokens per run)"
+        )),
+    }
 }
 
 pub fn bench(a: BenchArgs) -> Result<(), String> {

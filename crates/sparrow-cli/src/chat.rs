@@ -119,7 +119,7 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
             continue;
         }
         let keep = common_prefix(&cached, &ids).min(ids.len() - 1);
-        state.truncate(keep);
+        let keep = state.truncate(keep);
         let opts = GenerateOptions {
             n_predict: (a.n_predict >= 0).then_some(a.n_predict as usize),
             ignore_eos: false,

@@ -94,7 +94,7 @@ fn bench(c: &mut Criterion) {
     let base = state.n_past();
     g.bench_function("decode_one_token", |b| {
         b.iter(|| {
-            state.truncate(base);
+            assert_eq!(state.truncate(base), base);
             std::hint::black_box(
                 model
                     .forward(&mut state, &[90], Logits::Last)

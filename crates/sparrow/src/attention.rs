@@ -68,6 +68,36 @@ pub fn attend(
     }
 }
 
+/// Attention of a sliding-window layer (the model's own mask, not a policy): row `i` of `q`
+/// (position `pos0 + i`) reads the last `window` positions up to its own, which the caller
+/// has written to `cache`.
+pub fn attend_sliding(
+    shape: AttnShape,
+    cache: &dyn KvStore,
+    layer: usize,
+    q: &[f32],
+    pos0: usize,
+    window: usize,
+    out: &mut [f32],
+) {
+    let store = StoreLayer {
+        store: cache,
+        layer,
+    };
+    let plan = ReadPlan::sliding(shape, pos0, q.len() / shape.q_dim(), window);
+    cache.prefetch(layer, &plan);
+    execute(
+        Level::active(),
+        rayon::current_num_threads(),
+        shape,
+        &store,
+        &plan,
+        q,
+        out,
+        None,
+    );
+}
+
 /// The store positions each KV head's query group reads when the single query row `q` at
 /// position `pos` of `layer` attends (one list of ascending ranges per KV head): the read
 /// set a policy is evaluated by (`sparrow eval attention`). Plans the query as [`attend`]

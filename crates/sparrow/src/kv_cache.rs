@@ -244,6 +244,14 @@ pub struct KvCache {
     n_layer: usize,
     n_ctx: usize,
     kv_dim: usize,
+    /// Rows each layer holds: `n_ctx`, or fewer for a layer that is a ring (a sliding-window
+    /// layer keeps only its window: position `p` lives in row `p % rows`).
+    rows: Vec<usize>,
+    /// Where each layer's rows start (elements).
+    base: Vec<usize>,
+    /// Per layer, the lowest position whose row has not been overwritten by a later one
+    /// (0 for a layer that is not a ring): what a rewind may keep.
+    intact_from: Vec<usize>,
     k: Store,
     v: Store,
 }
@@ -266,6 +274,29 @@ impl KvCache {
         kv_dim: usize,
         head_dim: usize,
     ) -> Result<Self, String> {
+        if n_layer
+            .checked_mul(n_ctx)
+            .and_then(|x| x.checked_mul(kv_dim))
+            .and_then(|x| x.checked_mul(4))
+            .is_none()
+        {
+            return Err(format!(
+                "KV cache of {n_layer} layers × {n_ctx} positions × {kv_dim} is too large"
+            ));
+        }
+        Self::with_rings(types, &vec![None; n_layer], n_ctx, kv_dim, head_dim)
+    }
+
+    /// Like [`KvCache::try_new`], with one entry per layer: `None` for a layer that holds
+    /// every position, `Some(rows)` for a ring of that many rows (a sliding-window layer,
+    /// whose memory then does not grow with the context).
+    pub fn with_rings(
+        types: impl Into<KvTypes>,
+        rings: &[Option<usize>],
+        n_ctx: usize,
+        kv_dim: usize,
+        head_dim: usize,
+    ) -> Result<Self, String> {
         let types = types.into();
         for (what, ty) in [("key", types.k), ("value", types.v)] {
             if ty == KvType::Q8_0
@@ -279,19 +310,34 @@ impl KvCache {
                 ));
             }
         }
-        let len = n_layer
-            .checked_mul(n_ctx)
-            .and_then(|x| x.checked_mul(kv_dim))
-            .filter(|&x| x.checked_mul(4).is_some())
-            .ok_or_else(|| {
-                format!("KV cache of {n_layer} layers × {n_ctx} positions × {kv_dim} is too large")
-            })?;
+        let n_layer = rings.len();
+        let rows: Vec<usize> = rings
+            .iter()
+            .map(|r| r.map_or(n_ctx, |r| r.clamp(1, n_ctx.max(1))))
+            .collect();
+        let too_large =
+            || format!("KV cache of {n_layer} layers × {n_ctx} positions × {kv_dim} is too large");
+        let mut base = Vec::with_capacity(n_layer);
+        let mut len = 0usize;
+        for &r in &rows {
+            base.push(len);
+            len = r
+                .checked_mul(kv_dim)
+                .and_then(|x| x.checked_add(len))
+                .ok_or_else(too_large)?;
+        }
+        if len.checked_mul(4).is_none() {
+            return Err(too_large());
+        }
         Ok(KvCache {
             high_water: 0,
             types,
             n_layer,
             n_ctx,
             kv_dim,
+            rows,
+            base,
+            intact_from: vec![0; n_layer],
             k: Store::new(types.k, len),
             v: Store::new(types.v, len),
         })
@@ -327,7 +373,26 @@ impl KvCache {
             layer < self.n_layer && pos < self.n_ctx,
             "KV index out of range"
         );
-        (layer * self.n_ctx + pos) * self.kv_dim
+        self.base[layer] + (pos % self.rows[layer]) * self.kv_dim
+    }
+
+    /// Rows `layer` holds (`n_ctx` unless it is a ring).
+    pub fn layer_rows(&self, layer: usize) -> usize {
+        self.rows[layer]
+    }
+
+    /// The lowest position of `layer` whose row still holds it (a ring overwrites its
+    /// oldest rows as it goes round); every position from there up to the highest written
+    /// is readable.
+    pub fn intact_from(&self, layer: usize) -> usize {
+        self.intact_from[layer]
+    }
+
+    /// How many rows from position `start` of `layer` (at most `max`) lie contiguously in
+    /// memory: a ring's run ends where it wraps.
+    pub fn run_len(&self, layer: usize, start: usize, max: usize) -> usize {
+        let r = self.rows[layer];
+        max.min(r - start % r)
     }
 
     /// Store the keys and values of `pos` in `layer`.
@@ -340,12 +405,16 @@ impl KvCache {
         self.k.write(at, k);
         self.v.write(at, v);
         self.high_water = self.high_water.max(pos + 1);
+        let lost = (pos + 1).saturating_sub(self.rows[layer]);
+        self.intact_from[layer] = self.intact_from[layer].max(lost);
     }
 
     fn check_read(&self, layer: usize, start: usize, len: usize) -> usize {
+        let n = len / self.kv_dim.max(1);
         assert!(
             len.is_multiple_of(self.kv_dim.max(1))
-                && start + len / self.kv_dim.max(1) <= self.n_ctx,
+                && start + n <= self.n_ctx
+                && (n == 0 || self.run_len(layer, start, n) == n),
             "KV read must cover whole rows within the cache"
         );
         self.offset(layer, start)
@@ -381,18 +450,33 @@ impl KvCache {
         StoreLayer { store: self, layer }
     }
 
+    /// Element range of positions `start..start + n` of `layer`, which must be one run
+    /// ([`KvCache::run_len`]).
     fn span(&self, layer: usize, start: usize, n: usize) -> std::ops::Range<usize> {
         assert!(
-            layer < self.n_layer && start + n <= self.n_ctx,
+            layer < self.n_layer
+                && start + n <= self.n_ctx
+                && (n == 0 || self.run_len(layer, start, n) == n),
             "KV index out of range"
         );
-        let at = (layer * self.n_ctx + start) * self.kv_dim;
+        let at = self.base[layer] + (start % self.rows[layer]) * self.kv_dim;
         at..at + n * self.kv_dim
     }
 
-    /// Bytes of keys plus values of one position across all layers.
+    /// Bytes of keys plus values of one position in one layer.
+    pub fn row_bytes(&self) -> usize {
+        self.types.k.row_bytes(self.kv_dim) + self.types.v.row_bytes(self.kv_dim)
+    }
+
+    /// Bytes of keys plus values one more position adds across all layers once every ring
+    /// is full: the layers that hold every position (all of them, without rings).
     pub fn bytes_per_token(&self) -> usize {
-        self.n_layer * (self.types.k.row_bytes(self.kv_dim) + self.types.v.row_bytes(self.kv_dim))
+        self.rows.iter().filter(|&&r| r == self.n_ctx).count() * self.row_bytes()
+    }
+
+    /// Bytes the first `n` positions occupy: each layer holds `min(n, its rows)`.
+    pub fn bytes_for(&self, n: usize) -> usize {
+        self.rows.iter().map(|&r| n.min(r)).sum::<usize>() * self.row_bytes()
     }
 
     /// One past the highest position written so far.
@@ -402,7 +486,7 @@ impl KvCache {
 
     /// Bytes held for keys and values.
     pub fn bytes(&self) -> usize {
-        self.n_ctx * self.bytes_per_token()
+        self.bytes_for(self.n_ctx)
     }
 }
 
@@ -411,18 +495,40 @@ impl KvCache {
 impl KvCache {
     /// Bytes [`KvCache::export_prefix`] produces for `n` positions.
     pub fn prefix_bytes(&self, n: usize) -> usize {
-        n * self.bytes_per_token()
+        self.bytes_for(n)
+    }
+
+    /// The positions of `layer` a prefix of `n` keeps: all of them, or a ring's last rows.
+    fn kept(&self, layer: usize, n: usize) -> std::ops::Range<usize> {
+        n - n.min(self.rows[layer])..n
+    }
+
+    /// Element ranges (at most two: a ring may wrap) holding positions `p` of `layer`.
+    fn runs(&self, layer: usize, p: std::ops::Range<usize>) -> Vec<std::ops::Range<usize>> {
+        let mut out = Vec::with_capacity(2);
+        let mut at = p.start;
+        while at < p.end {
+            let n = self.run_len(layer, at, p.end - at);
+            out.push(self.span(layer, at, n));
+            at += n;
+        }
+        out
     }
 
     /// Keys then values of positions `0..n`, layer by layer, as little-endian raw data of
-    /// each one's type (for Q8_0, ggml's 34-byte blocks).
+    /// each one's type (for Q8_0, ggml's 34-byte blocks). A ring layer contributes its last
+    /// `min(n, rows)` positions, in position order.
     pub fn export_prefix(&self, n: usize) -> Vec<u8> {
         assert!(n <= self.n_ctx, "export beyond the cache");
         let mut out = Vec::with_capacity(self.prefix_bytes(n));
         for l in 0..self.n_layer {
-            let r = l * self.n_ctx * self.kv_dim..(l * self.n_ctx + n) * self.kv_dim;
-            self.k.export(r.clone(), &mut out);
-            self.v.export(r, &mut out);
+            let runs = self.runs(l, self.kept(l, n));
+            for r in &runs {
+                self.k.export(r.clone(), &mut out);
+            }
+            for r in runs {
+                self.v.export(r, &mut out);
+            }
         }
         out
     }
@@ -443,24 +549,31 @@ impl KvCache {
                 self.prefix_bytes(n)
             ));
         }
-        let (kb, vb) = (
-            n * self.types.k.row_bytes(self.kv_dim),
-            n * self.types.v.row_bytes(self.kv_dim),
+        let (krow, vrow) = (
+            self.types.k.row_bytes(self.kv_dim),
+            self.types.v.row_bytes(self.kv_dim),
         );
         let mut at = 0;
         for l in 0..self.n_layer {
-            let start = l * self.n_ctx * self.kv_dim;
-            let r = start..start + n * self.kv_dim;
-            self.k.import(r.clone(), &bytes[at..at + kb]);
-            at += kb;
-            self.v.import(r, &bytes[at..at + vb]);
-            at += vb;
+            let kept = self.kept(l, n);
+            let runs = self.runs(l, kept.clone());
+            for r in &runs {
+                let b = r.len() / self.kv_dim.max(1) * krow;
+                self.k.import(r.clone(), &bytes[at..at + b]);
+                at += b;
+            }
+            for r in runs {
+                let b = r.len() / self.kv_dim.max(1) * vrow;
+                self.v.import(r, &bytes[at..at + b]);
+                at += b;
+            }
+            self.intact_from[l] = kept.start;
         }
         self.high_water = self.high_water.max(n);
         Ok(())
     }
 
-    /// Copy positions `0..n` of every layer from `other` (same types and width).
+    /// Copy positions `0..n` of every layer from `other` (same types, width and rows).
     pub fn copy_prefix_from(&mut self, other: &KvCache, n: usize) -> Result<(), String> {
         if other.types != self.types {
             return Err(format!(
@@ -475,10 +588,21 @@ impl KvCache {
             return Err("prefix longer than a cache".into());
         }
         for l in 0..self.n_layer {
-            let (a, b) = (l * self.n_ctx * self.kv_dim, l * other.n_ctx * other.kv_dim);
-            let len = n * self.kv_dim;
-            self.k.copy_from(a, &other.k, b..b + len)?;
-            self.v.copy_from(a, &other.v, b..b + len)?;
+            let kept = self.kept(l, n);
+            if other.kept(l, n) != kept || other.intact_from[l] > kept.start {
+                return Err("KV caches of different ring sizes".into());
+            }
+            let mut at = kept.start;
+            while at < kept.end {
+                let len =
+                    self.run_len(l, at, kept.end - at)
+                        .min(other.run_len(l, at, kept.end - at));
+                let dst = self.span(l, at, len).start;
+                self.k.copy_from(dst, &other.k, other.span(l, at, len))?;
+                self.v.copy_from(dst, &other.v, other.span(l, at, len))?;
+                at += len;
+            }
+            self.intact_from[l] = kept.start;
         }
         self.high_water = self.high_water.max(n);
         Ok(())
@@ -659,5 +783,54 @@ mod tests {
             let mut d = KvCache::new(KvTypes::new(other, ty.v), 2, 4, w);
             assert!(d.copy_prefix_from(&b, 2).unwrap_err().contains("types"));
         }
+    }
+
+    /// A layer kept as a ring of 5 rows beside a full one: position `p` reads back what was
+    /// written for it while it is among the last 5, runs end where the ring wraps, and
+    /// `intact_from` says which positions are still there.
+    #[test]
+    fn ring_layers_hold_their_last_rows() {
+        let row = |l: usize, p: usize| [l as f32 * 100.0 + p as f32, -(p as f32)];
+        let mut c = KvCache::with_rings(KvType::F32, &[None, Some(5)], 16, 2, 2).unwrap();
+        assert_eq!((c.layer_rows(0), c.layer_rows(1)), (16, 5));
+        for p in 0..12 {
+            for l in 0..2 {
+                c.write(l, p, &row(l, p), &row(l, p));
+            }
+        }
+        assert_eq!((c.intact_from(0), c.intact_from(1)), (0, 7));
+        let mut k = [0.0; 2];
+        for p in 7..12 {
+            c.read_keys(1, p, &mut k);
+            assert_eq!(k, row(1, p), "position {p}");
+        }
+        for p in 0..12 {
+            c.read_keys(0, p, &mut k);
+            assert_eq!(k, row(0, p));
+        }
+        // Positions 7..12 sit in rows 2,3,4,0,1: the run from 7 ends at the wrap.
+        assert_eq!(c.run_len(1, 7, 5), 3);
+        assert_eq!(c.run_len(1, 10, 2), 2);
+        assert_eq!(c.run_len(0, 7, 5), 5);
+        // One more position per layer adds only the full layer's row.
+        assert_eq!(c.bytes_per_token(), c.row_bytes());
+        assert_eq!(c.bytes_for(12), (12 + 5) * c.row_bytes());
+        // Export keeps the ring's last positions; an import into another ring cache reads
+        // the same rows back.
+        let bytes = c.export_prefix(12);
+        assert_eq!(bytes.len(), c.prefix_bytes(12));
+        let mut d = KvCache::with_rings(KvType::F32, &[None, Some(5)], 16, 2, 2).unwrap();
+        d.import_prefix(12, &bytes).unwrap();
+        assert_eq!(d.intact_from(1), 7);
+        for p in 7..12 {
+            d.read_keys(1, p, &mut k);
+            assert_eq!(k, row(1, p));
+        }
+        let mut e = KvCache::with_rings(KvType::F32, &[None, Some(5)], 16, 2, 2).unwrap();
+        e.copy_prefix_from(&c, 12).unwrap();
+        assert_eq!(e.export_prefix(12), bytes);
+        // A ring that has lost positions the copy needs is refused.
+        let mut f = KvCache::with_rings(KvType::F32, &[None, Some(8)], 16, 2, 2).unwrap();
+        assert!(f.copy_prefix_from(&c, 12).is_err());
     }
 }

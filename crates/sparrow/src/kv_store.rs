@@ -32,6 +32,16 @@ pub trait KvStore: Send + Sync {
     fn run_len(&self, _layer: usize, _start: usize, max: usize) -> usize {
         max
     }
+    /// Rows `layer` holds: `n_ctx`, or the size of the ring a sliding-window layer is kept in.
+    fn layer_rows(&self, _layer: usize) -> usize {
+        self.n_ctx()
+    }
+    /// The lowest position of `layer` the store still holds (a layer kept as a ring of its
+    /// sliding window loses its oldest positions as it goes round): a rewind to `n` keeps
+    /// what it needs only if the positions it reads before `n` are at or above this.
+    fn intact_from(&self, _layer: usize) -> usize {
+        0
+    }
     /// `plan` is about to be executed over `layer`: make what it reads available.
     fn prefetch(&self, _layer: usize, _plan: &ReadPlan<'_>) {}
     /// Bytes of keys and values held in RAM.
@@ -94,10 +104,19 @@ impl KvStore for KvCache {
     fn value_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
         KvCache::value_rows(self, layer, start, n)
     }
-    /// Positions written so far (the high-water mark) × bytes per position: the untouched
-    /// rest of the zeroed allocation is not backed by memory.
+    fn run_len(&self, layer: usize, start: usize, max: usize) -> usize {
+        KvCache::run_len(self, layer, start, max)
+    }
+    fn intact_from(&self, layer: usize) -> usize {
+        KvCache::intact_from(self, layer)
+    }
+    fn layer_rows(&self, layer: usize) -> usize {
+        KvCache::layer_rows(self, layer)
+    }
+    /// The rows of the positions written so far (the high-water mark; a ring at most its
+    /// rows): the untouched rest of the zeroed allocation is not backed by memory.
     fn bytes_resident(&self) -> usize {
-        self.high_water() * KvCache::bytes_per_token(self)
+        self.bytes_for(self.high_water())
     }
     fn export_prefix(&self, n: usize) -> Vec<u8> {
         KvCache::export_prefix(self, n)

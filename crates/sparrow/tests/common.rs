@@ -43,6 +43,27 @@ pub fn qwen_path() -> PathBuf {
     p
 }
 
+/// A model `scripts/fetch_models.py NAME` fetches; missing is a failure (CI must fetch it).
+fn fetched(file: &str, name: &str) -> PathBuf {
+    let p = models_dir().join(file);
+    assert!(
+        p.exists(),
+        "{} is missing: run `python3 scripts/fetch_models.py {name}`",
+        p.display()
+    );
+    p
+}
+
+/// The Gemma-3-270M GGUF (gemma3: sliding-window layers).
+pub fn gemma_path() -> PathBuf {
+    fetched("gemma-3-270m-q4_k_m.gguf", "gemma")
+}
+
+/// The SmolLM2-135M-Instruct GGUF (llama architecture, Q4_1).
+pub fn smollm_path() -> PathBuf {
+    fetched("smollm2-135m-instruct-q4_1.gguf", "smollm")
+}
+
 pub fn fixture(name: &str) -> String {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures")

@@ -118,7 +118,7 @@ fn quest_after_a_rewind_equals_a_fresh_sequence() {
         let mut s = state(&m, &quest(8, 48));
         m.forward(&mut s, &a[..64], Logits::None).unwrap();
         decode_logits(&m, &mut s, &a[64..], &d);
-        s.truncate(to);
+        assert_eq!(s.truncate(to), to);
         decode_logits(&m, &mut s, &b[to - 64..], &d)
     };
     let mut fresh = state(&m, &quest(8, 48));

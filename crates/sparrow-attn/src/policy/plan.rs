@@ -70,6 +70,19 @@ impl<'p> ReadPlan<'p> {
         ReadPlan::same_for_all_heads(shape, visible)
     }
 
+    /// A sliding window (a model's architectural mask, as Gemma's local layers): token `i`
+    /// (position `pos0 + i`) reads the last `window` positions up to its own, for every KV
+    /// head.
+    pub fn sliding(shape: AttnShape, pos0: usize, n: usize, window: usize) -> ReadPlan<'p> {
+        let visible = (0..n)
+            .map(|i| {
+                let end = pos0 + i + 1;
+                std::iter::once(end.saturating_sub(window.max(1))..end).collect()
+            })
+            .collect();
+        ReadPlan::same_for_all_heads(shape, visible)
+    }
+
     /// One store entry covering every KV head, token `i` reading `visible[i]`.
     pub fn same_for_all_heads(shape: AttnShape, visible: Vec<Vec<Range<usize>>>) -> ReadPlan<'p> {
         ReadPlan {

@@ -263,7 +263,8 @@ impl Worker {
         let sl = &mut self.slots[slot];
         // Rewinds the attention policy's per-position state too (`forget_from`), so a
         // sparse policy's summaries of the previous request's tail never leak into this one.
-        sl.state.truncate(shared);
+        // A sliding-window layer may have lost the prefix (then `shared` becomes 0).
+        let shared = sl.state.truncate(shared);
         sl.tokens.truncate(shared);
         let mut sampler = Sampler::new(job.sampler.clone());
         sampler.accept(&job.prompt);

@@ -279,10 +279,12 @@ pub fn run_cell_policies(
             },
         )?;
         let prefill_seconds = if exact_prefill {
-            // Give the shared prefix back for the next policy, rewound to the prompt's head.
-            state.truncate(head.len());
-            state.set_attention(Box::new(crate::attention::DenseAttention));
-            shared = Some((state, prefill_seconds));
+            // Give the shared prefix back for the next policy, rewound to the prompt's head
+            // (unless a sliding layer's ring has lost it: then the next one prefills again).
+            if state.truncate(head.len()) == head.len() {
+                state.set_attention(Box::new(crate::attention::DenseAttention));
+                shared = Some((state, prefill_seconds));
+            }
             prefill_seconds
         } else {
             stats.prompt_time.as_secs_f64()

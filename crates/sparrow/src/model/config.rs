@@ -2,15 +2,17 @@
 //! checked for consistency before any memory is sized from them.
 
 use crate::error::{Error, Result};
+pub use crate::model::spec::{Activation, LayerAttention, LayerSpec};
 use sparrow_gguf::GgufFile;
 
-/// The decoder architectures sparrow runs. They share one forward pass and differ in small
-/// switches (biases, RoPE layout).
+/// The decoder architectures sparrow runs. They share one forward pass, composed per layer
+/// from a [`LayerSpec`] the family derives from the metadata ([`crate::model::spec`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
     Qwen2,
     Mistral,
+    Gemma3,
 }
 
 impl Architecture {
@@ -19,6 +21,7 @@ impl Architecture {
             "llama" => Ok(Architecture::Llama),
             "qwen2" => Ok(Architecture::Qwen2),
             "mistral" => Ok(Architecture::Mistral),
+            "gemma3" => Ok(Architecture::Gemma3),
             other => Err(Error::UnknownArchitecture(other.to_string())),
         }
     }
@@ -29,6 +32,7 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Mistral => "mistral",
+            Architecture::Gemma3 => "gemma3",
         }
     }
 
@@ -37,7 +41,7 @@ impl Architecture {
     pub fn rope_layout(self) -> RopeLayout {
         match self {
             Architecture::Llama | Architecture::Mistral => RopeLayout::Normal,
-            Architecture::Qwen2 => RopeLayout::Neox,
+            Architecture::Qwen2 | Architecture::Gemma3 => RopeLayout::Neox,
         }
     }
 }
@@ -74,6 +78,14 @@ pub struct ModelConfig {
     /// The file's identity ([`file_fingerprint`]): what files derived from this model (a
     /// prompt cache, a Saap index) are bound to.
     pub fingerprint: [u8; 32],
+    /// Per layer: attention kind, RoPE, norms ([`LayerSpec`]).
+    pub layers: Vec<LayerSpec>,
+    /// The FFN's gate activation.
+    pub activation: Activation,
+    /// Embedding rows are multiplied by this (Gemma: √n_embd).
+    pub embedding_scale: Option<f32>,
+    /// Logit soft-capping `c · tanh(logit / c)`, if the model uses it.
+    pub final_logit_softcap: Option<f32>,
 }
 
 /// SHA-256 of a GGUF's header, metadata and tensor table (everything before the tensor
@@ -162,6 +174,18 @@ impl ModelConfig {
                 })?,
         };
 
+        let fam = crate::model::spec::family(
+            arch,
+            md,
+            &crate::model::spec::Common {
+                n_layer: n_layer.min(MAX_LAYERS + 1),
+                n_embd,
+                n_head,
+                head_dim,
+                rope_base,
+                rope_freq_scale,
+            },
+        )?;
         let cfg = ModelConfig {
             arch,
             n_layer,
@@ -178,6 +202,10 @@ impl ModelConfig {
             n_ctx_train,
             vocab_size,
             fingerprint: file_fingerprint(file),
+            layers: fam.layers,
+            activation: fam.activation,
+            embedding_scale: fam.embedding_scale,
+            final_logit_softcap: fam.final_logit_softcap,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -225,10 +253,24 @@ impl ModelConfig {
         if !(self.rope_base.is_finite() && self.rope_base > 0.0) {
             return bad(format!("rope.freq_base = {}", self.rope_base));
         }
+        if self.layers.len() != self.n_layer {
+            return bad(format!(
+                "{} layer specs for {} layers",
+                self.layers.len(),
+                self.n_layer
+            ));
+        }
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
             return bad(format!("layer_norm_rms_epsilon = {}", self.rms_eps));
         }
         Ok(())
+    }
+
+    /// Whether any layer sees only a sliding window of keys.
+    pub fn has_sliding_layers(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l.attention, LayerAttention::Sliding { .. }))
     }
 
     /// Width of the query projection output (all heads).

@@ -4,9 +4,10 @@
 
 pub mod config;
 pub mod rope;
+pub mod spec;
 pub mod weights;
 
-use crate::attention::{attend, AttnShape, DenseAttention, SparsePolicy};
+use crate::attention::{attend, attend_sliding, AttnShape, DenseAttention, SparsePolicy};
 use crate::error::{Error, Result};
 use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
 use crate::kv_cache::{KvCache, KvTypes};
@@ -15,6 +16,7 @@ pub use config::{Architecture, ModelConfig, RopeLayout};
 use rope::RopeTable;
 use sparrow_gguf::GgufFile;
 use sparrow_quant::{matmul, matvec, matvec_multi};
+pub use spec::{Activation, LayerAttention, LayerSpec};
 use std::path::Path;
 use std::sync::Arc;
 use weights::{Linear, Weights};
@@ -69,7 +71,10 @@ pub struct State {
     attention: Box<dyn SparsePolicy>,
     /// Which fixed-size blocks of each layer are sealed (the paged view of `kv`).
     blocks: BlockTable,
-    rope: Arc<RopeTable>,
+    /// Per layer (shared between layers with the same base and scale).
+    ropes: Vec<Arc<RopeTable>>,
+    /// Per layer: the window of a sliding layer (what a rewind must keep), else `None`.
+    windows: Vec<Option<usize>>,
     n_past: usize,
     vocab: usize,
     scratch: Scratch,
@@ -129,11 +134,24 @@ impl State {
         self.n_past = 0;
     }
 
-    /// Drop positions beyond `n` (keep a shared prefix, discard the rest).
-    pub fn truncate(&mut self, n: usize) {
+    /// Drop positions beyond `n` (keep a shared prefix, discard the rest); returns the
+    /// positions kept. That is `min(n, n_past)`, except when a sliding-window layer's ring
+    /// has already overwritten positions the window before `n` needs: then nothing is kept
+    /// (0) and the caller evaluates the prefix again.
+    #[must_use = "the prefix kept may be shorter than asked: feed the tokens from there"]
+    pub fn truncate(&mut self, n: usize) -> usize {
+        let mut n = n.min(self.n_past);
+        for (l, w) in self.windows.iter().enumerate() {
+            if let Some(w) = *w {
+                if n.saturating_sub(w - 1) < self.kv.intact_from(l) {
+                    n = 0;
+                }
+            }
+        }
         self.attention.forget_from(n);
         self.blocks.forget_from(n);
-        self.n_past = self.n_past.min(n);
+        self.n_past = n;
+        n
     }
 }
 
@@ -194,8 +212,47 @@ fn add_bias(w: &Linear, out: &mut [f32]) {
     }
 }
 
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+/// RMS-normalise `x` in place with `weight` (a query or key head).
+fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
+    x.iter_mut()
+        .zip(weight)
+        .for_each(|(v, &w)| *v = *v * scale * w);
+}
+
+/// `x += block_out`, row by row, through the block's post-norm if it has one (which then
+/// normalises `block_out` in place first).
+fn add_residual(
+    x: &mut [f32],
+    block_out: &mut [f32],
+    post_norm: Option<&[f32]>,
+    eps: f32,
+    d: usize,
+) {
+    if let Some(w) = post_norm {
+        block_out
+            .chunks_exact_mut(d)
+            .for_each(|row| rms_norm_in_place(row, w, eps));
+    }
+    x.iter_mut()
+        .zip(block_out.iter())
+        .for_each(|(x, p)| *x += p);
+}
+
+/// Extra rows a sliding layer's ring holds beyond its window: the most batch positions one
+/// append-then-attend step of that layer takes.
+const RING_SLACK: usize = 512;
+
+/// Rows of the ring of a sliding layer with `window` in a context of `n_ctx`.
+fn ring_rows(window: usize, n_ctx: usize) -> usize {
+    (window + RING_SLACK).min(n_ctx)
+}
+
+/// How many batch positions a sliding layer whose ring has `rows` rows can append and
+/// attend at once: each query's `window - 1` predecessors must still be in the ring.
+fn sliding_chunk(rows: usize, window: usize) -> usize {
+    (rows + 1).saturating_sub(window).max(1)
 }
 
 impl Model {
@@ -238,42 +295,106 @@ impl Model {
     /// `kv_type` (one [`crate::KvType`] for both, or a [`KvTypes`]). A Q8_0 cache
     /// the model's head size does not suit is an error.
     pub fn new_state(&self, n_ctx: usize, kv_type: impl Into<KvTypes>) -> Result<State> {
+        self.new_state_with(n_ctx, kv_type.into(), true)
+    }
+
+    /// Like [`Model::new_state`], but sliding-window layers keep every position instead of
+    /// a ring of their window (they still read only their window): the memory a model
+    /// without rings would take, and the reference the rings are tested against.
+    pub fn new_state_without_rings(
+        &self,
+        n_ctx: usize,
+        kv_type: impl Into<KvTypes>,
+    ) -> Result<State> {
+        self.new_state_with(n_ctx, kv_type.into(), false)
+    }
+
+    fn new_state_with(&self, n_ctx: usize, kv_types: KvTypes, rings: bool) -> Result<State> {
         if n_ctx == 0 {
             return Err(Error::BadHyperParameter("context size 0".into()));
         }
         let c = &self.config;
-        let kv_types: KvTypes = kv_type.into();
         self.check_state_fits(n_ctx, kv_types)?;
-        let rope = RopeTable::new(
-            n_ctx,
-            c.n_rot,
-            c.rope_base,
-            c.rope_freq_scale,
-            c.rope_layout,
-        );
+        let ropes = self.rope_tables(n_ctx);
+        let windows: Vec<Option<usize>> = c
+            .layers
+            .iter()
+            .map(|l| match l.attention {
+                LayerAttention::Sliding { window } => Some(window),
+                LayerAttention::Global => None,
+            })
+            .collect();
+        let rings: Vec<Option<usize>> = windows
+            .iter()
+            .map(|w| w.filter(|_| rings).map(|w| ring_rows(w, n_ctx)))
+            .collect();
         Ok(State {
             kv: Box::new(
-                KvCache::try_new(kv_types, c.n_layer, n_ctx, c.kv_dim(), c.head_dim)
+                KvCache::with_rings(kv_types, &rings, n_ctx, c.kv_dim(), c.head_dim)
                     .map_err(Error::Other)?,
             ),
             attention: Box::new(DenseAttention),
             blocks: BlockTable::new(DEFAULT_BLOCK, c.n_layer),
-            rope: Arc::new(rope),
+            ropes,
+            windows,
             n_past: 0,
             vocab: c.vocab_size,
             scratch: Scratch::default(),
         })
     }
 
+    /// One RoPE table per distinct (base, scale) among the layers, shared by the layers
+    /// that use it.
+    fn rope_tables(&self, n_ctx: usize) -> Vec<Arc<RopeTable>> {
+        let c = &self.config;
+        let mut made: Vec<((u32, u32), Arc<RopeTable>)> = Vec::new();
+        c.layers
+            .iter()
+            .map(|l| {
+                let key = (l.rope_base.to_bits(), l.rope_freq_scale.to_bits());
+                if let Some((_, t)) = made.iter().find(|(k, _)| *k == key) {
+                    return t.clone();
+                }
+                let t = Arc::new(RopeTable::new(
+                    n_ctx,
+                    c.n_rot,
+                    l.rope_base,
+                    l.rope_freq_scale,
+                    c.rope_layout,
+                ));
+                made.push((key, t.clone()));
+                t
+            })
+            .collect()
+    }
+
+    /// Distinct RoPE tables the layers use.
+    fn n_rope_tables(&self) -> usize {
+        let mut keys: Vec<(u32, u32)> = self
+            .config
+            .layers
+            .iter()
+            .map(|l| (l.rope_base.to_bits(), l.rope_freq_scale.to_bits()))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.len()
+    }
+
     /// Refuse a state whose KV cache and RoPE table alone pass the machine's memory (a
     /// context size from a hostile file, or a `-c` typed with one zero too many).
     fn check_state_fits(&self, n_ctx: usize, kv_types: KvTypes) -> Result<()> {
         let c = &self.config;
-        let per_position = (kv_types.k.row_bytes(c.kv_dim()) + kv_types.v.row_bytes(c.kv_dim()))
-            as u128
-            * c.n_layer as u128
-            + 4 * c.n_rot as u128;
-        let need = per_position.saturating_mul(n_ctx as u128);
+        let row = (kv_types.k.row_bytes(c.kv_dim()) + kv_types.v.row_bytes(c.kv_dim())) as u128;
+        let mut need =
+            (4 * c.n_rot as u128 * self.n_rope_tables() as u128).saturating_mul(n_ctx as u128);
+        for l in &c.layers {
+            let rows = match l.attention {
+                LayerAttention::Sliding { window } => ring_rows(window, n_ctx),
+                LayerAttention::Global => n_ctx,
+            };
+            need = need.saturating_add(row.saturating_mul(rows as u128));
+        }
         let need = u64::try_from(need).unwrap_or(u64::MAX);
         match crate::memory::machine_memory() {
             Some(have) if need > have => Err(Error::ContextTooLarge { n_ctx, need, have }),
@@ -340,89 +461,172 @@ impl Model {
                 vocab: c.vocab_size,
             });
         }
-        let (d, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
-        let shape = AttnShape {
-            n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
-            head_dim: c.head_dim,
-        };
-        let bytes = self.file.bytes();
+        let d = c.n_embd;
         let s = &mut state.scratch;
         resize(&mut s.x, n * d);
         resize(&mut s.xb, n * d);
-        resize(&mut s.q, n * qd);
-        resize(&mut s.k, n * kvd);
-        resize(&mut s.v, n * kvd);
-        resize(&mut s.att, n * qd);
+        resize(&mut s.q, n * c.q_dim());
+        resize(&mut s.k, n * c.kv_dim());
+        resize(&mut s.v, n * c.kv_dim());
+        resize(&mut s.att, n * c.q_dim());
         resize(&mut s.proj, n * d);
-        resize(&mut s.gate, n * ff);
-        resize(&mut s.up, n * ff);
+        resize(&mut s.gate, n * c.n_ff);
+        resize(&mut s.up, n * c.n_ff);
 
-        let embd = self.weights.token_embd.matrix(bytes);
+        let embd = self.weights.token_embd.matrix(self.file.bytes());
         for (row, &t) in s.x.chunks_exact_mut(d).zip(tokens) {
             embd.dequantize_row(t as usize, row)?;
+            if let Some(scale) = c.embedding_scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
 
-        for (l, w) in self.weights.layers.iter().enumerate() {
-            for (x, xb) in s.x.chunks_exact(d).zip(s.xb.chunks_exact_mut(d)) {
-                rms_norm(x, &w.attn_norm, c.rms_eps, xb);
-            }
-            self.linears(
-                [&w.wq, &w.wk, &w.wv],
-                &s.xb,
-                n,
-                [&mut s.q, &mut s.k, &mut s.v],
-            )?;
-            for i in 0..n {
-                let pos = pos0 + i;
-                state
-                    .rope
-                    .apply(&mut s.q[i * qd..(i + 1) * qd], c.head_dim, pos);
-                state
-                    .rope
-                    .apply(&mut s.k[i * kvd..(i + 1) * kvd], c.head_dim, pos);
-                state.kv.append(
-                    l,
-                    pos,
-                    &s.k[i * kvd..(i + 1) * kvd],
-                    &s.v[i * kvd..(i + 1) * kvd],
-                );
-            }
-            // Positions below `pos0` may have been rewritten since their block was sealed
-            // (a forward pass that failed midway): reseal from there.
-            state.blocks.forget_layer_from(l, pos0);
-            state.blocks.seal(
-                shape,
-                state.kv.as_ref(),
-                l,
-                pos0 + n,
-                state.attention.as_mut(),
-            );
-            attend(
-                state.attention.as_mut(),
-                shape,
-                state.kv.as_ref(),
-                l,
-                &s.q,
-                pos0,
-                &mut s.att,
-            );
-            self.linear(&w.wo, &s.att, n, &mut s.proj)?;
-            s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
-
-            for (x, xb) in s.x.chunks_exact(d).zip(s.xb.chunks_exact_mut(d)) {
-                rms_norm(x, &w.ffn_norm, c.rms_eps, xb);
-            }
-            self.linears([&w.w_gate, &w.w_up], &s.xb, n, [&mut s.gate, &mut s.up])?;
-            s.gate
-                .iter_mut()
-                .zip(&s.up)
-                .for_each(|(g, &u)| *g = silu(*g) * u);
-            self.linear(&w.w_down, &s.gate, n, &mut s.proj)?;
-            s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
+        for (l, (w, spec)) in self.weights.layers.iter().zip(&c.layers).enumerate() {
+            self.attention_block(state, l, spec, w, n, pos0)?;
+            self.ffn_block(&mut state.scratch, spec, w, n)?;
         }
         state.n_past = pos0 + n;
+        self.logits(&mut state.scratch, n, want)
+    }
 
+    /// `x += post_norm(wo · attention(rope(norm(q)), rope(norm(k)), v))` for layer `l`, whose
+    /// keys and values are appended to the cache. Global layers read what the sequence's
+    /// policy plans; sliding layers their window.
+    fn attention_block(
+        &self,
+        state: &mut State,
+        l: usize,
+        spec: &LayerSpec,
+        w: &weights::LayerWeights,
+        n: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        let c = &self.config;
+        let (d, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
+        let shape = AttnShape {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim: hd,
+        };
+        let State {
+            kv,
+            attention,
+            blocks,
+            ropes,
+            scratch: s,
+            ..
+        } = state;
+        for (x, xb) in s.x.chunks_exact(d).zip(s.xb.chunks_exact_mut(d)) {
+            rms_norm(x, &w.attn_norm, c.rms_eps, xb);
+        }
+        self.linears(
+            [&w.wq, &w.wk, &w.wv],
+            &s.xb,
+            n,
+            [&mut s.q, &mut s.k, &mut s.v],
+        )?;
+        if let Some(norm) = &w.qk_norm {
+            s.q.chunks_exact_mut(hd)
+                .for_each(|h| rms_norm_in_place(h, &norm.q, c.rms_eps));
+            s.k.chunks_exact_mut(hd)
+                .for_each(|h| rms_norm_in_place(h, &norm.k, c.rms_eps));
+        }
+        let rope = &ropes[l];
+        for i in 0..n {
+            rope.apply(&mut s.q[i * qd..(i + 1) * qd], hd, pos0 + i);
+            rope.apply(&mut s.k[i * kvd..(i + 1) * kvd], hd, pos0 + i);
+        }
+        // The kernels scale scores by 1/√head_dim; a layer that wants another scale has its
+        // queries multiplied by the ratio.
+        let q_scale = spec.attn_scale * (hd as f32).sqrt();
+        if (q_scale - 1.0).abs() > 1e-6 {
+            s.q.iter_mut().for_each(|v| *v *= q_scale);
+        }
+        let append = |kv: &mut Box<dyn KvStore>, s: &Scratch, rows: std::ops::Range<usize>| {
+            for i in rows {
+                let r = i * kvd..(i + 1) * kvd;
+                kv.append(l, pos0 + i, &s.k[r.clone()], &s.v[r]);
+            }
+        };
+        match spec.attention {
+            LayerAttention::Global => {
+                append(kv, s, 0..n);
+                // Positions below `pos0` may have been rewritten since their block was
+                // sealed (a forward pass that failed midway): reseal from there.
+                blocks.forget_layer_from(l, pos0);
+                blocks.seal(shape, kv.as_ref(), l, pos0 + n, attention.as_mut());
+                attend(
+                    attention.as_mut(),
+                    shape,
+                    kv.as_ref(),
+                    l,
+                    &s.q,
+                    pos0,
+                    &mut s.att,
+                );
+            }
+            LayerAttention::Sliding { window } => {
+                // The layer's ring holds `window - 1` earlier positions plus a chunk of this
+                // batch: append and attend chunk by chunk so no query's window is overwritten.
+                let chunk = sliding_chunk(kv.layer_rows(l), window);
+                let mut i = 0;
+                while i < n {
+                    let m = chunk.min(n - i);
+                    append(kv, s, i..i + m);
+                    attend_sliding(
+                        shape,
+                        kv.as_ref(),
+                        l,
+                        &s.q[i * qd..(i + m) * qd],
+                        pos0 + i,
+                        window,
+                        &mut s.att[i * qd..(i + m) * qd],
+                    );
+                    i += m;
+                }
+            }
+        }
+        self.linear(&w.wo, &s.att, n, &mut s.proj)?;
+        add_residual(
+            &mut s.x,
+            &mut s.proj,
+            w.post_norms.as_ref().map(|p| &p.attn[..]),
+            c.rms_eps,
+            d,
+        );
+        Ok(())
+    }
+
+    /// `x += post_norm(down(act(gate(norm(x))) · up(norm(x))))`.
+    fn ffn_block(
+        &self,
+        s: &mut Scratch,
+        _spec: &LayerSpec,
+        w: &weights::LayerWeights,
+        n: usize,
+    ) -> Result<()> {
+        let c = &self.config;
+        let d = c.n_embd;
+        for (x, xb) in s.x.chunks_exact(d).zip(s.xb.chunks_exact_mut(d)) {
+            rms_norm(x, &w.ffn_norm, c.rms_eps, xb);
+        }
+        self.linears([&w.w_gate, &w.w_up], &s.xb, n, [&mut s.gate, &mut s.up])?;
+        c.activation.gate(&mut s.gate, &s.up);
+        self.linear(&w.w_down, &s.gate, n, &mut s.proj)?;
+        add_residual(
+            &mut s.x,
+            &mut s.proj,
+            w.post_norms.as_ref().map(|p| &p.ffn[..]),
+            c.rms_eps,
+            d,
+        );
+        Ok(())
+    }
+
+    /// The final norm and the output projection for the rows `want` asks for.
+    fn logits<'s>(&self, s: &'s mut Scratch, n: usize, want: Logits) -> Result<&'s [f32]> {
+        let c = &self.config;
+        let d = c.n_embd;
         let rows: std::ops::Range<usize> = match want {
             Logits::None => return Ok(&[]),
             Logits::Last => n - 1..n,
@@ -436,11 +640,16 @@ impl Model {
             rms_norm(x, &self.weights.output_norm, c.rms_eps, xb);
         }
         resize(&mut s.logits, m * c.vocab_size);
-        let out = self.weights.output.matrix(bytes);
+        let out = self.weights.output.matrix(self.file.bytes());
         if m == 1 {
             matvec(&out, &s.xb[..d], &mut s.logits)?;
         } else {
             matmul(&out, &s.xb[..m * d], &mut s.logits)?;
+        }
+        if let Some(cap) = c.final_logit_softcap {
+            s.logits
+                .iter_mut()
+                .for_each(|v| *v = cap * (*v / cap).tanh());
         }
         Ok(&s.logits)
     }

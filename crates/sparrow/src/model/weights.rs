@@ -95,6 +95,24 @@ pub struct LayerWeights {
     pub w_gate: Linear,
     pub w_up: Linear,
     pub w_down: Linear,
+    /// Per-head RMS norms of queries and keys (the spec's `qk_norm`).
+    pub qk_norm: Option<QkNorm>,
+    /// Norms of the attention and FFN outputs (the spec's `post_norms`).
+    pub post_norms: Option<PostNorms>,
+}
+
+/// Weights of the per-head query and key norms (`head_dim` each, shared by the heads).
+#[derive(Clone, Debug)]
+pub struct QkNorm {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+}
+
+/// Weights of the norms applied to each block's output before the residual add.
+#[derive(Clone, Debug)]
+pub struct PostNorms {
+    pub attn: Vec<f32>,
+    pub ffn: Vec<f32>,
 }
 
 /// All weights of the model.
@@ -188,6 +206,21 @@ impl Weights {
             wv.bias = optional_bias(file, &n("attn_v.bias"), cfg.kv_dim())?;
             let mut wo = linear(file, &n("attn_output.weight"), d, cfg.q_dim())?;
             wo.bias = optional_bias(file, &n("attn_output.bias"), d)?;
+            let spec = &cfg.layers[l];
+            let qk_norm = match spec.qk_norm {
+                true => Some(QkNorm {
+                    q: vector(file, &n("attn_q_norm.weight"), cfg.head_dim)?,
+                    k: vector(file, &n("attn_k_norm.weight"), cfg.head_dim)?,
+                }),
+                false => None,
+            };
+            let post_norms = match spec.post_norms {
+                true => Some(PostNorms {
+                    attn: vector(file, &n("post_attention_norm.weight"), d)?,
+                    ffn: vector(file, &n("post_ffw_norm.weight"), d)?,
+                }),
+                false => None,
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(file, &n("attn_norm.weight"), d)?,
                 wq,
@@ -198,6 +231,8 @@ impl Weights {
                 w_gate: linear(file, &n("ffn_gate.weight"), cfg.n_ff, d)?,
                 w_up: linear(file, &n("ffn_up.weight"), cfg.n_ff, d)?,
                 w_down: linear(file, &n("ffn_down.weight"), d, cfg.n_ff)?,
+                qk_norm,
+                post_norms,
             });
         }
         let output = match file.tensor("output.weight") {
