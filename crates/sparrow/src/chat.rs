@@ -18,6 +18,26 @@ use serde::{Deserialize, Serialize};
 use sparrow_gguf::Metadata;
 use std::io;
 
+/// Names [`ChatTemplate::builtin`] knows.
+pub const BUILTIN_FORMATS: &[&str] = &["chatml", "gemma"];
+
+/// ChatML (`<|im_start|>role … <|im_end|>`): Qwen's and SmolLM's format, and the fallback
+/// `sparrow serve` uses for a model without a template.
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Gemma's turns: `<start_of_turn>user|model … <end_of_turn>`, no system role (a system
+/// message is put before the first user message's text, blank line between), content
+/// trimmed. The BOS token is not written here: the tokenizer adds it (`add_bos_token`).
+const GEMMA: &str = "{%- set ns = namespace(prefix='') -%}\
+{%- for m in messages -%}\
+{%- if m.role == 'system' -%}{%- set ns.prefix = ns.prefix + (m.content | trim) + '\n\n' -%}\
+{%- else -%}\
+{{ '<start_of_turn>' + ('model' if m.role == 'assistant' else m.role) + '\n' + ns.prefix + (m.content | trim) + '<end_of_turn>\n' }}\
+{%- set ns.prefix = '' -%}\
+{%- endif -%}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
@@ -141,6 +161,26 @@ impl ChatTemplate {
         })
     }
 
+    /// A built-in format by name (`chatml`, `gemma`; see [`BUILTIN_FORMATS`]): for a model
+    /// file without a template, or to override one. `None` for an unknown name.
+    pub fn builtin(name: &str) -> Option<Self> {
+        let source = match name {
+            "chatml" => CHATML,
+            "gemma" => GEMMA,
+            _ => return None,
+        };
+        Some(Self::new(source, "", "").expect("the built-in templates compile"))
+    }
+
+    /// The built-in format a model of `arch` was trained on, for a file that carries no
+    /// template (Gemma 3 GGUFs often do not): Gemma's turns for gemma3, else none.
+    pub fn builtin_for(arch: crate::model::Architecture) -> Option<Self> {
+        match arch {
+            crate::model::Architecture::Gemma3 => Self::builtin("gemma"),
+            _ => None,
+        }
+    }
+
     /// The template stored in the model's metadata, if it has one. `token_text` maps a token
     /// id to its text (for `bos_token`/`eos_token`).
     pub fn from_metadata(
@@ -218,6 +258,36 @@ mod tests {
         let t = ChatTemplate::new(CHATML, "", "").unwrap();
         let s = t.render(&[ChatMessage::new("user", " hi ")], true).unwrap();
         assert_eq!(s, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn builtin_gemma_turns() {
+        let t = ChatTemplate::builtin("gemma").unwrap();
+        let msgs = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", " What is a sparrow? "),
+            ChatMessage::new("assistant", "A bird."),
+            ChatMessage::new("user", "Name three planets."),
+        ];
+        assert_eq!(
+            t.render(&msgs, true).unwrap(),
+            "<start_of_turn>user\nBe brief.\n\nWhat is a sparrow?<end_of_turn>\n\
+             <start_of_turn>model\nA bird.<end_of_turn>\n\
+             <start_of_turn>user\nName three planets.<end_of_turn>\n<start_of_turn>model\n"
+        );
+        // The reference prompts of ../shared/data/reference/gemma_greedy.json, as rendered
+        // there (without the BOS the tokenizer adds).
+        assert_eq!(
+            t.render(&[ChatMessage::new("user", "Name three planets.")], true)
+                .unwrap(),
+            "<start_of_turn>user\nName three planets.<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert!(ChatTemplate::builtin("vicuna").is_none());
+        assert!(ChatTemplate::builtin("chatml")
+            .unwrap()
+            .render(&[ChatMessage::new("user", "hi")], true)
+            .unwrap()
+            .ends_with("<|im_start|>assistant\n"));
     }
 
     #[test]

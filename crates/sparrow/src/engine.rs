@@ -40,7 +40,8 @@ impl Engine {
         }
         let chat_template = ChatTemplate::from_metadata(model.file().metadata(), |id| {
             tokenizer.token_text(id).map(str::to_string)
-        })?;
+        })?
+        .or_else(|| ChatTemplate::builtin_for(model.config.arch));
         Ok(Engine {
             model: Arc::new(model),
             tokenizer: Arc::new(tokenizer),

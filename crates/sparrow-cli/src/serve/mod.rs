@@ -93,9 +93,6 @@ pub struct AppState {
 
 type Shared = Arc<AppState>;
 
-/// ChatML, for models whose file carries no template.
-const FALLBACK_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -123,7 +120,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
         Some(t) => t,
         None => {
             eprintln!("warning: the model has no chat template; using ChatML");
-            ChatTemplate::new(FALLBACK_TEMPLATE, "", "").map_err(|e| e.to_string())?
+            ChatTemplate::builtin("chatml").expect("built in")
         }
     };
     // The template comes with the model file: if it cannot render a one-message chat
