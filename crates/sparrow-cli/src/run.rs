@@ -188,11 +188,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         stats.gen_time.as_secs_f64() * 1e3,
         stats.gen_tps()
     );
-    eprintln!(
-        "KV cache: {}, {} bytes per token",
-        state.kv().types(),
-        thousands(state.kv().bytes_per_token())
-    );
+    eprintln!("{}", kv_summary(state.kv()));
     if let Some(m) = crate::memory::memory_report() {
         eprintln!(
             "memory:      peak RSS {:.1} MiB (now: {:.1} MiB heap, {:.1} MiB mapped model pages)",
@@ -202,6 +198,37 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// What the KV cache holds: bytes each new position adds (in the layers that keep every
+/// position), the sliding-window layers' rings (a fixed size), and what is resident.
+fn kv_summary(kv: &dyn sparrow::kv_store::KvStore) -> String {
+    let types = kv.types();
+    let row = types.k.row_bytes(kv.kv_dim()) + types.v.row_bytes(kv.kv_dim());
+    let rings: Vec<usize> = (0..kv.n_layer())
+        .map(|l| kv.layer_rows(l))
+        .filter(|&r| r < kv.n_ctx())
+        .collect();
+    let mut out = format!(
+        "KV cache: {types}, {} bytes per token",
+        thousands(kv.bytes_per_token())
+    );
+    if !rings.is_empty() {
+        out += &format!(
+            " ({} of {} layers); {} sliding-window layers in rings of {} positions \
+             ({} bytes per token each, {:.1} MiB in all at most)",
+            kv.n_layer() - rings.len(),
+            kv.n_layer(),
+            rings.len(),
+            thousands(rings[0]),
+            thousands(row),
+            (rings.iter().sum::<usize>() * row) as f64 / (1 << 20) as f64
+        );
+    }
+    out + &format!(
+        "; {:.1} MiB resident",
+        kv.bytes_resident() as f64 / (1 << 20) as f64
+    )
 }
 
 /// `n` with commas between groups of three digits (`9,408`).
