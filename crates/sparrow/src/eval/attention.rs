@@ -124,6 +124,13 @@ pub fn capture(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<Capture> {
     let n = tokens.len();
+    if model.config.has_sliding_layers() {
+        return Err(Error::Unsupported(format!(
+            "attention evaluation of a {} model: its sliding-window layers are not compared \
+             against full attention yet",
+            model.config.arch.name()
+        )));
+    }
     if n < 2 {
         return Err(Error::Other(
             "attention evaluation needs at least 2 tokens".into(),

@@ -86,6 +86,13 @@ pub fn collect_context(
 ) -> Result<ContextRecord> {
     let c = &model.config;
     let n = tokens.len();
+    if c.has_sliding_layers() {
+        return Err(Error::Unsupported(format!(
+            "Saap on a {} model: its sliding-window layers keep only their window, and \
+             recording all their keys is not supported",
+            c.arch.name()
+        )));
+    }
     if settings.query_stride == 0 || settings.batch == 0 || settings.first_query == 0 {
         return Err(Error::Other(
             "query stride, batch size and first query position must be at least 1".into(),
