@@ -9,8 +9,8 @@ impl TokenizerSpec {
         Self::from_metadata(file.metadata())
     }
 
-    /// Reads the `tokenizer.ggml.*` keys from GGUF metadata. `tokens`,
-    /// `merges` and `model` are required; a missing `token_type` means all
+    /// Reads the `tokenizer.ggml.*` keys from GGUF metadata. `tokens` and `model` are
+    /// required, and `merges` (`gpt2`) or `scores` (`llama`); a missing `token_type` means all
     /// tokens are normal; the special ids and flags are optional.
     pub fn from_metadata(md: &Metadata) -> Result<TokenizerSpec, TokenizerError> {
         let owned = |v: Vec<&str>| v.into_iter().map(str::to_owned).collect::<Vec<_>>();
@@ -19,12 +19,24 @@ impl TokenizerSpec {
         } else {
             Vec::new()
         };
+        let model = md.get_str("tokenizer.ggml.model")?.to_owned();
+        // A SentencePiece vocabulary has scores instead of merges.
+        let spm = model == "llama";
         Ok(TokenizerSpec {
-            model: md.get_str("tokenizer.ggml.model")?.to_owned(),
+            merges: if spm {
+                Vec::new()
+            } else {
+                owned(md.get_str_array("tokenizer.ggml.merges")?)
+            },
+            scores: if spm {
+                md.get_f32_array("tokenizer.ggml.scores")?
+            } else {
+                Vec::new()
+            },
+            model,
             pre: md.opt_str("tokenizer.ggml.pre")?.map(str::to_owned),
             tokens: owned(md.get_str_array("tokenizer.ggml.tokens")?),
             token_types,
-            merges: owned(md.get_str_array("tokenizer.ggml.merges")?),
             bos: md.opt_u32("tokenizer.ggml.bos_token_id")?,
             eos: md.opt_u32("tokenizer.ggml.eos_token_id")?,
             eot: md.opt_u32("tokenizer.ggml.eot_token_id")?,

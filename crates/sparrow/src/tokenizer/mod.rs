@@ -10,6 +10,7 @@ pub mod bpe;
 pub mod bytes;
 mod gguf;
 pub mod pretokenize;
+pub mod spm;
 mod stream;
 
 use std::collections::HashMap;
@@ -55,7 +56,8 @@ impl TokenType {
 /// Everything needed to build a [`Tokenizer`], as found in GGUF metadata.
 #[derive(Debug, Clone, Default)]
 pub struct TokenizerSpec {
-    /// `tokenizer.ggml.model`; only `"gpt2"` (byte-level BPE) is supported.
+    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE with a merge list) or `"llama"`
+    /// (SentencePiece-style BPE by token scores, [`spm`]).
     pub model: String,
     /// `tokenizer.ggml.pre`, e.g. `"qwen2"`, `"llama-bpe"`; `None` or an unknown
     /// value selects the GPT-2 split (with a warning).
@@ -64,8 +66,10 @@ pub struct TokenizerSpec {
     pub tokens: Vec<String>,
     /// `tokenizer.ggml.token_type`, same length as `tokens` (empty: all normal).
     pub token_types: Vec<i32>,
-    /// `tokenizer.ggml.merges`, `"left right"` in rank order.
+    /// `tokenizer.ggml.merges`, `"left right"` in rank order (`gpt2` only).
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.scores`, one per token (`llama` only).
+    pub scores: Vec<f32>,
     /// `tokenizer.ggml.bos_token_id`.
     pub bos: Option<u32>,
     /// `tokenizer.ggml.eos_token_id`.
@@ -87,7 +91,10 @@ pub struct TokenizerSpec {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     /// `tokenizer.ggml.model` is not a supported tokenizer type.
-    #[error("unsupported tokenizer model {0:?} (supported: \"gpt2\" byte-level BPE)")]
+    #[error(
+        "unsupported tokenizer model {0:?} (supported: \"gpt2\" byte-level BPE, \"llama\" \
+         SentencePiece-style BPE)"
+    )]
     UnsupportedModel(String),
     /// The vocabulary has no tokens.
     #[error("the vocabulary is empty")]
@@ -219,6 +226,9 @@ pub struct Tokenizer {
     text_to_id: HashMap<String, u32>,
     merges: MergeMap,
     byte_ids: [u32; 256],
+    /// Set for SentencePiece-style vocabularies, which encode by [`spm::Spm`] instead of
+    /// the pre-tokenizer and merge list.
+    spm: Option<spm::Spm>,
     pre: PreTokenizer,
     ignore_merges: bool,
     /// Control, user-defined and unknown tokens, longest text first.
@@ -250,6 +260,7 @@ impl Tokenizer {
             tokens,
             token_types,
             merges,
+            scores,
             bos,
             eos,
             eot,
@@ -258,9 +269,11 @@ impl Tokenizer {
             add_bos,
             add_eos,
         } = spec;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model));
-        }
+        let is_spm = match model.as_str() {
+            "gpt2" => false,
+            "llama" => true,
+            _ => return Err(TokenizerError::UnsupportedModel(model)),
+        };
         let n = tokens.len();
         if n == 0 {
             return Err(TokenizerError::EmptyVocab);
@@ -290,6 +303,8 @@ impl Tokenizer {
         }
 
         let (pre_tok, llama3_family) = match pre.as_deref() {
+            // SentencePiece vocabularies have no pre-tokenizer.
+            _ if is_spm => (PreTokenizer::Gpt2, false),
             None => {
                 warnings.push(
                     "tokenizer.ggml.pre is missing; using the default GPT-2 pre-tokenizer"
@@ -355,11 +370,51 @@ impl Tokenizer {
                 .or_insert((index as u32, merged));
         }
 
+        let spm = if is_spm {
+            if scores.len() != n {
+                return Err(TokenizerError::Metadata(format!(
+                    "a \"llama\" tokenizer needs one score per token: {} scores for {n} tokens",
+                    scores.len()
+                )));
+            }
+            // Byte fallback: `<0xNN>`, else the byte as a one-character token, else unknown.
+            let unk = types.iter().position(|&t| t == TokenType::Unknown);
+            let mut byte_ids = [0u32; 256];
+            for (b, slot) in byte_ids.iter_mut().enumerate() {
+                let hex = format!("<0x{b:02X}>");
+                let raw = (b < 0x80).then(|| (b as u8 as char).to_string());
+                *slot = text_to_id
+                    .get(&hex)
+                    .or_else(|| raw.and_then(|r| text_to_id.get(&r)))
+                    .copied()
+                    .or(unk.map(|u| u as u32))
+                    .unwrap_or(0);
+            }
+            Some(spm::Spm { scores, byte_ids })
+        } else {
+            None
+        };
+
         let mut byte_ids = [NO_TOKEN; 256];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
             let c = bytes::byte_to_char(b as u8);
             if let Some(&id) = text_to_id.get(c.encode_utf8(&mut [0u8; 4]) as &str) {
                 *slot = id;
+            }
+        }
+
+        if !is_spm {
+            let missing: Vec<String> = (0..256)
+                .filter(|&b| byte_ids[b] == NO_TOKEN)
+                .map(|b| format!("0x{b:02X}"))
+                .collect();
+            if !missing.is_empty() {
+                warnings.push(format!(
+                    "the vocabulary has no token for {} of the 256 bytes ({}): text containing \
+                     them cannot be encoded, and those bytes are left out",
+                    missing.len(),
+                    missing.join(", ")
+                ));
             }
         }
 
@@ -444,6 +499,11 @@ impl Tokenizer {
         piece_offsets.push(0u32);
         for (t, ty) in tokens.iter().zip(&types) {
             match ty {
+                // SentencePiece pieces are text with `▁` for spaces (user-defined ones too,
+                // as llama.cpp renders them).
+                TokenType::Normal | TokenType::UserDefined if is_spm => {
+                    piece_data.extend_from_slice(t.replace(spm::SPACE, " ").as_bytes())
+                }
                 TokenType::Normal => bytes::decode_into(t, &mut piece_data),
                 TokenType::Control | TokenType::UserDefined | TokenType::Unknown => {
                     piece_data.extend_from_slice(t.as_bytes())
@@ -467,6 +527,7 @@ impl Tokenizer {
             text_to_id,
             merges: merge_map,
             byte_ids,
+            spm,
             pre: pre_tok,
             ignore_merges: llama3_family,
             specials,
@@ -475,7 +536,9 @@ impl Tokenizer {
             eot,
             eom,
             pad,
-            add_bos: add_bos.unwrap_or(llama3_family),
+            // llama.cpp's defaults: SentencePiece vocabularies add BOS, byte-level ones only
+            // for the Llama 3 family.
+            add_bos: add_bos.unwrap_or(llama3_family || is_spm),
             add_eos: add_eos.unwrap_or(false),
             eog,
             warnings,
@@ -566,6 +629,9 @@ impl Tokenizer {
     }
 
     fn encode_plain<'t>(&self, text: &'t str, st: &mut EncodeState<'t>, out: &mut Vec<u32>) {
+        if let Some(spm) = &self.spm {
+            return spm.encode(&spm::escape_spaces(text), &self.text_to_id, out);
+        }
         self.pre.split(text, |word| {
             if let Some(&(start, len)) = st.cache.get(word) {
                 out.extend_from_slice(&st.cache_ids[start as usize..(start + len) as usize]);

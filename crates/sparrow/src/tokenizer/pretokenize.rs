@@ -10,6 +10,8 @@
 //!   (the `(?i:'s|...)` group of `tokenizer.json` written out with ASCII
 //!   case classes, exactly as llama.cpp does).
 //! * Llama 3 (`llama-bpe`): as Qwen2 but with `\p{N}{1,3}`.
+//! * SmolLM (`smollm`): two expressions in turn, as llama.cpp applies them: `\p{N}` (every
+//!   digit its own piece), then GPT-2's on the text between digits.
 
 use std::sync::OnceLock;
 
@@ -22,6 +24,8 @@ pub enum PreTokenizer {
     Qwen2,
     /// Llama 3 (`llama-bpe`, `llama3`, ...): digits in groups of up to three.
     Llama3,
+    /// SmolLM (`smollm`): every digit alone, GPT-2's split between them.
+    Smollm,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +126,7 @@ impl PreTokenizer {
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
             | "midm-2.0" | "lfm2" => Some(PreTokenizer::Llama3),
             "default" | "gpt-2" | "gpt2" => Some(PreTokenizer::Gpt2),
+            "smollm" => Some(PreTokenizer::Smollm),
             _ => None,
         }
     }
@@ -129,6 +134,23 @@ impl PreTokenizer {
     /// Splits `text` into pre-tokens, calling `emit` with each one in order.
     /// The pieces are non-empty and concatenate to `text`.
     pub fn split<'a>(&self, text: &'a str, mut emit: impl FnMut(&'a str)) {
+        if *self != PreTokenizer::Smollm {
+            return self.split_words(text, &mut emit);
+        }
+        let t = tables();
+        let mut from = 0;
+        for (p, c) in text.char_indices() {
+            if classify(t, c) == Class::Number {
+                PreTokenizer::Gpt2.split_words(&text[from..p], &mut emit);
+                emit(&text[p..p + c.len_utf8()]);
+                from = p + c.len_utf8();
+            }
+        }
+        PreTokenizer::Gpt2.split_words(&text[from..], &mut emit);
+    }
+
+    /// One expression's split (every pre-tokenizer but SmolLM's two passes).
+    fn split_words<'a, F: FnMut(&'a str)>(&self, text: &'a str, emit: &mut F) {
         if text.is_empty() {
             return;
         }
@@ -146,7 +168,7 @@ impl PreTokenizer {
 
         let gpt2 = *self == PreTokenizer::Gpt2;
         let max_digits = match self {
-            PreTokenizer::Gpt2 => usize::MAX,
+            PreTokenizer::Gpt2 | PreTokenizer::Smollm => usize::MAX,
             PreTokenizer::Qwen2 => 1,
             PreTokenizer::Llama3 => 3,
         };
@@ -274,13 +296,28 @@ mod tests {
             ]
         });
         match p {
-            PreTokenizer::Gpt2 => &res[0],
+            PreTokenizer::Gpt2 | PreTokenizer::Smollm => &res[0],
             PreTokenizer::Qwen2 => &res[1],
             PreTokenizer::Llama3 => &res[2],
         }
     }
 
     fn by_regex(p: PreTokenizer, text: &str) -> Vec<String> {
+        if p == PreTokenizer::Smollm {
+            // llama.cpp's two passes: `\p{N}` matches and the text between them, then
+            // GPT-2's expression on the text between.
+            let digit = fancy_regex::Regex::new(r"\p{N}").unwrap();
+            let mut out = Vec::new();
+            let mut from = 0;
+            for m in digit.find_iter(text) {
+                let m = m.unwrap();
+                out.extend(by_regex(PreTokenizer::Gpt2, &text[from..m.start()]));
+                out.push(m.as_str().to_string());
+                from = m.end();
+            }
+            out.extend(by_regex(PreTokenizer::Gpt2, &text[from..]));
+            return out;
+        }
         regex_for(p)
             .find_iter(text)
             .map(|m| m.unwrap().as_str().to_string())
@@ -293,10 +330,11 @@ mod tests {
         v
     }
 
-    const ALL: [PreTokenizer; 3] = [
+    const ALL: [PreTokenizer; 4] = [
         PreTokenizer::Gpt2,
         PreTokenizer::Qwen2,
         PreTokenizer::Llama3,
+        PreTokenizer::Smollm,
     ];
 
     #[test]

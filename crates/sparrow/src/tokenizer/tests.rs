@@ -118,11 +118,17 @@ fn pieces() {
 #[test]
 fn errors_on_bad_data() {
     let mut s = toy_spec();
-    s.model = "llama".into();
+    s.model = "bert".into();
     assert!(matches!(
         Tokenizer::from_spec(s),
         Err(TokenizerError::UnsupportedModel(_))
     ));
+    // A SentencePiece vocabulary without one score per token.
+    let mut s = toy_spec();
+    s.model = "llama".into();
+    s.scores = vec![0.0; 3];
+    let e = Tokenizer::from_spec(s).err().unwrap().to_string();
+    assert!(e.contains("3 scores for 268 tokens"), "{e}");
 
     let mut s = toy_spec();
     s.token_types.pop();
