@@ -57,7 +57,7 @@ pub fn silu(x: f32) -> f32 {
 /// `x · sigmoid(2z)` (the same function: `(1 + tanh z)/2 = sigmoid(2z)`), so one [`exp`]
 /// does it.
 pub fn gelu_tanh(x: f32) -> f32 {
-    const TWO_SQRT_2_OVER_PI: f32 = 1.595_769_1;
+    const TWO_SQRT_2_OVER_PI: f32 = 1.595_769;
     x / (1.0 + exp(-TWO_SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)))
 }
 
