@@ -7,7 +7,7 @@ use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
 use sparrow::attention::AttentionChoice;
 use sparrow::eval::attention::{capture, evaluate, text_tokens, Phase, PolicyReport, Summary};
-use sparrow::eval::needle::{load_haystack, run_cell_policies, NeedleResult};
+use sparrow::eval::needle::{load_haystack, run_cell_policies, NeedleFormat, NeedleResult};
 use sparrow::Engine;
 
 // The heatmap writer lives beside this file; only `eval needle` uses it.
@@ -67,6 +67,11 @@ pub struct NeedleArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
+    /// How the question is asked: `chat` (one user message in the chat template; the model
+    /// writes the reply) or `primed` (the reply begun with "The special magic number for
+    /// KEY is", for small models that restate the document instead of answering).
+    #[arg(long = "format", default_value = "chat")]
+    format: String,
 }
 
 /// Arguments of `sparrow eval attention`.
@@ -121,6 +126,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
     if a.repeats == 0 {
         return Err("--repeats must be at least 1".into());
     }
+    let format = NeedleFormat::named(&a.format)?;
     let choices = a.kv.choices()?;
     let kv = a.kv.types();
     init_threads(a.threads)?;
@@ -146,6 +152,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
                     seed,
                     kv,
                     a.batch_size,
+                    format,
                     &choices,
                     &mut |label: &str, done, total| {
                         let p = progress.get_or_insert_with(|| PrefillProgress::new(label));

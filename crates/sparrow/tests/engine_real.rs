@@ -103,6 +103,7 @@ fn needle_documents_have_the_asked_length_and_depth_and_the_model_finds_it() {
         kv: KvType::F16.into(),
         batch_size: 128,
         attention: sparrow::attention::AttentionChoice::default(),
+        format: Default::default(),
     };
     let r = run_cell(&engine, &haystack, 400, 0.5, 7, &settings).unwrap();
     assert!(

@@ -7,14 +7,17 @@
 //!
 //! A step where our top token differs from llama.cpp's is accepted only at a near-tie: where
 //! llama.cpp's margin plus our lead for the other token — how far the two engines disagree
-//! on that pair — stays within [`PAIR_TOL`]; every other step must agree. Why 0.4 and not
+//! on that pair — stays within [`PAIR_TOL`]; every other step must agree. Why 0.5 and not
 //! llama.cpp's margin alone below 0.1: both engines quantize activations to 8 bits before
 //! each product, in their own blocking and order, and that alone moves a pair's difference
 //! by tenths — our own runs of the same prompt disagree with each other by up to 0.44 on a
 //! step's margin (SmolLM2 `sd1_tea` step 1: 2.26 with AVX2 and one batch, 2.69 scalar, 2.59
-//! token by token; llama.cpp 2.76). Measured over both models, both SIMD levels here,
-//! f16/f32 caches and two batch splits: 13 flips, each llama.cpp margin ≤ 0.19 and our
-//! lead ≤ 0.27, the sum ≤ 0.39; at 8 of them llama.cpp's margin is under 0.1.
+//! token by token; llama.cpp 2.76), so a tolerance below that would fail on our own
+//! rounding. Measured on an AVX-512 host (f16 and f32 caches, two batch splits): Gemma 3
+//! one flip (llama.cpp's margin 0.012, ours 0.18), SmolLM2 twelve distinct flips, llama.cpp's
+//! margin under 0.1 at nine of them and at most 0.19, our lead at most 0.27, the sum at
+//! most 0.39. A real fault moves logits by whole units (a prompt missing its last token:
+//! 11 and 19 on Qwen, `greedy_reference.rs`).
 //!
 //! Gemma's prompts are short; `gemma3_sliding_layers_read_their_window_from_a_ring` runs
 //! past the sliding window (512) to exercise the ring.
@@ -26,7 +29,7 @@ use sparrow::{KvType, Model};
 
 /// How far the two engines may disagree on a pair of tokens at a step where they choose
 /// differently: llama.cpp's margin for its token plus our lead for ours.
-const PAIR_TOL: f32 = 0.4;
+const PAIR_TOL: f32 = 0.5;
 
 struct Case {
     name: String,

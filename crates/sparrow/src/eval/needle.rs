@@ -175,6 +175,46 @@ pub struct NeedleResult {
     pub attention: String,
 }
 
+/// How the question is put to the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NeedleFormat {
+    /// The document and question as one user message in the model's chat template (or,
+    /// without one, followed by `Answer:`); the model writes the whole reply.
+    #[default]
+    Chat,
+    /// As `Chat`, with the reply begun for the model: "The special magic number for KEY
+    /// is". Small models that ramble or restate the document still have to say a number.
+    Primed,
+}
+
+impl NeedleFormat {
+    /// By name: `chat` or `primed`.
+    pub fn named(name: &str) -> std::result::Result<Self, String> {
+        match name {
+            "chat" => Ok(NeedleFormat::Chat),
+            "primed" => Ok(NeedleFormat::Primed),
+            other => Err(format!(
+                "unknown needle format '{other}' (expected chat or primed)"
+            )),
+        }
+    }
+
+    /// The prompt for `user` (document + question) about `needle`.
+    fn prompt(self, engine: &Engine, user: &str, needle: &Needle) -> Result<String> {
+        let mut prompt = match &engine.chat_template {
+            Some(t) => t.render(&[ChatMessage::new("user", user)], true)?,
+            None => format!("{user}\nAnswer:"),
+        };
+        if self == NeedleFormat::Primed {
+            prompt += &format!(" The special magic number for {} is", needle.key);
+            if engine.chat_template.is_some() {
+                prompt = prompt.replacen(" The special", "The special", 1);
+            }
+        }
+        Ok(prompt)
+    }
+}
+
 /// How the model runs each cell: the same for every cell of a grid.
 #[derive(Clone, Debug)]
 pub struct CellSettings {
@@ -184,6 +224,8 @@ pub struct CellSettings {
     pub batch_size: usize,
     /// The attention backend the state uses.
     pub attention: AttentionChoice,
+    /// How the question is asked.
+    pub format: NeedleFormat,
 }
 
 /// Ask the model for the needle (chosen by `seed`) hidden at `depth` of a `length`-token
@@ -204,6 +246,7 @@ pub fn run_cell(
         seed,
         settings.kv,
         settings.batch_size,
+        settings.format,
         std::slice::from_ref(&settings.attention),
         &mut |_, _, _| {},
     )?;
@@ -224,16 +267,14 @@ pub fn run_cell_policies(
     seed: u64,
     kv: KvTypes,
     batch_size: usize,
+    format: NeedleFormat,
     choices: &[AttentionChoice],
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Vec<NeedleResult>> {
     let needle = Needle::new(seed);
     let (doc, _) = build_document(engine, haystack, &needle, length, depth)?;
     let user = format!("{doc}\n\n{}", needle.question);
-    let prompt = match &engine.chat_template {
-        Some(t) => t.render(&[ChatMessage::new("user", &user)], true)?,
-        None => format!("{user}\nAnswer:"),
-    };
+    let prompt = format.prompt(engine, &user, &needle)?;
     let ids = engine.tokenizer.encode(&prompt, true, true);
     let (head, last) = ids.split_at(ids.len() - 1);
     let mut shared: Option<(crate::model::State, f64)> = None;
