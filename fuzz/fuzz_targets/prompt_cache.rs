@@ -55,7 +55,7 @@ fuzz_target!(|data: &[u8]| {
         }
     };
     let n = cache.len();
-    cache.restore(&mut state, n).unwrap();
+    assert_eq!(cache.restore(&mut state, n).unwrap(), n);
     assert_eq!(state.n_past(), n);
     if n < N_CTX {
         let _ = model.forward(&mut state, &[1], Logits::Last);

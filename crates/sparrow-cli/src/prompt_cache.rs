@@ -39,7 +39,15 @@ pub fn restore(path: &Path, engine: &Engine, state: &mut State, ids: &[u32]) -> 
         return 0;
     }
     match cache.restore(state, n) {
-        Ok(()) => {
+        Ok(0) => {
+            eprintln!(
+                "prompt cache: {} was saved too far past this prompt's prefix for the model's \
+                 sliding-window layers; processing the prompt normally",
+                path.display()
+            );
+            0
+        }
+        Ok(n) => {
             eprintln!(
                 "prompt cache: restored {n} of {} prompt tokens from {}",
                 ids.len(),

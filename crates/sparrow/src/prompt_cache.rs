@@ -171,7 +171,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 
 /// Parse and validate a prompt cache image for a model with `fingerprint`, a state with
 /// cache types `kv_types` (keys and values), `n_layer` layers of width `kv_dim` and `n_ctx`
-/// positions.
+/// positions, each layer holding every position.
 pub fn decode(
     bytes: &[u8],
     fingerprint: &[u8; 32],
@@ -180,6 +180,27 @@ pub fn decode(
     kv_dim: usize,
     n_ctx: usize,
 ) -> Result<PromptCache, PromptCacheError> {
+    decode_for(
+        bytes,
+        fingerprint,
+        kv_types,
+        &vec![n_ctx; n_layer.min(1 << 16)],
+        kv_dim,
+        n_ctx,
+    )
+}
+
+/// Like [`decode`], for a state whose layers hold `layer_rows` positions each (fewer than
+/// `n_ctx` for a sliding-window layer's ring, of which the file holds the last ones).
+pub fn decode_for(
+    bytes: &[u8],
+    fingerprint: &[u8; 32],
+    kv_types: impl Into<KvTypes>,
+    layer_rows: &[usize],
+    kv_dim: usize,
+    n_ctx: usize,
+) -> Result<PromptCache, PromptCacheError> {
+    let n_layer = layer_rows.len();
     if bytes.len() < 8 || &bytes[..8] != MAGIC {
         if bytes.len() < 8 && MAGIC.starts_with(bytes) {
             return Err(PromptCacheError::Truncated {
@@ -237,8 +258,10 @@ pub fn decode(
     if n > n_ctx {
         return Err(PromptCacheError::TooLong { tokens: n, n_ctx });
     }
-    // n ≤ n_ctx and the shape matches the model, so these products are bounded.
-    let kv_len = layers * n * (kv_types.k.row_bytes(width) + kv_types.v.row_bytes(width));
+    // n ≤ n_ctx and the shape matches the model, so these products are bounded. A ring
+    // layer holds its last `min(n, rows)` positions.
+    let kept: usize = layer_rows.iter().map(|&r| n.min(r)).sum();
+    let kv_len = kept * (kv_types.k.row_bytes(width) + kv_types.v.row_bytes(width));
     let want = HEADER + 4 * n + kv_len + 32;
     if bytes.len() != want {
         return Err(PromptCacheError::Size {
@@ -268,11 +291,12 @@ pub fn load(path: &Path, model: &Model, state: &State) -> Result<PromptCache, Pr
         source,
     })?;
     let kv = state.kv();
-    decode(
+    let rows: Vec<usize> = (0..kv.n_layer()).map(|l| kv.layer_rows(l)).collect();
+    decode_for(
         &bytes,
         &model_fingerprint(model),
         kv.types(),
-        kv.n_layer(),
+        &rows,
         kv.kv_dim(),
         state.n_ctx(),
     )
@@ -290,8 +314,10 @@ impl PromptCache {
     }
 
     /// Put the first `n` cached positions into `state` (replacing whatever it held) and set
-    /// its position to `n`.
-    pub fn restore(&self, state: &mut State, n: usize) -> Result<(), PromptCacheError> {
+    /// its position there; returns the positions restored. That is `n`, or 0 when the
+    /// model's sliding-window layers no longer hold what `n` needs (a file saved far past
+    /// `n`: their rings keep the last positions only).
+    pub fn restore(&self, state: &mut State, n: usize) -> Result<usize, PromptCacheError> {
         let total = self.tokens.len();
         if n > total {
             return Err(PromptCacheError::Other(format!(
@@ -309,23 +335,10 @@ impl PromptCache {
                 "state does not match the cache".into(),
             ));
         }
-        // Per layer the file holds `total` key rows then `total` value rows; take the first
-        // `n` of each.
-        let (rk, rv) = (
-            self.kv_types.k.row_bytes(self.kv_dim),
-            self.kv_types.v.row_bytes(self.kv_dim),
-        );
-        let mut sel = Vec::with_capacity(self.n_layer * n * (rk + rv));
-        let mut at = 0;
-        for _ in 0..self.n_layer {
-            sel.extend_from_slice(&self.kv[at..at + n * rk]);
-            at += total * rk;
-            sel.extend_from_slice(&self.kv[at..at + n * rv]);
-            at += total * rv;
-        }
         state
-            .import_prefix(n, &sel)
-            .map_err(|e| PromptCacheError::Other(e.to_string()))
+            .import_prefix(total, &self.kv)
+            .map_err(|e| PromptCacheError::Other(e.to_string()))?;
+        Ok(state.truncate(n))
     }
 }
 
@@ -357,7 +370,7 @@ mod tests {
         let pc = decode(&img, &fp, KvType::F16, l, w, 64).unwrap();
         assert_eq!(pc.tokens, toks);
         let mut st2 = m.new_state(64, KvType::F16).unwrap();
-        pc.restore(&mut st2, 6).unwrap();
+        assert_eq!(pc.restore(&mut st2, 6).unwrap(), 6);
         assert_eq!(st2.n_past(), 6);
         assert_eq!(st2.kv().export_prefix(6), st.kv().export_prefix(6));
 
@@ -437,7 +450,7 @@ mod tests {
                 let (l, w) = (st.kv().n_layer(), st.kv().kv_dim());
                 let pc = decode(&img, &fp, types, l, w, 64).unwrap();
                 let mut st2 = m.new_state(64, types).unwrap();
-                pc.restore(&mut st2, 7).unwrap();
+                assert_eq!(pc.restore(&mut st2, 7).unwrap(), 7);
                 assert_eq!(
                     st2.kv().export_prefix(7),
                     st.kv().export_prefix(7),
@@ -489,7 +502,7 @@ mod tests {
         let (l, w) = (st.kv().n_layer(), st.kv().kv_dim());
         let pc = decode(&img, &fp, KvType::F32, l, w, 64).unwrap();
         let mut st2 = m.new_state(64, KvType::F32).unwrap();
-        pc.restore(&mut st2, 12).unwrap();
+        assert_eq!(pc.restore(&mut st2, 12).unwrap(), 12);
         assert_eq!(st2.kv().export_prefix(12), st.kv().export_prefix(12));
         let e = decode(&img, &fp, KvTypes::new(KvType::F32, KvType::F16), l, w, 64)
             .err()

@@ -25,7 +25,7 @@
 mod common;
 
 use common::{argmax, forced_logits, Prefill};
-use sparrow::{KvType, Model};
+use sparrow::{prompt_cache, KvType, Logits, Model};
 
 /// How far the two engines may disagree on a pair of tokens at a step where they choose
 /// differently: llama.cpp's margin for its token plus our lead for ours.
@@ -147,6 +147,29 @@ fn gemma3_sliding_layers_read_their_window_from_a_ring() {
     let (r, f) = (ring.kv().bytes_resident(), full.kv().bytes_resident());
     eprintln!("KV resident after 1,424 positions: ring {r} bytes, full {f} bytes");
     assert!(r < f && full.kv().bytes_per_token() == 6 * ring.kv().bytes_per_token());
+    // A prompt cache file keeps the rings' last positions: restored whole, the next step's
+    // logits are the same to the bit; restored to a prefix the rings no longer hold, nothing.
+    let all: Vec<u32> = prompt.iter().chain(&forced[..23]).copied().collect();
+    let img = prompt_cache::encode(&prompt_cache::model_fingerprint(&model), &ring, &all).unwrap();
+    let rows: Vec<usize> = (0..18).map(|l| ring.kv().layer_rows(l)).collect();
+    let pc = prompt_cache::decode_for(
+        &img,
+        &prompt_cache::model_fingerprint(&model),
+        KvType::F16,
+        &rows,
+        ring.kv().kv_dim(),
+        2048,
+    )
+    .unwrap();
+    let mut back = model.new_state(2048, KvType::F16).unwrap();
+    assert_eq!(pc.restore(&mut back, all.len()).unwrap(), all.len());
+    let next = [forced[23]];
+    assert!(
+        model.forward(&mut back, &next, Logits::Last).unwrap()
+            == model.forward(&mut full, &next, Logits::Last).unwrap()
+    );
+    assert_eq!(pc.restore(&mut back, 100).unwrap(), 0);
+    assert_eq!(back.n_past(), 0);
     // Rewinding inside what the rings still hold keeps the prefix; past it, nothing.
     assert_eq!(ring.truncate(1400), 1400);
     assert_eq!(ring.truncate(100), 0);
