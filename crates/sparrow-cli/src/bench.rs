@@ -138,9 +138,17 @@ fn run_test(
 ) -> Result<Vec<Vec<u64>>, String> {
     let vocab = model.config.vocab_size;
     let n_ctx = depth + n_prompt + n_gen + 1;
-    let mut state = model
-        .new_state(n_ctx, a.kv.types())
-        .map_err(|e| e.to_string())?;
+    // Under a RAM budget, the store leaves room for the hungriest policy's summaries.
+    let mut kv = a.kv.options();
+    if kv.cold.is_some() {
+        for choice in policies {
+            let p = choice.build(&model.config)?;
+            kv.reserved = kv
+                .reserved
+                .max(p.summary_bytes(n_ctx, model.config.kv_dim()));
+        }
+    }
+    let mut state = model.new_state(n_ctx, kv).map_err(|e| e.to_string())?;
     // One untimed warm-up pass pages the weights in and spins up the threads.
     fill(
         model,

@@ -54,13 +54,12 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
         .chat_template
         .as_ref()
         .ok_or("this model has no chat template; use `sparrow run`")?;
-    let mut state = engine
-        .model
-        .new_state(a.ctx_size, kv_types)
-        .map_err(|e| e.to_string())?;
     // The policy's per-sequence state follows the cache: `truncate` below (keeping the
     // prefix shared with the previous turn) and `reset` rewind it too.
-    state.set_attention(attention.build(&engine.model.config)?);
+    let mut state = engine
+        .model
+        .new_sequence(a.ctx_size, a.kv.options(), &attention)
+        .map_err(|e| e.to_string())?;
     ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst))
         .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
     let json_vocab = a.json.then(|| Arc::new(JsonVocab::new(&engine.tokenizer)));

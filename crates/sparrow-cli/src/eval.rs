@@ -128,7 +128,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
     }
     let format = NeedleFormat::named(&a.format)?;
     let choices = a.kv.choices()?;
-    let kv = a.kv.types();
+    let kv = a.kv.options();
     init_threads(a.threads)?;
     let haystack = load_haystack(&a.haystack).map_err(|e| e.to_string())?;
     let engine = a.model.load_engine()?;
@@ -150,7 +150,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
                     length,
                     depth,
                     seed,
-                    kv,
+                    kv.clone(),
                     a.batch_size,
                     format,
                     &choices,

@@ -160,6 +160,14 @@ pub struct KvArgs {
     /// KV cache type for values: f16, f32 or q8_0 (llama.cpp's -ctv).
     #[arg(long = "cache-type-v", alias = "ctv", default_value = "f16", help_heading = KV_HEADING)]
     pub cache_type_v: KvType,
+    /// Keep at most SIZE of keys and values in RAM (e.g. 64M; with the policy's summaries);
+    /// the rest goes to a file in --kv-dir, read back as the policy selects it.
+    #[arg(long = "kv-ram-budget", value_name = "SIZE", value_parser = sparrow::memory::parse_size, help_heading = KV_HEADING)]
+    pub kv_ram_budget: Option<usize>,
+    /// Directory of the cold KV file under --kv-ram-budget (default: the system temp dir;
+    /// the file is never named there, so nothing is left behind).
+    #[arg(long = "kv-dir", value_name = "DIR", requires = "kv_ram_budget", help_heading = KV_HEADING)]
+    pub kv_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub attn: AttnArgs,
 }
@@ -168,6 +176,18 @@ impl KvArgs {
     /// The key and value cache types.
     pub fn types(&self) -> KvTypes {
         KvTypes::new(self.cache_type_k, self.cache_type_v)
+    }
+
+    /// How states are made: the types, and the cold tier when a RAM budget is set.
+    pub fn options(&self) -> sparrow::KvOptions {
+        sparrow::KvOptions {
+            types: self.types(),
+            cold: self.kv_ram_budget.map(|ram_budget| sparrow::ColdTier {
+                ram_budget,
+                dir: self.kv_dir.clone(),
+            }),
+            reserved: 0,
+        }
     }
 
     /// The attention choice (`--attn` with its settings), checked; see [`AttnArgs::choice`].

@@ -75,7 +75,7 @@ pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
             chunk,
             bos,
             a.batch_size,
-            a.kv.types(),
+            a.kv.options(),
             &attention,
             a.decode,
         )

@@ -127,9 +127,8 @@ pub fn run(a: RunArgs) -> Result<(), String> {
     );
     let mut state = engine
         .model
-        .new_state(n_ctx, kv_types)
+        .new_sequence(n_ctx, a.kv.options(), &attention)
         .map_err(|e| e.to_string())?;
-    state.set_attention(attention.build(&engine.model.config)?);
     let mut sampler = Sampler::new(sampler_cfg);
     let opts = GenerateOptions {
         n_predict: if a.n_predict < 0 {
@@ -225,10 +224,12 @@ fn kv_summary(kv: &dyn sparrow::kv_store::KvStore) -> String {
             (rings.iter().sum::<usize>() * row) as f64 / (1 << 20) as f64
         );
     }
-    out + &format!(
-        "; {:.1} MiB resident",
-        kv.bytes_resident() as f64 / (1 << 20) as f64
-    )
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    out += &format!("; {:.1} MiB resident", mib(kv.bytes_resident()));
+    if kv.bytes_cold() > 0 {
+        out += &format!(" (hot), {:.1} MiB in the cold file", mib(kv.bytes_cold()));
+    }
+    out
 }
 
 /// `n` with commas between groups of three digits (`9,408`).

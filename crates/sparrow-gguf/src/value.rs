@@ -98,6 +98,15 @@ fn wrong(key: &str, expected: &'static str, found: &Value) -> GgufError {
     }
 }
 
+impl FromIterator<(String, Value)> for Metadata {
+    /// Metadata built in memory (tests, tools), as a file would hold it.
+    fn from_iter<I: IntoIterator<Item = (String, Value)>>(pairs: I) -> Self {
+        Metadata {
+            map: pairs.into_iter().collect(),
+        }
+    }
+}
+
 impl Metadata {
     /// The raw value of `key`, if present.
     pub fn get(&self, key: &str) -> Option<&Value> {

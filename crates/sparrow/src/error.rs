@@ -11,7 +11,7 @@ pub enum Error {
     Gguf(#[from] GgufError),
     #[error(transparent)]
     Quant(#[from] QuantError),
-    #[error("unknown architecture '{0}' (sparrow runs llama, qwen2 and mistral)")]
+    #[error("unknown architecture '{0}' (sparrow runs llama, qwen2, mistral and gemma3)")]
     UnknownArchitecture(String),
     #[error("unsupported quant type {ty} for tensor '{tensor}'")]
     UnsupportedTensorType { tensor: String, ty: &'static str },
@@ -43,6 +43,8 @@ pub enum Error {
     Tokenizer(String),
     #[error("chat template: {0}")]
     Template(String),
+    #[error("KV store: {0}")]
+    KvTier(String),
     #[error("{0}")]
     Other(String),
 }

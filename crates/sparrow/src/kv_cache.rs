@@ -96,11 +96,6 @@ impl std::fmt::Display for KvTypes {
 
 pub use sparrow_attn::kernel::{BlockQ8_0, KvRows, BLOCK_Q8_0_BYTES, QK8_0};
 
-fn block_to_bytes(b: &BlockQ8_0, out: &mut Vec<u8>) {
-    out.extend_from_slice(&b.d.to_le_bytes());
-    out.extend(b.qs.iter().map(|&q| q as u8));
-}
-
 fn block_from_bytes(b: &[u8]) -> BlockQ8_0 {
     let mut qs = [0i8; QK8_0];
     for (q, &x) in qs.iter_mut().zip(&b[2..BLOCK_Q8_0_BYTES]) {
@@ -175,22 +170,7 @@ impl Store {
         }
     }
 
-    /// Elements `r` as little-endian raw bytes of the store's type.
-    fn export(&self, r: std::ops::Range<usize>, out: &mut Vec<u8>) {
-        match self {
-            Store::F16(v) => v[r]
-                .iter()
-                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            Store::F32(v) => v[r]
-                .iter()
-                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            Store::Q8_0(v) => v[r.start / QK8_0..r.end / QK8_0]
-                .iter()
-                .for_each(|b| block_to_bytes(b, out)),
-        }
-    }
-
-    /// Overwrite elements `r` from bytes made by [`Store::export`] (exactly their size).
+    /// Overwrite elements `r` from their raw little-endian bytes (exactly their size).
     fn import(&mut self, r: std::ops::Range<usize>, src: &[u8]) {
         match self {
             Store::F16(v) => {
@@ -519,18 +499,7 @@ impl KvCache {
     /// each one's type (for Q8_0, ggml's 34-byte blocks). A ring layer contributes its last
     /// `min(n, rows)` positions, in position order.
     pub fn export_prefix(&self, n: usize) -> Vec<u8> {
-        assert!(n <= self.n_ctx, "export beyond the cache");
-        let mut out = Vec::with_capacity(self.prefix_bytes(n));
-        for l in 0..self.n_layer {
-            let runs = self.runs(l, self.kept(l, n));
-            for r in &runs {
-                self.k.export(r.clone(), &mut out);
-            }
-            for r in runs {
-                self.v.export(r, &mut out);
-            }
-        }
-        out
+        crate::kv_store::export_prefix(self, n)
     }
 
     /// Overwrite positions `0..n` from bytes made by [`KvCache::export_prefix`] of a cache
@@ -549,28 +518,43 @@ impl KvCache {
                 self.prefix_bytes(n)
             ));
         }
+        let mut at = 0;
+        for l in 0..self.n_layer {
+            let (kb, vb) = self.layer_prefix_bytes(l, n);
+            let (k, rest) = bytes[at..].split_at(kb);
+            self.import_layer(l, n, k, &rest[..vb]);
+            at += kb + vb;
+        }
+        Ok(())
+    }
+
+    /// Bytes of keys and of values layer `l` contributes to a prefix of `n` positions.
+    pub fn layer_prefix_bytes(&self, l: usize, n: usize) -> (usize, usize) {
+        let kept = self.kept(l, n).len();
+        (
+            kept * self.types.k.row_bytes(self.kv_dim),
+            kept * self.types.v.row_bytes(self.kv_dim),
+        )
+    }
+
+    /// Overwrite layer `l`'s share of a prefix of `n` positions (what
+    /// [`KvCache::layer_prefix_bytes`] sizes) from raw keys `k` and values `v`.
+    pub fn import_layer(&mut self, l: usize, n: usize, k: &[u8], v: &[u8]) {
         let (krow, vrow) = (
             self.types.k.row_bytes(self.kv_dim),
             self.types.v.row_bytes(self.kv_dim),
         );
-        let mut at = 0;
-        for l in 0..self.n_layer {
-            let kept = self.kept(l, n);
-            let runs = self.runs(l, kept.clone());
-            for r in &runs {
-                let b = r.len() / self.kv_dim.max(1) * krow;
-                self.k.import(r.clone(), &bytes[at..at + b]);
-                at += b;
-            }
-            for r in runs {
-                let b = r.len() / self.kv_dim.max(1) * vrow;
-                self.v.import(r, &bytes[at..at + b]);
-                at += b;
-            }
-            self.intact_from[l] = kept.start;
+        let kept = self.kept(l, n);
+        let (mut ka, mut va) = (0, 0);
+        for r in self.runs(l, kept.clone()) {
+            let rows = r.len() / self.kv_dim.max(1);
+            self.k.import(r.clone(), &k[ka..ka + rows * krow]);
+            self.v.import(r, &v[va..va + rows * vrow]);
+            ka += rows * krow;
+            va += rows * vrow;
         }
+        self.intact_from[l] = kept.start;
         self.high_water = self.high_water.max(n);
-        Ok(())
     }
 
     /// Copy positions `0..n` of every layer from `other` (same types, width and rows).

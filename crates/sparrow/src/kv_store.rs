@@ -22,8 +22,9 @@ pub trait KvStore: Send + Sync {
     /// Positions each layer holds at most.
     fn n_ctx(&self) -> usize;
     /// Store the keys and values of position `pos` of `layer` (positions are appended in
-    /// order; a rewind appends again from an earlier position).
-    fn append(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]);
+    /// order; a rewind appends again from an earlier position). A store that writes to a
+    /// file says why a write failed.
+    fn append(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), String>;
     /// Keys of positions `start..start + n` of `layer`, borrowed.
     fn key_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_>;
     /// Values of positions `start..start + n` of `layer`, borrowed.
@@ -46,6 +47,10 @@ pub trait KvStore: Send + Sync {
     fn prefetch(&self, _layer: usize, _plan: &ReadPlan<'_>) {}
     /// Bytes of keys and values held in RAM.
     fn bytes_resident(&self) -> usize;
+    /// Bytes of keys and values held outside RAM (a cold tier's file).
+    fn bytes_cold(&self) -> usize {
+        0
+    }
     /// Keys then values of positions `0..n`, layer by layer, as little-endian raw data of
     /// each one's type (for Q8_0, ggml's 34-byte blocks): what prompt cache files hold.
     fn export_prefix(&self, n: usize) -> Vec<u8>;
@@ -95,8 +100,9 @@ impl KvStore for KvCache {
     fn n_ctx(&self) -> usize {
         KvCache::n_ctx(self)
     }
-    fn append(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+    fn append(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), String> {
         self.write(layer, pos, k, v);
+        Ok(())
     }
     fn key_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
         KvCache::key_rows(self, layer, start, n)
@@ -124,4 +130,42 @@ impl KvStore for KvCache {
     fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
         KvCache::import_prefix(self, n, bytes)
     }
+}
+
+/// The positions of `layer` a prefix of `n` keeps: all of them, or a ring's last rows.
+fn kept(store: &(impl KvStore + ?Sized), layer: usize, n: usize) -> std::ops::Range<usize> {
+    n - n.min(store.layer_rows(layer))..n
+}
+
+/// Bytes [`export_prefix`] makes for `n` positions of `store`.
+pub fn prefix_bytes(store: &(impl KvStore + ?Sized), n: usize) -> usize {
+    let t = store.types();
+    let row = t.k.row_bytes(store.kv_dim()) + t.v.row_bytes(store.kv_dim());
+    (0..store.n_layer())
+        .map(|l| kept(store, l, n).len() * row)
+        .sum()
+}
+
+/// [`KvStore::export_prefix`] for any store, read through its rows: per layer the keys of
+/// the positions kept, then their values, as raw little-endian data.
+pub fn export_prefix(store: &(impl KvStore + ?Sized), n: usize) -> Vec<u8> {
+    assert!(n <= store.n_ctx(), "export beyond the cache");
+    let mut out = Vec::with_capacity(prefix_bytes(store, n));
+    for l in 0..store.n_layer() {
+        for keys in [true, false] {
+            let kept = kept(store, l, n);
+            let mut at = kept.start;
+            while at < kept.end {
+                let len = store.run_len(l, at, kept.end - at);
+                let rows = if keys {
+                    store.key_rows(l, at, len)
+                } else {
+                    store.value_rows(l, at, len)
+                };
+                out.extend_from_slice(crate::kv_tiered::bytes_of(&rows));
+                at += len;
+            }
+        }
+    }
+    out
 }

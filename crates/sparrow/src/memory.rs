@@ -41,9 +41,52 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// A size as people write it: bytes, or a number with a binary unit — `64M`, `1.5G`,
+/// `512K`, `64MiB`, `2g` (K/M/G/T = 2¹⁰…2⁴⁰). For `--kv-ram-budget`.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(format!("'{text}' is not a size (use e.g. 64M, 1.5G, 4096)")),
+    };
+    let value: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (use e.g. 64M, 1.5G, 4096)"))?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= usize::MAX as f64 {
+        return Err(format!("size '{text}' is out of range"));
+    }
+    Ok(bytes as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units_and_refuse_junk() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size(" 512K "), Ok(512 << 10));
+        assert_eq!(parse_size("2T"), Ok(2 << 40));
+        for bad in ["", "M", "64X", "-1M", "1e400", "six"] {
+            let e = parse_size(bad).unwrap_err();
+            assert!(e.contains(bad.trim()), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn meminfo_totals_ram_and_swap() {

@@ -5,7 +5,6 @@
 
 use crate::attention::AttentionChoice;
 use crate::error::{Error, Result};
-use crate::kv_cache::KvTypes;
 use crate::model::{Logits, Model};
 
 /// Natural-log probability of `target` under `logits` (a stable log-softmax in f64).
@@ -66,7 +65,7 @@ pub fn score_chunk(
     chunk: &[u32],
     bos: Option<u32>,
     batch: usize,
-    kv: impl Into<KvTypes>,
+    kv: impl Into<crate::KvOptions>,
     attention: &AttentionChoice,
 ) -> Result<ChunkScore> {
     score_chunk_with(model, chunk, bos, batch, kv, attention, None)
@@ -81,7 +80,7 @@ pub fn score_chunk_with(
     chunk: &[u32],
     bos: Option<u32>,
     batch: usize,
-    kv: impl Into<KvTypes>,
+    kv: impl Into<crate::KvOptions>,
     attention: &AttentionChoice,
     decode: Option<usize>,
 ) -> Result<ChunkScore> {

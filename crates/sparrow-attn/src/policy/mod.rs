@@ -133,6 +133,13 @@ pub trait SparsePolicy: Send {
     fn fraction_read(&self, _n_ctx: usize) -> f64 {
         1.0
     }
+
+    /// Bytes of RAM the policy's per-sequence summaries (page bounds, bucket lists) take at
+    /// `n_ctx` positions of rows `kv_dim` wide: what a store under a RAM budget must leave
+    /// it. Summaries only; a policy whose state does not grow with the context says 0.
+    fn summary_bytes(&self, _n_ctx: usize, _kv_dim: usize) -> usize {
+        0
+    }
 }
 
 /// Keys of one sealed block: `rows × kv_heads × head_dim`, row-major.

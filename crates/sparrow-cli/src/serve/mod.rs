@@ -148,7 +148,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
         scheduler::Config {
             slots: a.parallel,
             n_ctx: a.ctx_size,
-            kv_type: kv_types,
+            kv: a.kv.options(),
             attention: attention.clone(),
             queue: a.queue_size,
             batch: a.batch_size,

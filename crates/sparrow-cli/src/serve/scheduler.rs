@@ -12,7 +12,7 @@ use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
 use sparrow::prompt_cache::common_prefix;
 use sparrow::tokenizer::StreamDecoder;
 use sparrow::tokenizer::Tokenizer;
-use sparrow::{KvTypes, Logits, Model, Sampler, SamplerConfig, State};
+use sparrow::{Logits, Model, Sampler, SamplerConfig, State};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
@@ -90,7 +90,7 @@ impl Scheduler {
 pub struct Config {
     pub slots: usize,
     pub n_ctx: usize,
-    pub kv_type: KvTypes,
+    pub kv: sparrow::KvOptions,
     /// The attention policy; each slot gets its own backend built from it (policies keep
     /// per-sequence state, rewound with the slot's cache by `State::truncate`).
     pub attention: AttentionChoice,
@@ -131,10 +131,9 @@ pub fn start(
 ) -> Result<Scheduler, String> {
     let mut slots = Vec::new();
     for _ in 0..cfg.slots.max(1) {
-        let mut state = model
-            .new_state(cfg.n_ctx, cfg.kv_type)
+        let state = model
+            .new_sequence(cfg.n_ctx, cfg.kv.clone(), &cfg.attention)
             .map_err(|e| e.to_string())?;
-        state.set_attention(cfg.attention.build(&model.config)?);
         slots.push(Slot {
             state,
             tokens: Vec::new(),

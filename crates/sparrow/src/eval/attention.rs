@@ -24,7 +24,6 @@ use crate::attention::{
 };
 use crate::error::{Error, Result};
 use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
-use crate::kv_cache::KvTypes;
 use crate::kv_store::StoreLayer;
 use crate::model::ModelConfig;
 use crate::model::{Logits, Model, State};
@@ -118,7 +117,7 @@ pub fn text_tokens(tokenizer: &Tokenizer, text: &str, n: usize) -> Result<Vec<u3
 pub fn capture(
     model: &Model,
     tokens: &[u32],
-    kv: impl Into<KvTypes>,
+    kv: impl Into<crate::KvOptions>,
     batch_size: usize,
     tail: usize,
     mut progress: impl FnMut(usize, usize),

@@ -8,7 +8,7 @@ use crate::chat::ChatMessage;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::generate::{generate, GenerateOptions};
-use crate::kv_cache::KvTypes;
+use crate::kv_tiered::KvOptions;
 use crate::sampler::{Sampler, SamplerConfig};
 use serde::Serialize;
 use std::ops::ControlFlow;
@@ -218,8 +218,8 @@ impl NeedleFormat {
 /// How the model runs each cell: the same for every cell of a grid.
 #[derive(Clone, Debug)]
 pub struct CellSettings {
-    /// KV cache element types (keys, values).
-    pub kv: KvTypes,
+    /// KV cache element types (keys, values), and a cold tier if any.
+    pub kv: KvOptions,
     /// Prompt tokens per prefill batch.
     pub batch_size: usize,
     /// The attention backend the state uses.
@@ -244,7 +244,7 @@ pub fn run_cell(
         length,
         depth,
         seed,
-        settings.kv,
+        settings.kv.clone(),
         settings.batch_size,
         settings.format,
         std::slice::from_ref(&settings.attention),
@@ -265,7 +265,7 @@ pub fn run_cell_policies(
     length: usize,
     depth: f64,
     seed: u64,
-    kv: KvTypes,
+    mut kv: KvOptions,
     batch_size: usize,
     format: NeedleFormat,
     choices: &[AttentionChoice],
@@ -277,13 +277,23 @@ pub fn run_cell_policies(
     let prompt = format.prompt(engine, &user, &needle)?;
     let ids = engine.tokenizer.encode(&prompt, true, true);
     let (head, last) = ids.split_at(ids.len() - 1);
+    let n_ctx = ids.len() + 32;
+    if kv.cold.is_some() {
+        // Under a RAM budget the store leaves room for the hungriest policy's summaries.
+        for choice in choices {
+            let p = choice.build(&engine.model.config).map_err(Error::Other)?;
+            kv.reserved = kv
+                .reserved
+                .max(p.summary_bytes(n_ctx, engine.model.config.kv_dim()));
+        }
+    }
     let mut shared: Option<(crate::model::State, f64)> = None;
     let mut out = Vec::with_capacity(choices.len());
     for choice in choices {
         let exact_prefill = choice.phase_names().map_err(Error::Other)?.0 == "full";
         let (mut state, prefill_seconds, prompt) = if exact_prefill {
             if shared.is_none() {
-                let mut st = engine.model.new_state(ids.len() + 32, kv)?;
+                let mut st = engine.model.new_state(n_ctx, kv.clone())?;
                 let t0 = std::time::Instant::now();
                 crate::generate::prefill(&engine.model, &mut st, head, batch_size, |d, t| {
                     progress("prefill (shared by exact-prefill policies)", d, t)
@@ -293,7 +303,7 @@ pub fn run_cell_policies(
             let (st, secs) = shared.take().expect("prefilled above");
             (st, secs, last)
         } else {
-            (engine.model.new_state(ids.len() + 32, kv)?, 0.0, &ids[..])
+            (engine.model.new_state(n_ctx, kv.clone())?, 0.0, &ids[..])
         };
         state.set_attention(choice.build(&engine.model.config).map_err(Error::Other)?);
         let mut sampler = Sampler::new(SamplerConfig::greedy());

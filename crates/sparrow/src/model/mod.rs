@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
 use crate::kv_cache::{KvCache, KvTypes};
 use crate::kv_store::KvStore;
+use crate::kv_tiered::{KvOptions, TieredStore};
 pub use config::{Architecture, ModelConfig, RopeLayout};
 use rope::RopeTable;
 use sparrow_gguf::GgufFile;
@@ -292,10 +293,30 @@ impl Model {
     }
 
     /// A fresh sequence state for up to `n_ctx` positions, with keys and values of
-    /// `kv_type` (one [`crate::KvType`] for both, or a [`KvTypes`]). A Q8_0 cache
-    /// the model's head size does not suit is an error.
-    pub fn new_state(&self, n_ctx: usize, kv_type: impl Into<KvTypes>) -> Result<State> {
-        self.new_state_with(n_ctx, kv_type.into(), true)
+    /// `kv` (one [`crate::KvType`] for both, a [`KvTypes`], or [`KvOptions`] with a cold
+    /// tier: a RAM budget, the rest in a file). A Q8_0 cache the model's head size does not
+    /// suit is an error, as is a budget too small for the store's fixed part.
+    pub fn new_state(&self, n_ctx: usize, kv: impl Into<KvOptions>) -> Result<State> {
+        self.new_state_with(n_ctx, kv.into(), true)
+    }
+
+    /// A fresh state running the attention `choice`: [`Model::new_state`] with the policy
+    /// set, and under a cold tier the policy's summaries at `n_ctx` taken off the RAM
+    /// budget first, so the store and the summaries together keep to it.
+    pub fn new_sequence(
+        &self,
+        n_ctx: usize,
+        kv: impl Into<KvOptions>,
+        choice: &crate::attention::AttentionChoice,
+    ) -> Result<State> {
+        let mut kv = kv.into();
+        let policy = choice.build(&self.config).map_err(Error::Other)?;
+        if kv.cold.is_some() {
+            kv.reserved += policy.summary_bytes(n_ctx, self.config.kv_dim());
+        }
+        let mut state = self.new_state(n_ctx, kv)?;
+        state.set_attention(policy);
+        Ok(state)
     }
 
     /// Like [`Model::new_state`], but sliding-window layers keep every position instead of
@@ -306,15 +327,16 @@ impl Model {
         n_ctx: usize,
         kv_type: impl Into<KvTypes>,
     ) -> Result<State> {
-        self.new_state_with(n_ctx, kv_type.into(), false)
+        self.new_state_with(n_ctx, KvOptions::from(kv_type.into()), false)
     }
 
-    fn new_state_with(&self, n_ctx: usize, kv_types: KvTypes, rings: bool) -> Result<State> {
+    fn new_state_with(&self, n_ctx: usize, kv: KvOptions, rings: bool) -> Result<State> {
         if n_ctx == 0 {
             return Err(Error::BadHyperParameter("context size 0".into()));
         }
         let c = &self.config;
-        self.check_state_fits(n_ctx, kv_types)?;
+        let kv_types = kv.types;
+        self.check_state_fits(n_ctx, kv_types, kv.cold.is_some())?;
         let ropes = self.rope_tables(n_ctx);
         let windows: Vec<Option<usize>> = c
             .layers
@@ -328,11 +350,26 @@ impl Model {
             .iter()
             .map(|w| w.filter(|_| rings).map(|w| ring_rows(w, n_ctx)))
             .collect();
-        Ok(State {
-            kv: Box::new(
+        let store: Box<dyn KvStore> = match &kv.cold {
+            Some(tier) => Box::new(
+                TieredStore::new(
+                    kv_types,
+                    &rings,
+                    n_ctx,
+                    c.kv_dim(),
+                    c.head_dim,
+                    tier,
+                    kv.reserved,
+                )
+                .map_err(Error::KvTier)?,
+            ),
+            None => Box::new(
                 KvCache::with_rings(kv_types, &rings, n_ctx, c.kv_dim(), c.head_dim)
                     .map_err(Error::Other)?,
             ),
+        };
+        Ok(State {
+            kv: store,
             attention: Box::new(DenseAttention),
             blocks: BlockTable::new(DEFAULT_BLOCK, c.n_layer),
             ropes,
@@ -383,7 +420,9 @@ impl Model {
 
     /// Refuse a state whose KV cache and RoPE table alone pass the machine's memory (a
     /// context size from a hostile file, or a `-c` typed with one zero too many).
-    fn check_state_fits(&self, n_ctx: usize, kv_types: KvTypes) -> Result<()> {
+    /// The KV cache (unless `cold`: a tiered store keeps its budget, checked as it is made)
+    /// and RoPE tables of `n_ctx` positions must fit the machine's memory.
+    fn check_state_fits(&self, n_ctx: usize, kv_types: KvTypes, cold: bool) -> Result<()> {
         let c = &self.config;
         let row = (kv_types.k.row_bytes(c.kv_dim()) + kv_types.v.row_bytes(c.kv_dim())) as u128;
         let mut need =
@@ -393,7 +432,9 @@ impl Model {
                 LayerAttention::Sliding { window } => ring_rows(window, n_ctx),
                 LayerAttention::Global => n_ctx,
             };
-            need = need.saturating_add(row.saturating_mul(rows as u128));
+            if !cold {
+                need = need.saturating_add(row.saturating_mul(rows as u128));
+            }
         }
         let need = u64::try_from(need).unwrap_or(u64::MAX);
         match crate::memory::machine_memory() {
@@ -545,12 +586,14 @@ impl Model {
         let append = |kv: &mut Box<dyn KvStore>, s: &Scratch, rows: std::ops::Range<usize>| {
             for i in rows {
                 let r = i * kvd..(i + 1) * kvd;
-                kv.append(l, pos0 + i, &s.k[r.clone()], &s.v[r]);
+                kv.append(l, pos0 + i, &s.k[r.clone()], &s.v[r])
+                    .map_err(Error::KvTier)?;
             }
+            Ok::<(), Error>(())
         };
         match spec.attention {
             LayerAttention::Global => {
-                append(kv, s, 0..n);
+                append(kv, s, 0..n)?;
                 // Positions below `pos0` may have been rewritten since their block was
                 // sealed (a forward pass that failed midway): reseal from there.
                 blocks.forget_layer_from(l, pos0);
@@ -572,7 +615,7 @@ impl Model {
                 let mut i = 0;
                 while i < n {
                     let m = chunk.min(n - i);
-                    append(kv, s, i..i + m);
+                    append(kv, s, i..i + m)?;
                     attend_sliding(
                         shape,
                         kv.as_ref(),

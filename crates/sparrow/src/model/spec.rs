@@ -149,9 +149,7 @@ pub fn family(arch: Architecture, md: &Metadata, c: &Common) -> Result<FamilySpe
             // Sliding-window layers with a global one every `pattern` layers (the last of
             // each group), as Gemma 3 was trained; no window key means all global.
             let window = md.opt_u32(&key("attention.sliding_window"))?.unwrap_or(0) as usize;
-            let pattern = md
-                .opt_u32(&key("attention.sliding_window_pattern"))?
-                .unwrap_or(6) as usize;
+            let sliding = sliding_layers(md, &key("attention.sliding_window_pattern"), c.n_layer)?;
             let local_base = md.opt_f32(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0);
             if !(local_base.is_finite() && local_base > 0.0) {
                 return Err(Error::BadHyperParameter(format!(
@@ -167,7 +165,7 @@ pub fn family(arch: Architecture, md: &Metadata, c: &Common) -> Result<FamilySpe
             };
             let layers = (0..c.n_layer)
                 .map(|l| {
-                    let sliding = window > 0 && (pattern == 0 || l % pattern < pattern - 1);
+                    let sliding = window > 0 && sliding[l];
                     LayerSpec {
                         attention: if sliding {
                             LayerAttention::Sliding { window }
@@ -202,6 +200,36 @@ pub fn family(arch: Architecture, md: &Metadata, c: &Common) -> Result<FamilySpe
     }
 }
 
+/// Which layers slide, from `key`: absent, a period `p` (the last layer of every `p` is
+/// global; 6 when absent, Gemma 3's; 0 means every layer slides), or one bool per layer.
+fn sliding_layers(md: &Metadata, key: &str, n_layer: usize) -> Result<Vec<bool>> {
+    use sparrow_gguf::Value;
+    match md.get(key) {
+        Some(Value::Array(flags)) => {
+            if flags.len() != n_layer {
+                return Err(Error::BadHyperParameter(format!(
+                    "{key} has {} entries for {n_layer} layers",
+                    flags.len()
+                )));
+            }
+            flags
+                .iter()
+                .map(|f| match f {
+                    Value::Bool(b) => Ok(*b),
+                    other => Err(Error::BadHyperParameter(format!(
+                        "{key} holds a {} where a bool is expected",
+                        other.type_name()
+                    ))),
+                })
+                .collect()
+        }
+        _ => {
+            let p = md.opt_u32(key)?.unwrap_or(6) as usize;
+            Ok((0..n_layer).map(|l| p == 0 || l % p < p - 1).collect())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +247,40 @@ mod tests {
         // GELU(1) ≈ 0.8412 (tanh form), GELU(-1) ≈ -0.1588.
         assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
         assert!((gelu_tanh(-1.0) + 0.158_808).abs() < 1e-5);
+    }
+
+    #[test]
+    fn sliding_layers_from_a_period_or_one_flag_per_layer() {
+        use sparrow_gguf::{Metadata, Value};
+        let key = "gemma3.attention.sliding_window_pattern";
+        let md = |v: Option<Value>| -> Metadata {
+            v.map(|v| (key.to_string(), v)).into_iter().collect()
+        };
+        // Absent: Gemma 3's period of 6, the last of each group global.
+        let got = sliding_layers(&md(None), key, 8).unwrap();
+        assert_eq!(got, [true, true, true, true, true, false, true, true]);
+        let got = sliding_layers(&md(Some(Value::U32(3))), key, 6).unwrap();
+        assert_eq!(got, [true, true, false, true, true, false]);
+        let got = sliding_layers(&md(Some(Value::U32(0))), key, 3).unwrap();
+        assert_eq!(got, [true, true, true]);
+        // One bool per layer, taken as written (not a period).
+        let flags = [false, true, true, false];
+        let arr = Value::Array(flags.iter().map(|&b| Value::Bool(b)).collect());
+        assert_eq!(sliding_layers(&md(Some(arr)), key, 4).unwrap(), flags);
+        // A wrong count or element type is refused, naming the key.
+        let short = Value::Array(vec![Value::Bool(true)]);
+        let e = sliding_layers(&md(Some(short)), key, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(key) && e.contains("1 entries for 4 layers"),
+            "{e}"
+        );
+        let wrong = Value::Array(vec![Value::U32(1), Value::U32(0)]);
+        let e = sliding_layers(&md(Some(wrong)), key, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key) && e.contains("u32"), "{e}");
     }
 
     #[test]

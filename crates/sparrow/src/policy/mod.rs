@@ -371,6 +371,10 @@ impl SparsePolicy for PhasedAttention {
         self.decode.forget_from(pos);
     }
 
+    fn summary_bytes(&self, n_ctx: usize, kv_dim: usize) -> usize {
+        self.prefill.summary_bytes(n_ctx, kv_dim) + self.decode.summary_bytes(n_ctx, kv_dim)
+    }
+
     fn fraction_read(&self, n_ctx: usize) -> f64 {
         self.decode.fraction_read(n_ctx)
     }

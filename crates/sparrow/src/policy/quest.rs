@@ -295,6 +295,11 @@ impl SparsePolicy for QuestAttention {
         pages.record(block, keys.as_slice(), keys.kv_heads() * keys.head_dim());
     }
 
+    /// Centre and radius (f32) per value of every page of every layer.
+    fn summary_bytes(&self, n_ctx: usize, kv_dim: usize) -> usize {
+        self.layers.len() * n_ctx.div_ceil(self.settings.page) * kv_dim * 8
+    }
+
     fn forget_from(&mut self, pos: usize) {
         let keep = pos / self.settings.page;
         for pages in &mut self.layers {

@@ -1,0 +1,641 @@
+//! The cold KV tier: keys and values under a RAM budget, the rest in a file.
+//!
+//! A long context's cache can outgrow the machine (Qwen2.5-0.5B's FP16 cache at 32K is
+//! 384 MiB, more than its weights). [`TieredStore`] keeps in anonymous memory only what the
+//! budget pays for — per global layer the first block (the sink every policy reads) and a
+//! ring of the most recent positions, plus the sliding-window layers' own rings — and
+//! writes every position of a global layer through to one file per session. The file is
+//! created unnamed in `--kv-dir` (else the system temp dir), so a crash leaves nothing
+//! behind, and sized once (sparse: unwritten positions take no disk).
+//!
+//! Reads of positions outside the hot rows go straight to a read-only shared mapping of
+//! that file: the kernel reads page-cache pages in place, with no copy and no staging
+//! buffer, and the bytes are the ones the RAM store would hold, so attention over a tiered
+//! store is bit for bit the RAM store's. Those pages are the OS's clean file cache — they
+//! count as file pages (RssFile), not anonymous memory, and the OS drops them under
+//! pressure; a read of a dropped page goes back to disk. [`KvStore::prefetch`] turns a
+//! policy's plan into `MADV_WILLNEED` on the mapping before the plan runs, so the disk
+//! reads for a layer's selected blocks are in flight together rather than one fault at a
+//! time.
+//!
+//! Writes go through `pwrite` in blocks of [`TieredStore::flush_rows`] positions (≥ 4 KiB),
+//! so a full disk or a failing write is an error naming the file's directory and the
+//! positions, returned from the forward pass, never a fault on a mapped page.
+
+use crate::kv_cache::{KvCache, KvRows, KvTypes};
+use crate::kv_store::KvStore;
+use memmap2::{Advice, Mmap};
+use sparrow_attn::policy::{ReadPlan, Source};
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Where keys and values beyond a RAM budget go (`--kv-ram-budget`, `--kv-dir`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ColdTier {
+    /// Bytes of anonymous memory the store's keys and values may take, with what a policy
+    /// reserves for its summaries (see [`KvOptions::reserved`]).
+    pub ram_budget: usize,
+    /// Directory for the session's file; the system temp dir when `None`.
+    pub dir: Option<PathBuf>,
+}
+
+/// How a sequence's KV store is made: element types, and optionally a cold tier.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvOptions {
+    /// Key and value element types.
+    pub types: KvTypes,
+    /// Keep only a RAM budget's worth of rows in memory, the rest in a file.
+    pub cold: Option<ColdTier>,
+    /// Bytes of the budget a policy's summaries will take (Quest's page bounds, Saap's
+    /// lists), taken off what the store may keep in RAM.
+    pub reserved: usize,
+}
+
+impl From<KvTypes> for KvOptions {
+    fn from(types: KvTypes) -> Self {
+        KvOptions {
+            types,
+            cold: None,
+            reserved: 0,
+        }
+    }
+}
+
+impl From<crate::KvType> for KvOptions {
+    fn from(t: crate::KvType) -> Self {
+        KvOptions::from(KvTypes::from(t))
+    }
+}
+
+/// Positioned writes to the cold file: a trait so tests can make a disk fill up or a write
+/// come back short.
+pub trait ColdWrite: Send + Sync {
+    /// Write some of `buf` at `offset`; the bytes written (fewer than asked is allowed).
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize>;
+}
+
+impl ColdWrite for File {
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        FileExt::write_at(self, buf, offset)
+    }
+}
+
+/// Stands in for a writer while it is being wrapped.
+struct NoWriter;
+
+impl ColdWrite for NoWriter {
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> io::Result<usize> {
+        Err(io::Error::other("no writer"))
+    }
+}
+
+impl ColdWrite for Box<dyn ColdWrite> {
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        (**self).write_at(buf, offset)
+    }
+}
+
+/// The session's file: keys of every global layer and position, then values.
+struct ColdFile {
+    writer: Box<dyn ColdWrite>,
+    map: Mmap,
+    dir: PathBuf,
+    n_ctx: usize,
+    k_row: usize,
+    v_row: usize,
+    /// Where the values start (after every global layer's keys, rounded to 64 bytes).
+    v_base: usize,
+}
+
+impl ColdFile {
+    fn create(
+        dir: &Path,
+        n_global: usize,
+        n_ctx: usize,
+        k_row: usize,
+        v_row: usize,
+    ) -> Result<Self, String> {
+        let size_err =
+            || format!("a cold KV file for {n_global} layers × {n_ctx} positions is too large");
+        let k_bytes = n_global
+            .checked_mul(n_ctx)
+            .and_then(|x| x.checked_mul(k_row))
+            .ok_or_else(size_err)?;
+        let v_base = k_bytes.checked_next_multiple_of(64).ok_or_else(size_err)?;
+        let len = n_global
+            .checked_mul(n_ctx)
+            .and_then(|x| x.checked_mul(v_row))
+            .and_then(|x| x.checked_add(v_base))
+            .ok_or_else(size_err)?;
+        let file = tempfile::tempfile_in(dir).map_err(|e| {
+            format!(
+                "cannot create the cold KV file in {}: {e} (set --kv-dir to a writable directory)",
+                dir.display()
+            )
+        })?;
+        file.set_len(len as u64).map_err(|e| {
+            format!(
+                "cannot size the cold KV file in {} to {len} bytes: {e}",
+                dir.display()
+            )
+        })?;
+        // SAFETY: the file was just created unnamed (or unlinked at once), so no other
+        // process can reach it by name; it is sized once, above, and never truncated, so
+        // every mapped page stays backed (holes read as zeros). This process writes it only
+        // through `pwrite` in `TieredStore::flush`, which takes `&mut self`: no slice
+        // borrowed from the map is alive while a write changes the bytes under it.
+        let map = unsafe { Mmap::map(&file) }
+            .map_err(|e| format!("cannot map the cold KV file in {}: {e}", dir.display()))?;
+        Ok(ColdFile {
+            writer: Box::new(file),
+            map,
+            dir: dir.to_path_buf(),
+            n_ctx,
+            k_row,
+            v_row,
+            v_base,
+        })
+    }
+
+    fn k_at(&self, gl: usize, pos: usize) -> usize {
+        (gl * self.n_ctx + pos) * self.k_row
+    }
+
+    fn v_at(&self, gl: usize, pos: usize) -> usize {
+        self.v_base + (gl * self.n_ctx + pos) * self.v_row
+    }
+
+    /// Write all of `buf` at `offset`, or say why not.
+    fn write(&self, buf: &[u8], offset: usize, what: impl Fn() -> String) -> Result<(), String> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.writer.write_at(&buf[done..], (offset + done) as u64) {
+                Ok(0) => {
+                    return Err(format!(
+                        "writing {} to the cold KV file in {}: the write stopped short ({done} of {} bytes)",
+                        what(),
+                        self.dir.display(),
+                        buf.len()
+                    ))
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(format!(
+                        "writing {} to the cold KV file in {}: {e}",
+                        what(),
+                        self.dir.display()
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn rows(&self, at: usize, n: usize, row: usize, ty: crate::KvType) -> KvRows<'_> {
+        rows_of(&self.map[at..at + n * row], ty)
+    }
+
+    /// Ask the OS to start reading `bytes` of the map (page-rounded) into the page cache.
+    fn will_need(&self, bytes: Range<usize>) {
+        const PAGE: usize = 4096;
+        let start = bytes.start / PAGE * PAGE;
+        let end = bytes.end.min(self.map.len());
+        if end > start {
+            // A hint: failure changes nothing but speed.
+            let _ = self.map.advise_range(Advice::WillNeed, start, end - start);
+        }
+    }
+}
+
+/// Raw little-endian row bytes as the kernel's typed rows.
+fn rows_of(bytes: &[u8], ty: crate::KvType) -> KvRows<'_> {
+    match ty {
+        crate::KvType::F16 => KvRows::F16(bytemuck::cast_slice(bytes)),
+        crate::KvType::F32 => KvRows::F32(bytemuck::cast_slice(bytes)),
+        crate::KvType::Q8_0 => KvRows::Q8_0(bytemuck::cast_slice(bytes)),
+    }
+}
+
+/// Typed rows as their raw bytes (what the file and prompt caches hold).
+pub(crate) fn bytes_of<'a>(rows: &KvRows<'a>) -> &'a [u8] {
+    match *rows {
+        KvRows::F16(r) => bytemuck::cast_slice(r),
+        KvRows::F32(r) => bytemuck::cast_slice(r),
+        KvRows::Q8_0(r) => bytemuck::cast_slice(r),
+    }
+}
+
+/// What a store's RAM is made of, before the budget picks the hot ring's size.
+struct Layout {
+    /// Positions per write (and in the sink).
+    flush_rows: usize,
+    /// Bytes that do not depend on the budget: sliding rings, sinks, reserved summaries.
+    fixed: usize,
+    /// Bytes one more hot position costs (all global layers).
+    per_row: usize,
+}
+
+impl Layout {
+    fn new(
+        types: KvTypes,
+        rings: &[Option<usize>],
+        n_ctx: usize,
+        kv_dim: usize,
+        reserved: usize,
+    ) -> Self {
+        let (k_row, v_row) = (types.k.row_bytes(kv_dim), types.v.row_bytes(kv_dim));
+        let row = k_row + v_row;
+        let n_global = rings.iter().filter(|r| r.is_none()).count();
+        // Writes of at least a page; the sink is one such block.
+        let flush_rows = 4096usize
+            .div_ceil(k_row.max(1))
+            .next_multiple_of(16)
+            .min(n_ctx.max(1));
+        let fixed = rings
+            .iter()
+            .flatten()
+            .map(|&r| r.min(n_ctx) * row)
+            .sum::<usize>()
+            + n_global * flush_rows * row
+            + reserved;
+        Layout {
+            flush_rows,
+            fixed,
+            per_row: n_global.max(1) * row,
+        }
+    }
+
+    /// The smallest budget: the fixed part and one block of recent positions.
+    fn minimum(&self) -> usize {
+        self.fixed + self.flush_rows * self.per_row
+    }
+}
+
+/// The smallest `--kv-ram-budget` a tiered store of this shape accepts (one block of recent
+/// positions per global layer besides the fixed part).
+pub fn minimum_budget(
+    types: KvTypes,
+    rings: &[Option<usize>],
+    n_ctx: usize,
+    kv_dim: usize,
+    reserved: usize,
+) -> usize {
+    Layout::new(types, rings, n_ctx, kv_dim, reserved).minimum()
+}
+
+#[cfg(target_endian = "big")]
+compile_error!("the KV file layouts (prompt caches, the cold tier) are little-endian");
+
+/// A KV store whose global layers keep a RAM budget's worth of rows and the rest in a
+/// file (module docs).
+pub struct TieredStore {
+    /// Sliding layers' rings (never cold) and each global layer's ring of recent rows.
+    hot: KvCache,
+    /// The first `sink_rows` positions of every layer.
+    sinks: KvCache,
+    cold: ColdFile,
+    /// Per layer: its index among the global layers, `None` for a sliding one.
+    global: Vec<Option<usize>>,
+    n_ctx: usize,
+    sink_rows: usize,
+    hot_rows: usize,
+    flush_rows: usize,
+    /// Per layer: one past the highest position written.
+    high: Vec<usize>,
+    /// Per layer: every position below is in the file.
+    flushed_to: Vec<usize>,
+    /// Per layer: positions from here up to `high` are read from the hot ring.
+    hot_from: Vec<usize>,
+    /// Per layer: positions below are read from the sink rows.
+    sinks_valid: Vec<usize>,
+}
+
+impl TieredStore {
+    /// A store for `n_ctx` positions: `rings[l]` is `Some(rows)` for a sliding layer kept
+    /// in a ring, `None` for a global layer, whose rows beyond `tier.ram_budget` (less
+    /// `reserved`, the sliding rings and the sinks) live in the file.
+    pub fn new(
+        types: KvTypes,
+        rings: &[Option<usize>],
+        n_ctx: usize,
+        kv_dim: usize,
+        head_dim: usize,
+        tier: &ColdTier,
+        reserved: usize,
+    ) -> Result<Self, String> {
+        let (k_row, v_row) = (types.k.row_bytes(kv_dim), types.v.row_bytes(kv_dim));
+        let layout = Layout::new(types, rings, n_ctx, kv_dim, reserved);
+        let flush_rows = layout.flush_rows;
+        let sink_rows = flush_rows;
+        let hot_rows =
+            tier.ram_budget.saturating_sub(layout.fixed) / layout.per_row / flush_rows * flush_rows;
+        if hot_rows < flush_rows {
+            return Err(format!(
+                "--kv-ram-budget {} is too small: at -c {n_ctx} the KV store needs at least {} \
+                 ({} of sliding-window rings, sinks and policy summaries, plus {flush_rows} \
+                 recent positions per global layer)",
+                crate::memory::human_bytes(tier.ram_budget as u64),
+                crate::memory::human_bytes(layout.minimum() as u64),
+                crate::memory::human_bytes(layout.fixed as u64),
+            ));
+        }
+        let hot_rings: Vec<Option<usize>> =
+            rings.iter().map(|r| Some(r.unwrap_or(hot_rows))).collect();
+        let hot = KvCache::with_rings(types, &hot_rings, n_ctx, kv_dim, head_dim)?;
+        let sinks =
+            KvCache::with_rings(types, &vec![None; rings.len()], sink_rows, kv_dim, head_dim)?;
+        let dir = tier.dir.clone().unwrap_or_else(std::env::temp_dir);
+        let cold = ColdFile::create(
+            &dir,
+            rings.iter().filter(|r| r.is_none()).count(),
+            n_ctx,
+            k_row,
+            v_row,
+        )?;
+        let mut next = 0;
+        let global = rings
+            .iter()
+            .map(|r| {
+                r.is_none().then(|| {
+                    next += 1;
+                    next - 1
+                })
+            })
+            .collect();
+        let n_layer = rings.len();
+        Ok(TieredStore {
+            hot,
+            sinks,
+            cold,
+            global,
+            n_ctx,
+            sink_rows,
+            hot_rows,
+            flush_rows,
+            high: vec![0; n_layer],
+            flushed_to: vec![0; n_layer],
+            hot_from: vec![0; n_layer],
+            sinks_valid: vec![0; n_layer],
+        })
+    }
+
+    /// Wrap the writer of the file (tests inject full disks and short writes with it).
+    pub fn wrap_writer(&mut self, wrap: impl FnOnce(Box<dyn ColdWrite>) -> Box<dyn ColdWrite>) {
+        let placeholder: Box<dyn ColdWrite> = Box::new(NoWriter);
+        let inner = std::mem::replace(&mut self.cold.writer, placeholder);
+        self.cold.writer = wrap(inner);
+    }
+
+    /// Recent positions each global layer keeps in RAM.
+    pub fn hot_rows(&self) -> usize {
+        self.hot_rows
+    }
+
+    /// Positions per write to the file (the first block is also kept in RAM as the sink).
+    pub fn flush_rows(&self) -> usize {
+        self.flush_rows
+    }
+
+    /// Write positions `flushed_to..end` of global layer `l` from the hot ring to the file.
+    fn flush(&mut self, l: usize, gl: usize, end: usize) -> Result<(), String> {
+        let mut at = self.flushed_to[l];
+        while at < end {
+            let n = self.hot.run_len(l, at, end - at);
+            let what = || format!("layer {l} positions {at}..{}", at + n);
+            let k = self.hot.key_rows(l, at, n);
+            self.cold
+                .write(bytes_of(&k), self.cold.k_at(gl, at), what)?;
+            let v = self.hot.value_rows(l, at, n);
+            self.cold
+                .write(bytes_of(&v), self.cold.v_at(gl, at), what)?;
+            at += n;
+        }
+        self.flushed_to[l] = end;
+        Ok(())
+    }
+
+    /// Where reads of `start..` of global layer `l` come from, and how far that run goes.
+    fn locate(&self, l: usize, start: usize, max: usize) -> (Tier, usize) {
+        if start >= self.hot_from[l] {
+            (Tier::Hot, self.hot.run_len(l, start, max))
+        } else if start < self.sinks_valid[l] {
+            (
+                Tier::Sink,
+                max.min(self.sinks_valid[l].min(self.hot_from[l]) - start),
+            )
+        } else {
+            (Tier::Cold, max.min(self.hot_from[l] - start))
+        }
+    }
+
+    fn rows(&self, l: usize, start: usize, n: usize, keys: bool) -> KvRows<'_> {
+        let Some(gl) = self.global[l] else {
+            return if keys {
+                self.hot.key_rows(l, start, n)
+            } else {
+                self.hot.value_rows(l, start, n)
+            };
+        };
+        let (tier, run) = self.locate(l, start, n);
+        assert!(
+            run == n || n == 0,
+            "KV read must be one run (layer {l}, {start}+{n})"
+        );
+        let types = self.hot.types();
+        match (tier, keys) {
+            (Tier::Hot, true) => self.hot.key_rows(l, start, n),
+            (Tier::Hot, false) => self.hot.value_rows(l, start, n),
+            (Tier::Sink, true) => self.sinks.key_rows(l, start, n),
+            (Tier::Sink, false) => self.sinks.value_rows(l, start, n),
+            (Tier::Cold, true) => {
+                self.cold
+                    .rows(self.cold.k_at(gl, start), n, self.cold.k_row, types.k)
+            }
+            (Tier::Cold, false) => {
+                self.cold
+                    .rows(self.cold.v_at(gl, start), n, self.cold.v_row, types.v)
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Tier {
+    Hot,
+    Sink,
+    Cold,
+}
+
+impl KvStore for TieredStore {
+    fn kv_dim(&self) -> usize {
+        self.hot.kv_dim()
+    }
+    fn n_layer(&self) -> usize {
+        self.hot.n_layer()
+    }
+    fn types(&self) -> KvTypes {
+        self.hot.types()
+    }
+    fn bytes_per_token(&self) -> usize {
+        self.global.iter().flatten().count() * self.hot.row_bytes()
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn append(&mut self, l: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), String> {
+        let Some(gl) = self.global[l] else {
+            self.hot.write(l, pos, k, v);
+            return Ok(());
+        };
+        if pos > self.high[l] {
+            return Err(format!(
+                "KV position {pos} of layer {l} written before position {}",
+                self.high[l]
+            ));
+        }
+        if pos < self.high[l] {
+            // A rewind: the file takes what the ring still holds unwritten, then holds every
+            // position below `pos`; the ring vouches only for what is written from here.
+            let high = self.high[l];
+            self.flush(l, gl, high)?;
+            self.flushed_to[l] = pos;
+            self.hot_from[l] = pos;
+            self.sinks_valid[l] = self.sinks_valid[l].min(pos);
+        }
+        self.hot.write(l, pos, k, v);
+        if pos < self.sink_rows && pos == self.sinks_valid[l] {
+            self.sinks.write(l, pos, k, v);
+            self.sinks_valid[l] = pos + 1;
+        }
+        self.high[l] = pos + 1;
+        self.hot_from[l] = self.hot_from[l].max((pos + 1).saturating_sub(self.hot_rows));
+        if (pos + 1).is_multiple_of(self.flush_rows)
+            || pos + 1 - self.flushed_to[l] >= self.flush_rows
+        {
+            self.flush(l, gl, pos + 1)?;
+        }
+        Ok(())
+    }
+
+    fn key_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
+        self.rows(layer, start, n, true)
+    }
+    fn value_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
+        self.rows(layer, start, n, false)
+    }
+    fn run_len(&self, layer: usize, start: usize, max: usize) -> usize {
+        match self.global[layer] {
+            None => self.hot.run_len(layer, start, max),
+            Some(_) => self.locate(layer, start, max).1,
+        }
+    }
+    fn layer_rows(&self, layer: usize) -> usize {
+        match self.global[layer] {
+            None => self.hot.layer_rows(layer),
+            Some(_) => self.n_ctx,
+        }
+    }
+    fn intact_from(&self, layer: usize) -> usize {
+        match self.global[layer] {
+            None => self.hot.intact_from(layer),
+            Some(_) => 0,
+        }
+    }
+
+    /// Ask the OS for the file pages the plan reads below the hot rows, merged into spans
+    /// (gaps under 64 KiB are read too: one larger request costs less than two).
+    fn prefetch(&self, layer: usize, plan: &ReadPlan<'_>) {
+        let Some(gl) = self.global[layer] else { return };
+        let hot_from = self.hot_from[layer];
+        let mut ranges: Vec<Range<usize>> = plan
+            .entries
+            .iter()
+            .filter(|e| e.source == Source::Store)
+            .flat_map(|e| e.visible.iter().flatten())
+            .filter(|r| r.start < hot_from)
+            .map(|r| r.start.max(self.sinks_valid[layer].min(hot_from))..r.end.min(hot_from))
+            .filter(|r| !r.is_empty())
+            .collect();
+        ranges.sort_unstable_by_key(|r| r.start);
+        let gap = (65536 / self.cold.k_row.max(1)).max(1);
+        let mut merged: Vec<Range<usize>> = Vec::new();
+        for r in ranges {
+            match merged.last_mut() {
+                Some(m) if r.start <= m.end + gap => m.end = m.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        for r in merged {
+            self.cold
+                .will_need(self.cold.k_at(gl, r.start)..self.cold.k_at(gl, r.end));
+            self.cold
+                .will_need(self.cold.v_at(gl, r.start)..self.cold.v_at(gl, r.end));
+        }
+    }
+
+    /// The hot rings and sinks as far as written (their zeroed rest is never touched).
+    fn bytes_resident(&self) -> usize {
+        let high = self.high.iter().copied().max().unwrap_or(0);
+        self.hot.bytes_for(high) + self.sinks.bytes_for(high)
+    }
+
+    fn bytes_cold(&self) -> usize {
+        self.flushed_to
+            .iter()
+            .zip(&self.global)
+            .filter(|(_, g)| g.is_some())
+            .map(|(&f, _)| f)
+            .sum::<usize>()
+            * self.hot.row_bytes()
+    }
+
+    fn export_prefix(&self, n: usize) -> Vec<u8> {
+        crate::kv_store::export_prefix(self, n)
+    }
+
+    fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
+        let want = crate::kv_store::prefix_bytes(self, n);
+        if n > self.n_ctx {
+            return Err(format!(
+                "{n} cached positions do not fit a context of {}",
+                self.n_ctx
+            ));
+        }
+        if bytes.len() != want {
+            return Err(format!(
+                "KV data has {} bytes, expected {want} for {n} positions",
+                bytes.len()
+            ));
+        }
+        let mut at = 0;
+        for l in 0..self.n_layer() {
+            let (kb, vb) = self.hot.layer_prefix_bytes(l, n);
+            match self.global[l] {
+                None => {
+                    let (k, rest) = bytes[at..].split_at(kb);
+                    self.hot.import_layer(l, n, k, &rest[..vb]);
+                    at += kb + vb;
+                }
+                Some(gl) => {
+                    let (kb, vb) = (n * self.cold.k_row, n * self.cold.v_row);
+                    let what = || format!("layer {l} positions 0..{n}");
+                    self.cold
+                        .write(&bytes[at..at + kb], self.cold.k_at(gl, 0), what)?;
+                    self.cold
+                        .write(&bytes[at + kb..at + kb + vb], self.cold.v_at(gl, 0), what)?;
+                    at += kb + vb;
+                    self.high[l] = n;
+                    self.flushed_to[l] = n;
+                    self.hot_from[l] = n;
+                    self.sinks_valid[l] = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+}
