@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// quarter of an hour; rows timing prefill at depth are unaffected too.
     #[arg(long = "fill-attn", default_value = "full")]
     fill_attn: String,
+    /// With --kv-ram-budget: before each timed test, drop the cold KV file's pages from
+    /// memory (the OS's page cache too), so its reads start from the disk.
+    #[arg(long = "kv-cold-start", requires = "kv_ram_budget")]
+    kv_cold_start: bool,
     /// Print llama-bench-compatible JSON instead of a markdown table.
     #[arg(long = "json")]
     json: bool,
@@ -177,6 +181,9 @@ fn run_test(
                     .forward(&mut state, &tokens(1, vocab, 5), Logits::Last)
                     .map_err(|e| e.to_string())?;
                 rewind(&mut state, depth)?;
+            }
+            if a.kv_cold_start {
+                state.kv().drop_cold_pages()?;
             }
             let start = Instant::now();
             if n_prompt > 0 {

@@ -190,7 +190,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
     eprintln!("{}", kv_summary(state.kv()));
     if let Some(m) = crate::memory::memory_report() {
         eprintln!(
-            "memory:      peak RSS {:.1} MiB (now: {:.1} MiB heap, {:.1} MiB mapped model pages)",
+            "memory:      peak RSS {:.1} MiB (now: {:.1} MiB heap, {:.1} MiB mapped file pages: model, cold KV)",
             m.peak_rss_kib as f64 / 1024.0,
             m.anon_kib as f64 / 1024.0,
             m.file_kib as f64 / 1024.0

@@ -51,6 +51,11 @@ pub trait KvStore: Send + Sync {
     fn bytes_cold(&self) -> usize {
         0
     }
+    /// Drop the cold tier's pages from memory (the OS's page cache included), so the next
+    /// reads come from the disk: for measuring a cold start. Nothing to do in RAM.
+    fn drop_cold_pages(&self) -> Result<(), String> {
+        Ok(())
+    }
     /// Keys then values of positions `0..n`, layer by layer, as little-endian raw data of
     /// each one's type (for Q8_0, ggml's 34-byte blocks): what prompt cache files hold.
     fn export_prefix(&self, n: usize) -> Vec<u8>;

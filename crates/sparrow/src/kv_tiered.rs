@@ -24,7 +24,7 @@
 
 use crate::kv_cache::{KvCache, KvRows, KvTypes};
 use crate::kv_store::KvStore;
-use memmap2::{Advice, Mmap};
+use memmap2::{Advice, Mmap, UncheckedAdvice};
 use sparrow_attn::policy::{ReadPlan, Source};
 use std::fs::File;
 use std::io;
@@ -100,6 +100,8 @@ impl ColdWrite for Box<dyn ColdWrite> {
 
 /// The session's file: keys of every global layer and position, then values.
 struct ColdFile {
+    /// The file itself, for syncing and cache advice (writes go through `writer`).
+    file: File,
     writer: Box<dyn ColdWrite>,
     map: Mmap,
     dir: PathBuf,
@@ -149,7 +151,11 @@ impl ColdFile {
         // borrowed from the map is alive while a write changes the bytes under it.
         let map = unsafe { Mmap::map(&file) }
             .map_err(|e| format!("cannot map the cold KV file in {}: {e}", dir.display()))?;
+        let handle = file
+            .try_clone()
+            .map_err(|e| format!("cannot use the cold KV file in {}: {e}", dir.display()))?;
         Ok(ColdFile {
+            file: handle,
             writer: Box::new(file),
             map,
             dir: dir.to_path_buf(),
@@ -158,6 +164,31 @@ impl ColdFile {
             v_row,
             v_base,
         })
+    }
+
+    /// Write the file's dirty pages back, then drop its pages from this mapping and from
+    /// the OS's page cache: the next read of a cold row goes to the disk.
+    fn drop_pages(&self) -> Result<(), String> {
+        self.file
+            .sync_data()
+            .map_err(|e| format!("syncing the cold KV file in {}: {e}", self.dir.display()))?;
+        // SAFETY: MADV_DONTNEED on a shared, read-only file mapping only unmaps its pages;
+        // the next access faults the same bytes back in from the (synced) file, so no
+        // borrowed slice ever sees other data.
+        unsafe { self.map.unchecked_advise(UncheckedAdvice::DontNeed) }
+            .map_err(|e| format!("dropping the cold KV file's pages: {e}"))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain syscall on a file descriptor this struct owns; no memory is passed.
+        let rc = unsafe {
+            libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+        };
+        if rc != 0 {
+            return Err(format!(
+                "dropping the cold KV file from the page cache: {}",
+                io::Error::from_raw_os_error(rc)
+            ));
+        }
+        Ok(())
     }
 
     fn k_at(&self, gl: usize, pos: usize) -> usize {
@@ -582,6 +613,10 @@ impl KvStore for TieredStore {
     fn bytes_resident(&self) -> usize {
         let high = self.high.iter().copied().max().unwrap_or(0);
         self.hot.bytes_for(high) + self.sinks.bytes_for(high)
+    }
+
+    fn drop_cold_pages(&self) -> Result<(), String> {
+        self.cold.drop_pages()
     }
 
     fn bytes_cold(&self) -> usize {
