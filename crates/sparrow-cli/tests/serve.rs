@@ -719,3 +719,35 @@ fn context_larger_than_the_machine_is_refused_with_the_bytes() {
         "{e}"
     );
 }
+
+/// A server under `--kv-ram-budget` answers as one keeping every row in RAM (the cold tier
+/// is bit-exact), and `/metrics` shows what went to the cold file.
+#[test]
+fn a_ram_budget_serves_the_same_greedy_text_and_reports_its_tiers() {
+    let model = synthetic_model();
+    let prompt: String = (0..400)
+        .map(|i| (b'a' + (i * 7 % 26) as u8) as char)
+        .collect();
+    let body = format!(r#"{{"prompt": "{prompt}", "max_tokens": 24, "temperature": 0}}"#);
+    let mut texts = Vec::new();
+    for extra in [
+        &["-c", "512"][..],
+        &["-c", "512", "--kv-ram-budget", "64K"][..],
+    ] {
+        let s = Server::start(&model, extra);
+        let (code, out) = http(&s.addr, "POST", "/v1/completions", None, &body);
+        assert_eq!(code, 200, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        texts.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+        let (_, m) = http(&s.addr, "GET", "/metrics", None, "");
+        let cold: f64 = m
+            .lines()
+            .find_map(|l| l.strip_prefix("sparrow_kv_bytes{tier=\"cold\"} "))
+            .expect("a cold-tier gauge")
+            .parse()
+            .unwrap();
+        let budgeted = extra.len() > 2;
+        assert_eq!(cold > 0.0, budgeted, "{m}");
+    }
+    assert_eq!(texts[0], texts[1]);
+}

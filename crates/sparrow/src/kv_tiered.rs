@@ -179,9 +179,8 @@ impl ColdFile {
             .map_err(|e| format!("dropping the cold KV file's pages: {e}"))?;
         use std::os::fd::AsRawFd;
         // SAFETY: a plain syscall on a file descriptor this struct owns; no memory is passed.
-        let rc = unsafe {
-            libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
-        };
+        let rc =
+            unsafe { libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         if rc != 0 {
             return Err(format!(
                 "dropping the cold KV file from the page cache: {}",

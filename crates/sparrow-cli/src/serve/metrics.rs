@@ -22,6 +22,11 @@ pub struct Metrics {
     pub queue_depth: AtomicUsize,
     pub active: AtomicUsize,
     pub slots: AtomicUsize,
+    /// Bytes of keys and values in RAM, over every slot (the hot tier under
+    /// `--kv-ram-budget`).
+    pub kv_hot_bytes: AtomicUsize,
+    /// Bytes of keys and values in the slots' cold KV files.
+    pub kv_cold_bytes: AtomicUsize,
     /// The server's fixed settings, reported as `sparrow_info`.
     pub info: Info,
 }
@@ -105,6 +110,16 @@ impl Metrics {
                 ("{code=\"401\"}", g(&self.requests_unauthorized) as f64),
                 ("{code=\"503\"}", g(&self.requests_busy) as f64),
                 ("{code=\"500\"}", g(&self.requests_failed) as f64),
+            ],
+        );
+        let gu = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
+        metric(
+            "sparrow_kv_bytes",
+            "gauge",
+            "Keys and values held over all slots: in RAM (hot) and in cold KV files.",
+            &[
+                ("{tier=\"hot\"}", gu(&self.kv_hot_bytes)),
+                ("{tier=\"cold\"}", gu(&self.kv_cold_bytes)),
             ],
         );
         metric(

@@ -244,7 +244,20 @@ impl Worker {
                 }
             }
             self.metrics.active.store(active.len(), Ordering::Relaxed);
+            self.report_kv();
         }
+    }
+
+    /// Publish what the slots' KV stores hold, in RAM and in cold files.
+    fn report_kv(&self) {
+        let (hot, cold) = self.slots.iter().fold((0, 0), |(h, c), s| {
+            (
+                h + s.state.kv().bytes_resident(),
+                c + s.state.kv().bytes_cold(),
+            )
+        });
+        self.metrics.kv_hot_bytes.store(hot, Ordering::Relaxed);
+        self.metrics.kv_cold_bytes.store(cold, Ordering::Relaxed);
     }
 
     fn admit(&mut self, job: Job, active: &[Active]) -> Active {
