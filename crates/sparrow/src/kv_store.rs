@@ -58,7 +58,14 @@ pub trait KvStore: Send + Sync {
     }
     /// Keys then values of positions `0..n`, layer by layer, as little-endian raw data of
     /// each one's type (for Q8_0, ggml's 34-byte blocks): what prompt cache files hold.
-    fn export_prefix(&self, n: usize) -> Vec<u8>;
+    fn export_prefix(&self, n: usize) -> Vec<u8> {
+        export_prefix(self, n)
+    }
+    /// [`KvStore::export_prefix`] streamed to `out`, a run of rows at a time, so saving a
+    /// long context takes no memory of its size (a cold tier's rows go file to file).
+    fn write_prefix(&self, n: usize, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        write_prefix(self, n, out)
+    }
     /// Overwrite positions `0..n` from bytes made by [`KvStore::export_prefix`] of a store
     /// with the same types and shape, or say why they do not fit.
     fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String>;
@@ -129,9 +136,6 @@ impl KvStore for KvCache {
     fn bytes_resident(&self) -> usize {
         self.bytes_for(self.high_water())
     }
-    fn export_prefix(&self, n: usize) -> Vec<u8> {
-        KvCache::export_prefix(self, n)
-    }
     fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
         KvCache::import_prefix(self, n, bytes)
     }
@@ -154,8 +158,18 @@ pub fn prefix_bytes(store: &(impl KvStore + ?Sized), n: usize) -> usize {
 /// [`KvStore::export_prefix`] for any store, read through its rows: per layer the keys of
 /// the positions kept, then their values, as raw little-endian data.
 pub fn export_prefix(store: &(impl KvStore + ?Sized), n: usize) -> Vec<u8> {
-    assert!(n <= store.n_ctx(), "export beyond the cache");
     let mut out = Vec::with_capacity(prefix_bytes(store, n));
+    write_prefix(store, n, &mut out).expect("writing to a Vec cannot fail");
+    out
+}
+
+/// [`export_prefix`]'s bytes, written to `out` one run of rows at a time.
+pub fn write_prefix(
+    store: &(impl KvStore + ?Sized),
+    n: usize,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
+    assert!(n <= store.n_ctx(), "export beyond the cache");
     for l in 0..store.n_layer() {
         for keys in [true, false] {
             let kept = kept(store, l, n);
@@ -167,10 +181,10 @@ pub fn export_prefix(store: &(impl KvStore + ?Sized), n: usize) -> Vec<u8> {
                 } else {
                     store.value_rows(l, at, len)
                 };
-                out.extend_from_slice(crate::kv_tiered::bytes_of(&rows));
+                out.write_all(crate::kv_tiered::bytes_of(&rows))?;
                 at += len;
             }
         }
     }
-    out
+    Ok(())
 }

@@ -628,10 +628,6 @@ impl KvStore for TieredStore {
             * self.hot.row_bytes()
     }
 
-    fn export_prefix(&self, n: usize) -> Vec<u8> {
-        crate::kv_store::export_prefix(self, n)
-    }
-
     fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
         let want = crate::kv_store::prefix_bytes(self, n);
         if n > self.n_ctx {

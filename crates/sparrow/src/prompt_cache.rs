@@ -107,7 +107,43 @@ pub struct PromptCache {
     kv_types: KvTypes,
     n_layer: usize,
     kv_dim: usize,
-    kv: Vec<u8>,
+    image: Image,
+    /// Where the keys and values start in `image` (they run to the checksum).
+    kv_at: usize,
+}
+
+/// A validated file's bytes: a copy, or (from [`load`]) a read-only mapping of the file, so
+/// restoring a long context into a cold-tier store takes no memory of the file's size.
+enum Image {
+    Owned(Vec<u8>),
+    Mapped(memmap2::Mmap),
+}
+
+impl std::ops::Deref for Image {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Image::Owned(v) => v,
+            Image::Mapped(m) => m,
+        }
+    }
+}
+
+/// A writer that hashes what passes through it (the file's trailing checksum).
+struct Hashing<W> {
+    inner: W,
+    hash: Sha256,
+}
+
+impl<W: std::io::Write> std::io::Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Length of the common prefix of two token lists.
@@ -115,12 +151,15 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Serialize the first `tokens.len()` positions of `state` (which must hold them).
-pub fn encode(
+/// Write the file image of the first `tokens.len()` positions of `state` (which must hold
+/// them) to `out`, checksum last, streaming the keys and values a run of rows at a time.
+fn write_image(
     fingerprint: &[u8; 32],
     state: &State,
     tokens: &[u32],
-) -> Result<Vec<u8>, PromptCacheError> {
+    out: impl std::io::Write,
+) -> Result<(), PromptCacheError> {
+    use std::io::Write;
     let n = tokens.len();
     if n > state.n_past() {
         return Err(PromptCacheError::Other(format!(
@@ -129,39 +168,74 @@ pub fn encode(
         )));
     }
     let kv = state.kv();
-    let mut out = Vec::with_capacity(HEADER + 4 * n + n * kv.bytes_per_token() + 32);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(fingerprint);
+    let mut out = Hashing {
+        inner: out,
+        hash: Sha256::new(),
+    };
+    let mut header = Vec::with_capacity(HEADER + 4 * n);
+    header.extend_from_slice(MAGIC);
+    header.extend_from_slice(&VERSION.to_le_bytes());
+    header.extend_from_slice(fingerprint);
     let types = kv.types();
-    out.extend_from_slice(&[type_code(types.k), type_code(types.v), 0, 0]);
-    out.extend_from_slice(&(kv.n_layer() as u32).to_le_bytes());
-    out.extend_from_slice(&(kv.kv_dim() as u32).to_le_bytes());
-    out.extend_from_slice(&(n as u32).to_le_bytes());
+    header.extend_from_slice(&[type_code(types.k), type_code(types.v), 0, 0]);
+    header.extend_from_slice(&(kv.n_layer() as u32).to_le_bytes());
+    header.extend_from_slice(&(kv.kv_dim() as u32).to_le_bytes());
+    header.extend_from_slice(&(n as u32).to_le_bytes());
     for t in tokens {
-        out.extend_from_slice(&t.to_le_bytes());
+        header.extend_from_slice(&t.to_le_bytes());
     }
-    out.extend_from_slice(&kv.export_prefix(n));
-    let sum: [u8; 32] = Sha256::digest(&out).into();
-    out.extend_from_slice(&sum);
+    let write = |r: std::io::Result<()>| r.map_err(|e| PromptCacheError::Other(e.to_string()));
+    write(out.write_all(&header))?;
+    write(kv.write_prefix(n, &mut out))?;
+    let sum: [u8; 32] = out.hash.finalize_reset().into();
+    write(out.inner.write_all(&sum))?;
+    write(out.inner.flush())
+}
+
+/// Serialize the first `tokens.len()` positions of `state` (which must hold them).
+pub fn encode(
+    fingerprint: &[u8; 32],
+    state: &State,
+    tokens: &[u32],
+) -> Result<Vec<u8>, PromptCacheError> {
+    let mut out = Vec::with_capacity(
+        HEADER + 4 * tokens.len() + crate::kv_store::prefix_bytes(state.kv(), tokens.len()) + 32,
+    );
+    write_image(fingerprint, state, tokens, &mut out)?;
     Ok(out)
 }
 
 /// Write a prompt cache file for the first `tokens.len()` positions of `state` (atomically:
-/// a temporary file renamed over `path`).
+/// a temporary file renamed over `path`). The keys and values are streamed to the file, so
+/// saving a context held in a cold tier takes no memory of its size.
 pub fn save(
     path: &Path,
     model: &Model,
     state: &State,
     tokens: &[u32],
 ) -> Result<(), PromptCacheError> {
-    let bytes = encode(&model_fingerprint(model), state, tokens)?;
     let io = |source| PromptCacheError::Io {
         path: path.display().to_string(),
         source,
     };
     let tmp = path.with_extension("tmp-sparrow");
-    std::fs::write(&tmp, &bytes).map_err(io)?;
+    let file = std::fs::File::create(&tmp).map_err(io)?;
+    let written = write_image(
+        &model_fingerprint(model),
+        state,
+        tokens,
+        std::io::BufWriter::with_capacity(1 << 20, &file),
+    )
+    .and_then(|()| file.sync_data().map_err(io));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(match e {
+            PromptCacheError::Other(msg) => {
+                PromptCacheError::Other(format!("writing {}: {msg}", tmp.display()))
+            }
+            e => e,
+        });
+    }
     std::fs::rename(&tmp, path).map_err(io)
 }
 
@@ -200,6 +274,27 @@ pub fn decode_for(
     kv_dim: usize,
     n_ctx: usize,
 ) -> Result<PromptCache, PromptCacheError> {
+    let mut cache = validate(
+        bytes,
+        fingerprint,
+        kv_types.into(),
+        layer_rows,
+        kv_dim,
+        n_ctx,
+    )?;
+    cache.image = Image::Owned(bytes.to_vec());
+    Ok(cache)
+}
+
+/// [`decode_for`]'s checks; the cache returned has an empty image for the caller to set.
+fn validate(
+    bytes: &[u8],
+    fingerprint: &[u8; 32],
+    kv_types: KvTypes,
+    layer_rows: &[usize],
+    kv_dim: usize,
+    n_ctx: usize,
+) -> Result<PromptCache, PromptCacheError> {
     let n_layer = layer_rows.len();
     if bytes.len() < 8 || &bytes[..8] != MAGIC {
         if bytes.len() < 8 && MAGIC.starts_with(bytes) {
@@ -216,7 +311,6 @@ pub fn decode_for(
             need: HEADER + 32,
         });
     }
-    let kv_types = kv_types.into();
     let version = u32_at(bytes, 8);
     if !(MIN_VERSION..=VERSION).contains(&version) {
         return Err(PromptCacheError::Version { found: version });
@@ -280,26 +374,44 @@ pub fn decode_for(
         kv_types,
         n_layer: layers,
         kv_dim: width,
-        kv: body[HEADER + 4 * n..].to_vec(),
+        image: Image::Owned(Vec::new()),
+        kv_at: HEADER + 4 * n,
     })
 }
 
-/// Read and validate `path` for `model` and `state` (cache type and size).
+/// Read and validate `path` for `model` and `state` (cache type and size). The file is
+/// mapped, not read into memory: its pages are the OS's file cache, and a restore copies
+/// them straight into the state's store (for a cold tier, file to file).
 pub fn load(path: &Path, model: &Model, state: &State) -> Result<PromptCache, PromptCacheError> {
-    let bytes = std::fs::read(path).map_err(|source| PromptCacheError::Io {
+    let io = |source| PromptCacheError::Io {
         path: path.display().to_string(),
         source,
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let image = if file.metadata().map_err(io)?.len() < (HEADER + 32) as u64 {
+        // Too short to be valid (and an empty file cannot be mapped): read it for the checks'
+        // message.
+        Image::Owned(std::fs::read(path).map_err(io)?)
+    } else {
+        // SAFETY: a read-only private mapping of a file we opened; the bytes are validated
+        // (size, checksum) before use. If another process truncates the file while it is
+        // mapped, reads past the new end fault — the same contract as the model's mapping.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        let _ = map.advise(memmap2::Advice::Sequential);
+        Image::Mapped(map)
+    };
     let kv = state.kv();
     let rows: Vec<usize> = (0..kv.n_layer()).map(|l| kv.layer_rows(l)).collect();
-    decode_for(
-        &bytes,
+    let mut cache = validate(
+        &image,
         &model_fingerprint(model),
         kv.types(),
         &rows,
         kv.kv_dim(),
         state.n_ctx(),
-    )
+    )?;
+    cache.image = image;
+    Ok(cache)
 }
 
 impl PromptCache {
@@ -336,7 +448,7 @@ impl PromptCache {
             ));
         }
         state
-            .import_prefix(total, &self.kv)
+            .import_prefix(total, &self.image[self.kv_at..self.image.len() - 32])
             .map_err(|e| PromptCacheError::Other(e.to_string()))?;
         Ok(state.truncate(n))
     }

@@ -5,9 +5,12 @@
 
 mod common;
 
+use sparrow::kv_tiered::minimum_budget;
 use sparrow::prompt_cache::{self, model_fingerprint};
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
-use sparrow::{generate, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
+use sparrow::{
+    generate, ColdTier, Engine, GenerateOptions, KvOptions, KvType, Sampler, SamplerConfig,
+};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -52,24 +55,38 @@ fn greedy(engine: &Engine, state: &mut sparrow::State, ids: &[u32], n: usize) ->
 /// `prefix + question` as one batch is not a fair reference: it splits the work differently
 /// (with quantized weights `question`'s rows go through the panel GEMM in one split and the
 /// per-row kernels in the other, depending on the SIMD level), equal only to rounding.
-fn check(engine: &Engine, file: &Path, prefix: &[u32], question: &[u32], n_ctx: usize, n: usize) {
+fn check(
+    engine: &Engine,
+    kv: &KvOptions,
+    file: &Path,
+    prefix: &[u32],
+    question: &[u32],
+    n_ctx: usize,
+    n: usize,
+) {
     let model = &engine.model;
     let t0 = Instant::now();
-    let mut s1 = model.new_state(n_ctx, KvType::F16).unwrap();
+    let mut s1 = model.new_state(n_ctx, kv.clone()).unwrap();
     sparrow::prefill(model, &mut s1, prefix, 256, |_, _| {}).unwrap();
     let want = greedy(engine, &mut s1, question, n);
     let full = t0.elapsed();
 
     // Save the prefix's state (from a run over the prefix alone).
-    let mut s2 = model.new_state(n_ctx, KvType::F16).unwrap();
+    let mut s2 = model.new_state(n_ctx, kv.clone()).unwrap();
     sparrow::prefill(model, &mut s2, prefix, 256, |_, _| {}).unwrap();
     prompt_cache::save(file, model, &s2, prefix).unwrap();
 
     let t1 = Instant::now();
-    let mut s3 = model.new_state(n_ctx, KvType::F16).unwrap();
+    let mut s3 = model.new_state(n_ctx, kv.clone()).unwrap();
     let pc = prompt_cache::load(file, model, &s3).unwrap();
     assert_eq!(pc.tokens, prefix);
     pc.restore(&mut s3, prefix.len()).unwrap();
+    if kv.cold.is_some() {
+        assert!(
+            s3.kv().bytes_cold() > 0,
+            "the restored rows went to the cold file"
+        );
+    }
     let got = greedy(engine, &mut s3, question, n);
     let restored = t1.elapsed();
     assert_eq!(got, want, "restored prefix diverged from the prefilled one");
@@ -83,7 +100,7 @@ fn check(engine: &Engine, file: &Path, prefix: &[u32], question: &[u32], n_ctx: 
     assert_eq!(bits(&s3), bits(&s1), "restored prefix: logits differ");
     // The comparison sees a wrong cache: the prefix restored one position short, `question`
     // then lands one position early and over a missing token.
-    let mut short = model.new_state(n_ctx, KvType::F16).unwrap();
+    let mut short = model.new_state(n_ctx, kv.clone()).unwrap();
     pc.restore(&mut short, prefix.len() - 1).unwrap();
     greedy(engine, &mut short, question, n);
     assert_ne!(
@@ -118,6 +135,7 @@ fn synthetic_restored_prefix_matches_full_prefill() {
     let question: Vec<u32> = b"what now?".iter().map(|&b| b as u32).collect();
     check(
         &engine,
+        &KvType::F16.into(),
         &dir.join("syn.cache"),
         &prefix,
         &question,
@@ -195,10 +213,51 @@ fn real_model_restored_prefix_matches_full_prefill() {
     );
     check(
         &engine,
+        &KvType::F16.into(),
         &tmpdir().join("qwen.cache"),
         &prefix,
         &question,
         512,
         4,
     );
+}
+
+/// A state whose keys and values are mostly in a cold tier saves its prefix to a file and
+/// restores it (the file mapped, the rows written to the new state's cold file) with the
+/// same greedy tokens and logits, bit for bit, as the state that prefilled it.
+#[test]
+fn a_cold_tier_state_saves_and_restores_through_the_file() {
+    let dir = tmpdir();
+    let p = dir.join("syn-cold.gguf");
+    std::fs::write(
+        &p,
+        synthetic_gguf(&SyntheticSpec {
+            context_length: 2048,
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    let engine = Engine::load(&p).unwrap();
+    let cfg = &engine.model.config;
+    let n_ctx = 1100;
+    let types = KvType::F16.into();
+    let budget = minimum_budget(types, &vec![None; cfg.n_layer], n_ctx, cfg.kv_dim(), 0);
+    let kv = KvOptions {
+        types,
+        cold: Some(ColdTier {
+            ram_budget: budget,
+            dir: Some(dir.clone()),
+        }),
+        reserved: 0,
+    };
+    let prefix: Vec<u32> = (0..1000u32).map(|i| (i * 17 + 3) % 256).collect();
+    let question: Vec<u32> = b"and then?".iter().map(|&b| b as u32).collect();
+    let file = dir.join("syn-cold.cache");
+    check(&engine, &kv, &file, &prefix, &question, n_ctx, 16);
+    // The cold-tier state's file is the RAM state's file, byte for byte.
+    let mut ram = engine.model.new_state(n_ctx, KvType::F16).unwrap();
+    sparrow::prefill(&engine.model, &mut ram, &prefix, 256, |_, _| {}).unwrap();
+    let ram_file = dir.join("syn-ram.cache");
+    prompt_cache::save(&ram_file, &engine.model, &ram, &prefix).unwrap();
+    assert!(std::fs::read(&ram_file).unwrap() == std::fs::read(&file).unwrap());
 }
