@@ -16,15 +16,20 @@
 //! pressure; a read of a dropped page goes back to disk. [`KvStore::prefetch`] turns a
 //! policy's plan into `MADV_WILLNEED` on the mapping before the plan runs, so the disk
 //! reads for a layer's selected blocks are in flight together rather than one fault at a
-//! time.
+//! time — for the blocks not already known to be cached (`residency`), since advising
+//! cached pages costs a page-cache lookup each and, every layer of every step, more than
+//! it saves.
 //!
 //! Writes go through `pwrite` in blocks of [`TieredStore::flush_rows`] positions (≥ 4 KiB),
 //! so a full disk or a failing write is an error naming the file's directory and the
 //! positions, returned from the forward pass, never a fault on a mapped page.
 
+mod residency;
+
 use crate::kv_cache::{KvCache, KvRows, KvTypes};
 use crate::kv_store::KvStore;
 use memmap2::{Advice, Mmap, UncheckedAdvice};
+use residency::Residency;
 use sparrow_attn::policy::{ReadPlan, Source};
 use std::fs::File;
 use std::io;
@@ -342,6 +347,8 @@ pub struct TieredStore {
     hot_from: Vec<usize>,
     /// Per layer: positions below are read from the sink rows.
     sinks_valid: Vec<usize>,
+    /// Which cold blocks are believed cached, so prefetches skip them.
+    resident: Residency,
 }
 
 impl TieredStore {
@@ -397,7 +404,9 @@ impl TieredStore {
             })
             .collect();
         let n_layer = rings.len();
+        let n_global = rings.iter().filter(|r| r.is_none()).count();
         Ok(TieredStore {
+            resident: Residency::new(n_global, n_ctx, flush_rows),
             hot,
             sinks,
             cold,
@@ -442,6 +451,7 @@ impl TieredStore {
             let v = self.hot.value_rows(l, at, n);
             self.cold
                 .write(bytes_of(&v), self.cold.v_at(gl, at), what)?;
+            self.resident.mark(gl, at..at + n);
             at += n;
         }
         self.flushed_to[l] = end;
@@ -581,6 +591,10 @@ impl KvStore for TieredStore {
     /// (gaps under 64 KiB are read too: one larger request costs less than two).
     fn prefetch(&self, layer: usize, plan: &ReadPlan<'_>) {
         let Some(gl) = self.global[layer] else { return };
+        if gl == 0 {
+            // Once per step: evictions since the last one void what the map says.
+            self.resident.forget_if_evicted();
+        }
         let hot_from = self.hot_from[layer];
         let mut ranges: Vec<Range<usize>> = plan
             .entries
@@ -592,19 +606,26 @@ impl KvStore for TieredStore {
             .filter(|r| !r.is_empty())
             .collect();
         ranges.sort_unstable_by_key(|r| r.start);
+        // Only blocks not already known to be cached: advising cached pages costs a lookup
+        // per page for nothing.
+        let mut uncached = Vec::new();
+        for r in ranges {
+            self.resident.claim(gl, r, &mut uncached);
+        }
         let gap = (65536 / self.cold.k_row.max(1)).max(1);
         let mut merged: Vec<Range<usize>> = Vec::new();
-        for r in ranges {
+        for r in uncached {
             match merged.last_mut() {
                 Some(m) if r.start <= m.end + gap => m.end = m.end.max(r.end),
                 _ => merged.push(r),
             }
         }
         for r in merged {
+            let end = r.end.min(self.n_ctx);
             self.cold
-                .will_need(self.cold.k_at(gl, r.start)..self.cold.k_at(gl, r.end));
+                .will_need(self.cold.k_at(gl, r.start)..self.cold.k_at(gl, end));
             self.cold
-                .will_need(self.cold.v_at(gl, r.start)..self.cold.v_at(gl, r.end));
+                .will_need(self.cold.v_at(gl, r.start)..self.cold.v_at(gl, end));
         }
     }
 
@@ -615,7 +636,9 @@ impl KvStore for TieredStore {
     }
 
     fn drop_cold_pages(&self) -> Result<(), String> {
-        self.cold.drop_pages()
+        self.cold.drop_pages()?;
+        self.resident.clear();
+        Ok(())
     }
 
     fn bytes_cold(&self) -> usize {
@@ -659,6 +682,7 @@ impl KvStore for TieredStore {
                     self.cold
                         .write(&bytes[at + kb..at + kb + vb], self.cold.v_at(gl, 0), what)?;
                     at += kb + vb;
+                    self.resident.mark(gl, 0..n);
                     self.high[l] = n;
                     self.flushed_to[l] = n;
                     self.hot_from[l] = n;
