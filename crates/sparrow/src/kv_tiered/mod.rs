@@ -156,6 +156,9 @@ impl ColdFile {
         // borrowed from the map is alive while a write changes the bytes under it.
         let map = unsafe { Mmap::map(&file) }
             .map_err(|e| format!("cannot map the cold KV file in {}: {e}", dir.display()))?;
+        // Reads are scattered (a sparse policy's blocks): a fault reads its own page, not
+        // the kernel's read-around window; `prefetch` asks for exactly what a plan reads.
+        let _ = map.advise(Advice::Random);
         let handle = file
             .try_clone()
             .map_err(|e| format!("cannot use the cold KV file in {}: {e}", dir.display()))?;
@@ -612,15 +615,9 @@ impl KvStore for TieredStore {
         for r in ranges {
             self.resident.claim(gl, r, &mut uncached);
         }
-        let gap = (65536 / self.cold.k_row.max(1)).max(1);
-        let mut merged: Vec<Range<usize>> = Vec::new();
+        // `claim` has merged adjacent blocks; gaps are not bridged, so a cold step reads
+        // the blocks it selected and no others.
         for r in uncached {
-            match merged.last_mut() {
-                Some(m) if r.start <= m.end + gap => m.end = m.end.max(r.end),
-                _ => merged.push(r),
-            }
-        }
-        for r in merged {
             let end = r.end.min(self.n_ctx);
             self.cold
                 .will_need(self.cold.k_at(gl, r.start)..self.cold.k_at(gl, end));
