@@ -321,6 +321,34 @@ fn random_corruption_never_panics() {
     }
 }
 
+/// `--no-mmap` reads the same image into the process's memory; both kinds can be locked
+/// (`--mlock`); releasing pages of the read copy is a no-op (it must not zero them); an
+/// empty file is an error either way.
+#[test]
+fn read_and_mapped_images_agree() {
+    let dir = std::env::temp_dir().join(format!("sparrow-gguf-open-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sample.gguf");
+    std::fs::write(&path, sample().to_bytes(3)).unwrap();
+    let mapped = GgufFile::open_with(&path, true).unwrap();
+    let read = GgufFile::open_with(&path, false).unwrap();
+    assert!(mapped.is_mapped() && !read.is_mapped());
+    assert_eq!(mapped.bytes(), read.bytes());
+    let a = read.tensor("a").unwrap();
+    let before = read.tensor_data(a).to_vec();
+    read.release(0..read.bytes().len());
+    assert_eq!(read.tensor_data(a), &before[..]);
+    // Locking a few KiB is within any RLIMIT_MEMLOCK.
+    mapped.lock().unwrap();
+    read.lock().unwrap();
+    let empty = dir.join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    for mmap in [true, false] {
+        assert!(GgufFile::open_with(&empty, mmap).is_err(), "mmap {mmap}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn missing_file_names_the_path() {
     let e = GgufFile::open("/definitely/not/here.gguf").err().unwrap();
