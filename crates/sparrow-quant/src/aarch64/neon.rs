@@ -636,39 +636,80 @@ unsafe fn q5_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     vaddvq_f32(acc) - vaddvq_f32(macc)
 }
 
-/// Q6_K: signed 6-bit quants `(ql | qh << 4) - 32`, one signed scale per 16 elements.
+/// Q6_K: 6-bit quants `ql | qh << 4` biased by 32, one signed scale per 16 elements.
 /// Element `128h + 32s + l` takes the low (`s < 2`) or high nibble of
 /// `ql[64h + 32(s % 2) + l]` and bits `2s..2s+2` of `qh[32h + l]`.
+///
+/// The quants are dotted unbiased (0..63, a valid signed byte) and the bias comes off once
+/// per super-block: `Σ_g sc[g] (Σ q x - 32 bsum[g])`, with the activation sums `bsums`
+/// Q8_K carries. Each 16-weight vector is one shift-insert (`sli`/`sri`) and one mask;
+/// weights, `qh` and activations are loaded 64 bytes at a time.
 ///
 /// # Safety
 /// `dotprod` must be available when `D`.
 #[inline(always)]
 unsafe fn q6_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    let m4 = vdupq_n_u8(0x0F);
-    let m2 = vdupq_n_u8(0x30);
-    let bias = vdupq_n_u8(32);
+    let m6 = vdupq_n_u8(0x3F);
     let mut acc = vdupq_n_f32(0.0);
-    for (b, xq, dx, _) in k_blocks!(row, 210, x) {
+    for (b, xq, dx, bs) in k_blocks!(row, 210, x) {
+        let b: &[u8; 210] = b.try_into().expect("a Q6_K block");
+        let xq: &[i8; 256] = xq.try_into().expect("a Q8_K block");
+        let (bp, xp) = (b.as_ptr(), xq.as_ptr());
+        // SAFETY: `b` is 210 bytes (ql at 0..128, qh at 128..192), `xq` 256.
+        let (ql, qh) = unsafe {
+            (
+                [vld1q_u8_x4(bp), vld1q_u8_x4(bp.add(64))],
+                vld1q_u8_x4(bp.add(128)),
+            )
+        };
+        let qh = [[qh.0, qh.1], [qh.2, qh.3]];
         let mut p = [vdupq_n_s32(0); 16];
         for h in 0..2 {
+            // SAFETY: activations `128h .. 128h + 128` of the 256.
+            let xs = unsafe {
+                [
+                    vld1q_s8_x4(xp.add(128 * h)),
+                    vld1q_s8_x4(xp.add(128 * h + 64)),
+                ]
+            };
+            let xv = [
+                xs[0].0, xs[0].1, xs[0].2, xs[0].3, xs[1].0, xs[1].1, xs[1].2, xs[1].3,
+            ];
+            let l = [ql[h].0, ql[h].1, ql[h].2, ql[h].3];
             for half in 0..2 {
-                let ql0 = ld16(&b[64 * h + 16 * half..]);
-                let ql1 = ld16(&b[64 * h + 32 + 16 * half..]);
-                let qh = ld16(&b[128 + 32 * h + 16 * half..]);
-                let quads = [
-                    vorrq_u8(vandq_u8(ql0, m4), vandq_u8(vshlq_n_u8::<4>(qh), m2)),
-                    vorrq_u8(vandq_u8(ql1, m4), vandq_u8(vshlq_n_u8::<2>(qh), m2)),
-                    vorrq_u8(vshrq_n_u8::<4>(ql0), vandq_u8(qh, m2)),
-                    vorrq_u8(vshrq_n_u8::<4>(ql1), vandq_u8(vshrq_n_u8::<2>(qh), m2)),
+                let (l0, l1, hh) = (l[half], l[2 + half], qh[h][half]);
+                let hh2 = vshrq_n_u8::<2>(hh);
+                let w = [
+                    vandq_u8(vsliq_n_u8::<4>(l0, hh), m6),
+                    vandq_u8(vsliq_n_u8::<4>(l1, hh2), m6),
+                    vandq_u8(vsriq_n_u8::<4>(hh, l0), m6),
+                    vandq_u8(vsriq_n_u8::<4>(hh2, l1), m6),
                 ];
-                for (s, u) in quads.into_iter().enumerate() {
-                    let e = 128 * h + 32 * s + 16 * half;
-                    p[e / 16] = dot1::<D>(s8(vsubq_u8(u, bias)), ld16i(&xq[e..]));
+                for (s, w) in w.into_iter().enumerate() {
+                    p[8 * h + 2 * s + half] = dot1::<D>(s8(w), xv[2 * s + half]);
                 }
             }
         }
-        let sc = widen_s8x16(vreinterpretq_s8_u8(ld16(&b[192..])));
-        let sumi = scaled16(&p, sc);
+        let sc8 = vreinterpretq_s8_u8(ld16(&b[192..]));
+        let (sc_lo, sc_hi) = (vmovl_s8(vget_low_s8(sc8)), vmovl_high_s8(sc8));
+        let sc = [
+            vmovl_s16(vget_low_s16(sc_lo)),
+            vmovl_high_s16(sc_lo),
+            vmovl_s16(vget_low_s16(sc_hi)),
+            vmovl_high_s16(sc_hi),
+        ];
+        let (b_lo, b_hi) = (ld8h(bs), ld8h(&bs[8..]));
+        let bias = vmlal_high_s16(
+            vmull_s16(vget_low_s16(sc_lo), vget_low_s16(b_lo)),
+            sc_lo,
+            b_lo,
+        );
+        let bias = vmlal_high_s16(
+            vmlal_s16(bias, vget_low_s16(sc_hi), vget_low_s16(b_hi)),
+            sc_hi,
+            b_hi,
+        );
+        let sumi = vmlsq_s32(scaled16(&p, sc), bias, vdupq_n_s32(32));
         acc = vfmaq_n_f32(acc, vcvtq_f32_s32(sumi), dx * f16s(b, 208));
     }
     vaddvq_f32(acc)
