@@ -124,6 +124,11 @@ impl GgufFile {
         &self.parsed.tensors
     }
 
+    /// The metadata, to take values out of (see [`Metadata::take`]).
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        &mut self.parsed.metadata
+    }
+
     /// A tensor by name.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.by_name.get(name).map(|&i| &self.parsed.tensors[i])

@@ -349,6 +349,26 @@ fn read_and_mapped_images_agree() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Taking a string array out of the metadata moves its strings and removes the key; a
+/// wrong type or a missing key is an error that leaves the metadata as it was.
+#[test]
+fn string_arrays_can_be_taken_out() {
+    let mut f = GgufFile::from_bytes(sample().to_bytes(3)).unwrap();
+    let md = f.metadata_mut();
+    assert_eq!(
+        md.take_str_array("strs").unwrap(),
+        vec!["a".to_string(), String::new()]
+    );
+    assert!(!md.contains("strs"));
+    assert!(md.take_str_array("strs").is_err());
+    let e = md.take_str_array("ints").unwrap_err();
+    assert!(e.to_string().contains("ints"), "{e}");
+    assert!(md.contains("ints"));
+    assert!(md.take_str_array("u8").is_err() && md.contains("u8"));
+    assert_eq!(md.take("u8"), Some(Value::U8(200)));
+    assert_eq!(md.take("u8"), None);
+}
+
 #[test]
 fn missing_file_names_the_path() {
     let e = GgufFile::open("/definitely/not/here.gguf").err().unwrap();

@@ -390,6 +390,11 @@ impl Model {
         &self.file
     }
 
+    /// The GGUF file, mutably, while the model alone holds it (to take metadata out).
+    pub(crate) fn file_mut(&mut self) -> Option<&mut GgufFile> {
+        Arc::get_mut(&mut self.file)
+    }
+
     /// A fresh sequence state for up to `n_ctx` positions, with keys and values of
     /// `kv_type` (one [`crate::KvType`] for both, or a [`KvTypes`]). A Q8_0 cache
     /// the model's head size does not suit is an error.
