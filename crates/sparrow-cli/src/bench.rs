@@ -291,7 +291,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                     n_gen: g,
                     n_depth: d,
                     build_simd: simd.clone(),
-                    repack: a.model.load_options().repack,
+                    repack: model.is_repacked(),
                     avg_ns: avg_ns as u64,
                     stddev_ns: stddev_ns as u64,
                     avg_ts,

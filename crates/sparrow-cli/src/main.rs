@@ -114,13 +114,38 @@ pub struct ModelArgs {
     /// `--no-repack`). Same results; slower decode; for comparisons.
     #[arg(long = "no-repack", alias = "nr")]
     pub no_repack: bool,
+    /// The memory-lean mode: weights stay in the file mapping (no repack) and prompts are
+    /// processed 64 tokens at a time, so the process's own memory is little more than the
+    /// KV cache. The default picks it by itself (and says so) when the memory available is
+    /// less than the repack would copy.
+    #[arg(long = "lean", conflicts_with = "repack")]
+    pub lean: bool,
+    /// Never pick the memory-lean mode by itself: repack even when memory looks short.
+    #[arg(long = "repack", conflicts_with = "no_repack")]
+    pub repack: bool,
+    /// Read the model file into memory rather than mapping it (llama.cpp's `--no-mmap`).
+    /// The weights are then the process's own memory, and are not repacked.
+    #[arg(long = "no-mmap")]
+    pub no_mmap: bool,
+    /// Lock the weights decode reads in RAM so the OS never pages them out (llama.cpp's
+    /// `--mlock`; limited by `ulimit -l`: a refusal is reported and the run goes on).
+    #[arg(long = "mlock")]
+    pub mlock: bool,
 }
 
 impl ModelArgs {
-    /// How to load the model: the defaults, minus repacking if `--no-repack`.
+    /// How to load the model: the defaults, with `--no-repack`, `--lean` / `--repack`,
+    /// `--no-mmap` and `--mlock` applied.
     pub fn load_options(&self) -> sparrow::LoadOptions {
         let mut o = sparrow::LoadOptions::default();
         o.repack &= !self.no_repack;
+        o.lean = match (self.lean, self.repack) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        };
+        o.mmap = !self.no_mmap;
+        o.mlock = self.mlock;
         o
     }
 

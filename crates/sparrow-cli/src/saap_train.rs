@@ -220,9 +220,14 @@ pub fn train(a: TrainArgs) -> Result<(), String> {
 
 pub fn eval(a: EvalArgs) -> Result<(), String> {
     init_threads(a.threads)?;
-    let model =
-        sparrow::Model::load_with(a.model.resolve()?, sparrow::LoadOptions { repack: false })
-            .map_err(|e| e.to_string())?;
+    let model = sparrow::Model::load_with(
+        a.model.resolve()?,
+        sparrow::LoadOptions {
+            repack: false,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
     let path = match &a.index {
         Some(p) => p.clone(),
         None => default_index_path(&model.config.fingerprint)

@@ -12,14 +12,18 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 enum Backing {
+    /// The file mapped read-only: pages come from (and return to) the page cache.
     Mapped(Mmap),
+    /// The file read into anonymous memory (`--no-mmap`), held in a map so it can be
+    /// locked like the other.
+    Read(Mmap),
     Owned(Vec<u8>),
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mapped(m) => m,
+            Backing::Mapped(m) | Backing::Read(m) => m,
             Backing::Owned(v) => v,
         }
     }
@@ -37,17 +41,29 @@ impl GgufFile {
     /// Open and validate `path`. The header, metadata and tensor table are parsed and every
     /// tensor's extent is checked against the file size before this returns.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
+        Self::open_with(path, true)
+    }
+
+    /// Open and validate `path`, mapped (`mmap`, as [`GgufFile::open`]) or read whole into
+    /// anonymous memory (llama.cpp's `--no-mmap`: the weights then count as the process's
+    /// own memory, which the OS cannot drop and re-read; for file systems where mapping is
+    /// slow or unavailable).
+    pub fn open_with(path: impl AsRef<Path>, mmap: bool) -> Result<GgufFile> {
         let path = path.as_ref();
         let io = |source| GgufError::Io {
             path: path.to_path_buf(),
             source,
         };
         let file = File::open(path).map_err(io)?;
-        // SAFETY: the map is read-only and private to this process. Like every mmap-based
-        // reader we rely on the file not being truncated or rewritten while it is open;
-        // all offsets were validated against the length seen at map time.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let mut f = Self::from_backing(Backing::Mapped(map))?;
+        let backing = if mmap {
+            // SAFETY: the map is read-only and private to this process. Like every
+            // mmap-based reader we rely on the file not being truncated or rewritten while
+            // it is open; all offsets were validated against the length seen at map time.
+            Backing::Mapped(unsafe { Mmap::map(&file) }.map_err(io)?)
+        } else {
+            Backing::Read(read_anon(&file).map_err(io)?)
+        };
+        let mut f = Self::from_backing(backing)?;
         f.path = Some(path.to_path_buf());
         Ok(f)
     }
@@ -108,6 +124,11 @@ impl GgufFile {
         &self.parsed.tensors
     }
 
+    /// The metadata, to take values out of (see [`Metadata::take`]).
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        &mut self.parsed.metadata
+    }
+
     /// A tensor by name.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.by_name.get(name).map(|&i| &self.parsed.tensors[i])
@@ -131,6 +152,7 @@ impl GgufFile {
     /// are faulted in again from the file), only slower. A no-op for in-memory images, and
     /// best effort (an OS refusal is ignored: nothing depends on the pages going).
     pub fn release(&self, range: std::ops::Range<usize>) {
+        // Only file-backed pages come back after being dropped: never the read copy's.
         let Backing::Mapped(map) = &self.backing else {
             return;
         };
@@ -158,4 +180,38 @@ impl GgufFile {
     pub fn bytes(&self) -> &[u8] {
         self.backing.bytes()
     }
+
+    /// Whether the image is a file mapping (its pages are the page cache's, which the OS
+    /// can drop and read again), rather than memory of this process.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.backing, Backing::Mapped(_))
+    }
+
+    /// Locks the whole image in RAM (`mlock`, llama.cpp's `--mlock`): its pages are read
+    /// in now and never dropped or swapped out while the file is open. An in-memory image
+    /// (`from_bytes`) has nothing to lock. Fails when the OS refuses, typically because the
+    /// image is larger than `RLIMIT_MEMLOCK` (`ulimit -l`).
+    pub fn lock(&self) -> std::io::Result<()> {
+        match &self.backing {
+            Backing::Mapped(m) | Backing::Read(m) => m.lock(),
+            Backing::Owned(_) => Ok(()),
+        }
+    }
+}
+
+/// The whole of `file` read into a fresh anonymous map, then made read-only.
+fn read_anon(file: &File) -> std::io::Result<Mmap> {
+    use std::io::Read;
+    let len = usize::try_from(file.metadata()?.len())
+        .map_err(|_| std::io::Error::other("file larger than the address space"))?;
+    if len == 0 {
+        // (the OS refuses a zero-length anonymous map)
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the file is empty",
+        ));
+    }
+    let mut map = memmap2::MmapOptions::new().len(len).map_anon()?;
+    (&*file).read_exact(&mut map)?;
+    map.make_read_only()
 }

@@ -199,6 +199,33 @@ impl Metadata {
             .collect()
     }
 
+    /// Removes `key` and returns its value: for a reader that keeps what it needs in a form
+    /// of its own, so the file's parsed metadata does not hold a second copy.
+    pub fn take(&mut self, key: &str) -> Option<Value> {
+        self.map.remove(key)
+    }
+
+    /// Removes `key`, an array of strings, and returns the strings themselves (moved, not
+    /// copied). A missing key or a value of another type is an error naming the key, and
+    /// the value then stays.
+    pub fn take_str_array(&mut self, key: &str) -> Result<Vec<String>> {
+        let v = self.require(key)?;
+        let items = v.as_array().ok_or_else(|| wrong(key, "array", v))?;
+        if let Some(e) = items.iter().find(|e| e.as_str().is_none()) {
+            return Err(wrong(key, "array of string", e));
+        }
+        let Some(Value::Array(items)) = self.map.remove(key) else {
+            return Err(GgufError::MissingKey(key.to_string()));
+        };
+        Ok(items
+            .into_iter()
+            .filter_map(|e| match e {
+                Value::String(s) => Some(s),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// An array of integers that each fit in i32.
     pub fn get_i32_array(&self, key: &str) -> Result<Vec<i32>> {
         self.get_array(key)?

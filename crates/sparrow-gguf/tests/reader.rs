@@ -321,6 +321,54 @@ fn random_corruption_never_panics() {
     }
 }
 
+/// `--no-mmap` reads the same image into the process's memory; both kinds can be locked
+/// (`--mlock`); releasing pages of the read copy is a no-op (it must not zero them); an
+/// empty file is an error either way.
+#[test]
+fn read_and_mapped_images_agree() {
+    let dir = std::env::temp_dir().join(format!("sparrow-gguf-open-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sample.gguf");
+    std::fs::write(&path, sample().to_bytes(3)).unwrap();
+    let mapped = GgufFile::open_with(&path, true).unwrap();
+    let read = GgufFile::open_with(&path, false).unwrap();
+    assert!(mapped.is_mapped() && !read.is_mapped());
+    assert_eq!(mapped.bytes(), read.bytes());
+    let a = read.tensor("a").unwrap();
+    let before = read.tensor_data(a).to_vec();
+    read.release(0..read.bytes().len());
+    assert_eq!(read.tensor_data(a), &before[..]);
+    // Locking a few KiB is within any RLIMIT_MEMLOCK.
+    mapped.lock().unwrap();
+    read.lock().unwrap();
+    let empty = dir.join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    for mmap in [true, false] {
+        assert!(GgufFile::open_with(&empty, mmap).is_err(), "mmap {mmap}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Taking a string array out of the metadata moves its strings and removes the key; a
+/// wrong type or a missing key is an error that leaves the metadata as it was.
+#[test]
+fn string_arrays_can_be_taken_out() {
+    let mut f = GgufFile::from_bytes(sample().to_bytes(3)).unwrap();
+    let md = f.metadata_mut();
+    assert_eq!(
+        md.take_str_array("strs").unwrap(),
+        vec!["a".to_string(), String::new()]
+    );
+    assert!(!md.contains("strs"));
+    assert!(md.take_str_array("strs").is_err());
+    let e = md.take_str_array("ints").unwrap_err();
+    assert!(e.to_string().contains("ints"), "{e}");
+    assert!(md.contains("ints"));
+    assert!(md.take_str_array("u8").is_err() && md.contains("u8"));
+    assert_eq!(md.take("u8"), Some(Value::U8(200)));
+    assert_eq!(md.take("u8"), None);
+}
+
 #[test]
 fn missing_file_names_the_path() {
     let e = GgufFile::open("/definitely/not/here.gguf").err().unwrap();

@@ -21,9 +21,12 @@
 //!    dots at once; per group, one conversion and two float operations apply `dw * dx` to
 //!    all of them. The `+off` added to the weights is removed exactly by starting each
 //!    group's integer sum at `-off * sum(x)`.
-//!    * AVX-512 VNNI (`x86::gemm::panel_avx512`, from [`MIN_TOKENS`] tokens): `vpdpbusd`
+//!    * AVX-512 VNNI (`x86::gemm::panel_avx512`, from 6 tokens): `vpdpbusd`
 //!      on 16 rows, 32 rows times 4 tokens per pass.
-//!    * AVX2 (`x86::gemm::panel_avx2`, from [`MIN_TOKENS_AVX2`] tokens): `vpmaddubsw`
+//!    * NEON with `sdot` (`aarch64::gemm::panel_neondot`, from 8 tokens): `sdot` on 4 rows
+//!      per register, one token at a time; plain NEON has no panel kernel (its per-row
+//!      kernels run batches).
+//!    * AVX2 (`x86::gemm::panel_avx2`, from 16 tokens): `vpmaddubsw`
 //!      (unsigned weights times signed activations, pairs summed in saturating i16) on 8
 //!      rows, several steps summed in i16 as far as `qmax` of the format proves exact, then
 //!      `vpmaddwd` against ones into i32; the 8-bit formats (`qmax` 255) take the sign
@@ -45,12 +48,20 @@ pub(crate) const PANEL: usize = 32;
 
 /// Fewest tokens for which decoding panels pays off against the per-row kernels, with the
 /// AVX-512 VNNI micro-kernel.
+#[cfg(target_arch = "x86_64")]
 pub(crate) const MIN_TOKENS: usize = 6;
 
 /// As [`MIN_TOKENS`] for the AVX2 micro-kernel, whose per-row kernels are relatively
 /// cheaper against the (scalar) panel decoding: measured on Zen 3, the panels win from
 /// about 8 tokens for Q5_0 and 12 for Q4_K / Q6_K.
+#[cfg(target_arch = "x86_64")]
 pub(crate) const MIN_TOKENS_AVX2: usize = 16;
+
+/// As [`MIN_TOKENS`] for the NEON `sdot` micro-kernel. Not measured on hardware yet (qemu
+/// cannot time it): set between the AVX-512 and AVX2 thresholds, whose per-token work it
+/// resembles (one 4-byte dot per instruction, no i16 stage).
+#[cfg(target_arch = "aarch64")]
+pub(crate) const MIN_TOKENS_NEON: usize = 8;
 
 /// How a weight format maps onto groups.
 #[derive(Clone, Copy, Debug)]
@@ -285,6 +296,10 @@ fn panel_kernel(level: SimdLevel) -> Option<(PanelKernel, usize)> {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 if level.is_supported() => {
             Some((crate::x86::gemm::panel_avx2, MIN_TOKENS_AVX2))
+        }
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::NeonDot if level.is_supported() => {
+            Some((crate::aarch64::gemm::panel_neondot, MIN_TOKENS_NEON))
         }
         _ => None,
     }

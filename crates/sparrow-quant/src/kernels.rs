@@ -7,9 +7,11 @@
 //!
 //! There is one table per [`SimdLevel`]: the scalar reference (always present, the oracle
 //! the others are tested against), AVX2 (+FMA, F16C) and AVX-512 (F, BW, VL, VNNI) on
-//! x86_64. [`Kernels::get`] returns the best level this CPU supports, detected once with
-//! `is_x86_feature_detected!` and cached; the `SPARROW_SIMD` environment variable
-//! (`scalar`, `avx2`, `avx512`) caps it, for benchmarking and debugging.
+//! x86_64, NEON and NEON with `sdot` (the `dotprod` extension) on AArch64.
+//! [`Kernels::get`] returns the best level this CPU supports, detected once with
+//! `is_x86_feature_detected!` / `is_aarch64_feature_detected!` and cached; the
+//! `SPARROW_SIMD` environment variable (`scalar`, `avx2`, `avx512`, `neon`, `neondot`)
+//! caps it, for benchmarking and debugging (a level of another architecture is ignored).
 //! [`Kernels::for_level`] reaches a specific level, so tests can force each one.
 //!
 //! Each table has two dot kernels. `dot` takes f32 activations (the reference
@@ -33,18 +35,31 @@ pub enum SimdLevel {
     Avx2,
     /// x86_64 AVX-512 F/BW/VL with VNNI (plus everything AVX2 needs).
     Avx512,
+    /// AArch64 Advanced SIMD (NEON), which every AArch64 CPU has.
+    Neon,
+    /// AArch64 NEON plus `sdot` (the `dotprod` extension, Armv8.2+).
+    NeonDot,
 }
 
 impl SimdLevel {
-    /// Every level, lowest first.
-    pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+    /// Every level, lowest first within each architecture.
+    pub const ALL: [SimdLevel; 5] = [
+        SimdLevel::Scalar,
+        SimdLevel::Avx2,
+        SimdLevel::Avx512,
+        SimdLevel::Neon,
+        SimdLevel::NeonDot,
+    ];
 
-    /// Lower-case name (`scalar`, `avx2`, `avx512`), as accepted by `SPARROW_SIMD`.
+    /// Lower-case name (`scalar`, `avx2`, `avx512`, `neon`, `neondot`), as accepted by
+    /// `SPARROW_SIMD`.
     pub fn name(self) -> &'static str {
         match self {
             SimdLevel::Scalar => "scalar",
             SimdLevel::Avx2 => "avx2",
             SimdLevel::Avx512 => "avx512",
+            SimdLevel::Neon => "neon",
+            SimdLevel::NeonDot => "neondot",
         }
     }
 
@@ -56,8 +71,21 @@ impl SimdLevel {
             SimdLevel::Avx2 => crate::x86::has_avx2(),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => crate::x86::has_avx512(),
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            SimdLevel::Neon => true,
+            #[cfg(target_arch = "aarch64")]
+            SimdLevel::NeonDot => crate::aarch64::has_dotprod(),
+            #[allow(unreachable_patterns)]
             _ => false,
+        }
+    }
+
+    /// Whether this level belongs to the architecture compiled for (scalar always does).
+    fn is_native(self) -> bool {
+        match self {
+            SimdLevel::Scalar => true,
+            SimdLevel::Avx2 | SimdLevel::Avx512 => cfg!(target_arch = "x86_64"),
+            SimdLevel::Neon | SimdLevel::NeonDot => cfg!(target_arch = "aarch64"),
         }
     }
 
@@ -67,18 +95,20 @@ impl SimdLevel {
     }
 
     /// The level [`Kernels::get`] uses: the best supported one, capped by `SPARROW_SIMD` if
-    /// set. Detected once per process.
+    /// set (to the best supported level at or below it; a name that is unknown or belongs
+    /// to another architecture is ignored). Detected once per process.
     pub fn active() -> SimdLevel {
         static ACTIVE: OnceLock<SimdLevel> = OnceLock::new();
         *ACTIVE.get_or_init(|| {
-            let best = *Self::supported().last().unwrap_or(&SimdLevel::Scalar);
-            match std::env::var("SPARROW_SIMD") {
-                Ok(v) => match Self::ALL.into_iter().find(|l| l.name() == v.trim()) {
-                    Some(cap) => best.min(cap),
-                    None => best,
-                },
-                Err(_) => best,
-            }
+            let cap = std::env::var("SPARROW_SIMD").ok().and_then(|v| {
+                Self::ALL
+                    .into_iter()
+                    .find(|l| l.name() == v.trim() && l.is_native())
+            });
+            Self::supported()
+                .into_iter()
+                .rfind(|&l| cap.is_none_or(|c| l <= c))
+                .unwrap_or(SimdLevel::Scalar)
         })
     }
 }
@@ -157,6 +187,10 @@ fn packed_table(level: SimdLevel) -> &'static [Kernels] {
         SimdLevel::Avx2 => crate::x86::PACKED_AVX2,
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 => crate::x86::PACKED_AVX512,
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::Neon => crate::aarch64::PACKED_NEON,
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::NeonDot => crate::aarch64::PACKED_NEON_DOT,
         #[allow(unreachable_patterns)]
         _ => &[],
     }
@@ -169,6 +203,10 @@ fn table(level: SimdLevel) -> &'static [Kernels] {
         SimdLevel::Avx2 => crate::x86::AVX2,
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 => crate::x86::AVX512,
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::Neon => crate::aarch64::NEON,
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::NeonDot => crate::aarch64::NEON_DOT,
         #[allow(unreachable_patterns)]
         _ => &[],
     }

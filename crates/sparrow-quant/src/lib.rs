@@ -28,7 +28,7 @@
 //! The code for each format lives in [`formats`] as a type implementing
 //! [`formats::BlockFormat`] (the scalar reference); [`q8`] holds the int8-activation
 //! machinery and its scalar reference; [`kernels::Kernels`] is the dispatch table that
-//! picks SIMD kernels (AVX2, AVX-512) at run time; [`packed`] is sparrow's own row layout
+//! picks SIMD kernels (AVX2, AVX-512; NEON on AArch64) at run time; [`packed`] is sparrow's own row layout
 //! for Q5_0, which decodes faster than ggml's ([`QMatrix::new_packed`] views it).
 //!
 //! # int8 activations
@@ -40,6 +40,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 mod error;
 pub mod formats;
 #[doc(hidden)]

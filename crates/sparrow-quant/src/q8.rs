@@ -432,6 +432,22 @@ pub(crate) fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
     }
 }
 
+/// The eight 6-bit scales and eight 6-bit minimums of a Q4_K/Q5_K super-block (the 12
+/// bytes at offset 4), as eight bytes each, unpacked with word-wide masks and shifts.
+#[inline(always)]
+pub(crate) fn scales_mins_k4(s: &[u8]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    let sc_lo = a & 0x3F3F_3F3F;
+    let m_lo = b & 0x3F3F_3F3F;
+    let sc_hi = (c & 0x0F0F_0F0F) | (((a >> 6) & 0x0303_0303) << 4);
+    let m_hi = ((c >> 4) & 0x0F0F_0F0F) | (((b >> 6) & 0x0303_0303) << 4);
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        m_lo as u64 | (m_hi as u64) << 32,
+    )
+}
+
 /// The sixteen signed 6-bit scales of Q3_K (bias removed).
 #[inline(always)]
 pub(crate) fn q3_k_scales(sb: &[u8]) -> [i8; 16] {

@@ -168,6 +168,23 @@ fn simd_levels() -> Vec<SimdLevel> {
     l
 }
 
+/// On AArch64 the NEON kernels are always compiled in and usable, so the tests above must
+/// see them (the `dotprod` level too where the CPU has it): a run that fell back to testing
+/// nothing but the scalar path would pass for the wrong reason.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn aarch64_tests_the_neon_levels() {
+    let levels = simd_levels();
+    assert!(levels.contains(&SimdLevel::Neon), "{levels:?}");
+    assert_eq!(
+        levels.contains(&SimdLevel::NeonDot),
+        std::arch::is_aarch64_feature_detected!("dotprod")
+    );
+    assert!(levels
+        .iter()
+        .all(|l| matches!(l, SimdLevel::Neon | SimdLevel::NeonDot)));
+}
+
 const BLOCK_COUNTS: [usize; 3] = [1, 3, 17];
 
 fn f32_tol(n: usize, mag: f64) -> f64 {
@@ -376,7 +393,8 @@ fn check_batched_against(
 }
 
 /// Batched products (`matmul`, which decodes weight panels once per batch where a level
-/// has a panel kernel: AVX2 and AVX-512) at every level, and the portable panel reference,
+/// has a panel kernel: AVX2, AVX-512 and NEON with `sdot`; plain NEON runs its per-row
+/// kernels) at every level, and the portable panel reference,
 /// against the scalar int8 kernel row by row. Shapes cover a partial last panel (37 rows),
 /// rows wider than one column chunk of the AVX2 kernel (512), batches from 16 tokens (the
 /// AVX2 threshold) that are exact multiples of the AVX2 tiles (4 tokens, 3 for Q5_0 / Q5_1

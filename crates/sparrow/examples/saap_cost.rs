@@ -10,7 +10,14 @@ use std::time::Instant;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let model = args.get(1).ok_or("usage: saap_cost MODEL.gguf [INDEX]")?;
-    let config = sparrow::Model::load_with(model, sparrow::LoadOptions { repack: false })?.config;
+    let config = sparrow::Model::load_with(
+        model,
+        sparrow::LoadOptions {
+            repack: false,
+            ..Default::default()
+        },
+    )?
+    .config;
     let path = match args.get(2) {
         Some(p) => p.into(),
         None => default_index_path(&config.fingerprint).ok_or("no cache directory")?,

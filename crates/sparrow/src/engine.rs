@@ -24,12 +24,20 @@ impl Engine {
         Self::load_with(path, LoadOptions::default())
     }
 
-    /// Load model, tokenizer and chat template from `path`.
+    /// Load model, tokenizer and chat template from `path`. The vocabulary arrays
+    /// (`tokenizer.ggml.tokens`, `merges`, `token_type`, `scores`) are moved out of the
+    /// model file's parsed metadata into the tokenizer; open the file again
+    /// ([`sparrow_gguf::GgufFile::open`]) to read them as stored.
     pub fn load_with(path: impl AsRef<Path>, options: LoadOptions) -> Result<Engine> {
         let start = Instant::now();
-        let model = Model::load_with(path, options)?;
-        let spec =
-            TokenizerSpec::from_gguf(model.file()).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let mut model = Model::load_with(path, options)?;
+        // The vocabulary moves from the file's parsed metadata into the tokenizer rather
+        // than being held twice (the model's file is not shared yet).
+        let spec = match model.file_mut() {
+            Some(file) => TokenizerSpec::take_from_metadata(file.metadata_mut()),
+            None => TokenizerSpec::from_gguf(model.file()),
+        }
+        .map_err(|e| Error::Tokenizer(e.to_string()))?;
         let tokenizer = Tokenizer::from_spec(spec).map_err(|e| Error::Tokenizer(e.to_string()))?;
         if tokenizer.vocab_size() != model.config.vocab_size {
             return Err(Error::BadHyperParameter(format!(

@@ -110,6 +110,16 @@ fn smollm2_greedy_matches_llama_cpp() {
     );
 }
 
+/// One configuration of the test above (f16 cache, the prompt in one batch): what
+/// `scripts/test-aarch64.sh` runs under qemu, where the three take ten minutes. Ignored in
+/// the host's run, which has the full test.
+#[test]
+#[ignore = "a quicker subset of smollm2_greedy_matches_llama_cpp, for scripts/test-aarch64.sh"]
+fn smollm2_greedy_f16_batch_matches_llama_cpp() {
+    let model = Model::load(common::smollm_path()).unwrap();
+    check(&model, "smollm_greedy.json", KvType::F16, Prefill::Batch);
+}
+
 /// Pseudo-random token ids below `vocab` (a fixed sequence: the test must not depend on a
 /// tokenizer).
 fn tokens(n: usize, vocab: u32, seed: u64) -> Vec<u32> {

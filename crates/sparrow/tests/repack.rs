@@ -28,8 +28,23 @@ fn logits_of(model: &Model, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
 
 #[test]
 fn repacked_weights_give_the_mapped_weights_logits() {
-    let mapped = Model::load_with(common::qwen_path(), LoadOptions { repack: false }).unwrap();
-    let repacked = Model::load_with(common::qwen_path(), LoadOptions { repack: true }).unwrap();
+    let mapped = Model::load_with(
+        common::qwen_path(),
+        LoadOptions {
+            repack: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let repacked = Model::load_with(
+        common::qwen_path(),
+        LoadOptions {
+            repack: true,
+            lean: Some(false),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     // 20 tokens: the batched prefill takes the panel path (16+) on AVX2 machines
     let prompt: Vec<u32> = (0..20).map(|i| 100 + 911 * i).collect();
     for (short, long) in [(&prompt[..3], 4), (&prompt[..], 4)] {
@@ -60,4 +75,78 @@ fn repacked_weights_give_the_mapped_weights_logits() {
             );
         }
     }
+}
+
+/// The memory-lean mode keeps the weights in the file and runs a long batch as pieces of
+/// `LEAN_BATCH` tokens: its logits equal, to the bit, those of the same weights fed the
+/// same pieces one call at a time; a batch whose logits are wanted for every token runs
+/// whole (its logits equal the whole batch's); `--no-mmap` (the file read into memory)
+/// computes the same.
+#[test]
+fn lean_mode_splits_long_batches_and_reads_the_file() {
+    use sparrow::model::LEAN_BATCH;
+    let path = common::smollm_path();
+    let lean = Model::load_with(
+        &path,
+        LoadOptions {
+            lean: Some(true),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mapped = Model::load_with(
+        &path,
+        LoadOptions {
+            repack: false,
+            lean: Some(false),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let read = Model::load_with(
+        &path,
+        LoadOptions {
+            mmap: false,
+            lean: Some(false),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(lean.is_lean() && !lean.is_repacked());
+    assert!(!mapped.is_lean() && !mapped.is_repacked() && !read.is_repacked());
+    let n = 2 * LEAN_BATCH + 22;
+    let prompt: Vec<u32> = (0..n as u32).map(|i| 100 + (331 * i) % 49000).collect();
+    let split = 2 * LEAN_BATCH;
+
+    let mut a = lean.new_state(256, KvType::F16).unwrap();
+    let got = lean
+        .forward(&mut a, &prompt, Logits::Last)
+        .unwrap()
+        .to_vec();
+    assert_eq!(a.n_past(), n);
+    let mut b = mapped.new_state(256, KvType::F16).unwrap();
+    for c in prompt[..split].chunks(LEAN_BATCH) {
+        mapped.forward(&mut b, c, Logits::None).unwrap();
+    }
+    let want = mapped
+        .forward(&mut b, &prompt[split..], Logits::Last)
+        .unwrap()
+        .to_vec();
+    assert!(
+        got == want,
+        "lean pieces differ from the same pieces fed by hand"
+    );
+    let next = [4321u32];
+    assert!(
+        lean.forward(&mut a, &next, Logits::Last).unwrap()
+            == mapped.forward(&mut b, &next, Logits::Last).unwrap()
+    );
+
+    let mut a = lean.new_state(256, KvType::F16).unwrap();
+    let mut b = mapped.new_state(256, KvType::F16).unwrap();
+    let mut c = read.new_state(256, KvType::F16).unwrap();
+    let all = lean.forward(&mut a, &prompt, Logits::All).unwrap().to_vec();
+    assert_eq!(all.len(), n * lean.config.vocab_size);
+    assert!(all == mapped.forward(&mut b, &prompt, Logits::All).unwrap());
+    assert!(all == read.forward(&mut c, &prompt, Logits::All).unwrap());
 }

@@ -1,7 +1,7 @@
 //! The instruction set the attention kernels run at: detected once per process, capped by
-//! the `SPARROW_SIMD` environment variable (`scalar`, `avx2`, `avx512`), the same variable
-//! and names the engine's weight kernels honour, so one setting forces the whole engine
-//! down to a level (for tests and benchmarks).
+//! the `SPARROW_SIMD` environment variable (`scalar`, `avx2`, `avx512`, `neon`, `neondot`),
+//! the same variable and names the engine's weight kernels honour, so one setting forces
+//! the whole engine down to a level (for tests and benchmarks).
 
 use std::sync::OnceLock;
 
@@ -14,6 +14,8 @@ pub enum Level {
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
+    /// AArch64 NEON (always present there; `sdot` has nothing to add to float kernels).
+    Neon,
 }
 
 impl Level {
@@ -23,11 +25,14 @@ impl Level {
         if avx2_available() {
             v.push(Level::Avx2);
         }
+        if cfg!(target_arch = "aarch64") {
+            v.push(Level::Neon);
+        }
         v
     }
 
-    /// The best supported level, capped by `SPARROW_SIMD` (`scalar` → scalar; `avx2` or
-    /// `avx512` leave AVX2 on; an unknown value is ignored); detected once.
+    /// The best supported level, capped by `SPARROW_SIMD` (`scalar` → scalar; the other
+    /// names leave the best level on; an unknown value is ignored); detected once.
     pub fn active() -> Level {
         static ACTIVE: OnceLock<Level> = OnceLock::new();
         *ACTIVE.get_or_init(|| {
@@ -39,19 +44,22 @@ impl Level {
         })
     }
 
-    /// Lower-case name (`scalar`, `avx2`).
+    /// Lower-case name (`scalar`, `avx2`, `neon`).
     pub fn name(self) -> &'static str {
         match self {
             Level::Scalar => "scalar",
             Level::Avx2 => "avx2",
+            Level::Neon => "neon",
         }
     }
 
     /// Whether this level's kernels may run on this CPU (callers fall back to scalar).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn usable(self) -> bool {
         match self {
             Level::Scalar => true,
             Level::Avx2 => avx2_available(),
+            Level::Neon => cfg!(target_arch = "aarch64"),
         }
     }
 }

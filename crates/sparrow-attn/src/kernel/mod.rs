@@ -3,7 +3,8 @@
 //!
 //! * [`level`]: the instruction set, chosen once per process (`SPARROW_SIMD` caps it);
 //! * [`tile`]: the inner loops (scores, online-softmax step, P·V, f16 conversion, Q8_0
-//!   dequantization), each a scalar reference with an AVX2 twin tested against it;
+//!   dequantization), each a scalar reference with an AVX2 twin (x86_64) and a NEON twin
+//!   (AArch64) tested against it;
 //! * [`rows`]: the rows a kernel reads ([`KvRows`]: f32, f16, Q8_0) and the [`KvSource`]
 //!   trait through which a store hands them out;
 //! * [`block`]: the primitive — a block of query rows over key ranges of a source, giving a
@@ -14,6 +15,8 @@
 pub(crate) mod avx2;
 pub mod block;
 pub mod level;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;
 pub mod reference;
 pub mod rows;
 #[cfg(all(test, feature = "fp16"))]

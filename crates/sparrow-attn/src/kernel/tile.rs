@@ -1,6 +1,7 @@
-//! The inner loops of dense attention, each written twice: a scalar reference and an AVX2
-//! (+FMA, F16C) version chosen at run time. Both follow the same order of operations, so they
-//! differ only by FMA contraction and the vector `exp` (Cephes' polynomial, within 2 ulp).
+//! The inner loops of dense attention, each written three times: a scalar reference, an
+//! AVX2 (+FMA, F16C) version and a NEON version (AArch64), chosen at run time. All follow
+//! the same order of operations, so they differ only by FMA contraction and the vector
+//! `exp` (Cephes' polynomial, within 2 ulp).
 //!
 //! The layouts, for one tile of `n` keys and a block of query rows padded to `rw` (a
 //! multiple of 8 for the SIMD paths):
@@ -42,6 +43,13 @@ pub fn convert_tile(
         unsafe { avx2::convert_tile(src, stride, n, width, dst) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if level == Level::Neon {
+        // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
+        // were asserted above.
+        unsafe { neon::convert_tile(src, stride, n, width, dst) };
+        return;
+    }
     let _ = level;
     for t in 0..n {
         src[t * stride..t * stride + width].convert_to_f32_slice(&mut dst[t * width..][..width]);
@@ -67,6 +75,13 @@ pub fn dequant_q8_0_tile(
         // SAFETY: AVX2, FMA and F16C were detected on this CPU just above (`usable`); the
         // bounds the kernel relies on were asserted above.
         unsafe { avx2::dequant_q8_0_tile(src, stride, n, width, dst) };
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if level == Level::Neon {
+        // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
+        // were asserted above.
+        unsafe { neon::dequant_q8_0_tile(src, stride, n, width, dst) };
         return;
     }
     let _ = level;
@@ -105,6 +120,13 @@ pub fn scores(
         unsafe { avx2::scores(k, stride, n, hd, qt, rw, scale, s) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if level == Level::Neon && rw.is_multiple_of(8) {
+        // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
+        // were asserted above and `rw` is a multiple of 8.
+        unsafe { neon::scores(k, stride, n, hd, qt, rw, scale, s) };
+        return;
+    }
     for t in 0..n {
         let kt = &k[t * stride..][..hd];
         for r in 0..rw {
@@ -136,6 +158,13 @@ pub fn softmax_tile(
         // SAFETY: AVX2, FMA and F16C were detected on this CPU (`usable`); the bounds the
         // kernel relies on were asserted above and `rw` is a multiple of 8.
         unsafe { avx2::softmax_tile(s, n, rw, m, l, corr) };
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if level == Level::Neon && rw.is_multiple_of(4) {
+        // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
+        // were asserted above and `rw` is a multiple of 4.
+        unsafe { neon::softmax_tile(s, n, rw, m, l, corr) };
         return;
     }
     for r in 0..rw {
@@ -185,6 +214,13 @@ pub fn pv(
         unsafe { avx2::pv(p, rw, rows, v, stride, n, hd, o) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if level == Level::Neon {
+        // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
+        // were asserted above.
+        unsafe { neon::pv(p, rw, rows, v, stride, n, hd, o) };
+        return;
+    }
     for r in 0..rows {
         let acc = &mut o[r * hd..(r + 1) * hd];
         for t in 0..n {
@@ -197,6 +233,8 @@ pub fn pv(
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
+#[cfg(target_arch = "aarch64")]
+use super::neon;
 
 #[cfg(test)]
 mod tests {
@@ -246,6 +284,46 @@ mod tests {
         // SAFETY: AVX2 and FMA were detected above; `one` holds 8 floats.
         unsafe { _mm256_storeu_ps(one.as_mut_ptr(), avx2::exp8(_mm256_setzero_ps())) };
         assert_eq!(one, [1.0; 8]);
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn exp4_matches_libm() {
+        use std::arch::aarch64::*;
+        let mut xs: Vec<f32> = (0..4000).map(|i| -100.0 + i as f32 * 0.0251).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            -1e-8,
+            f32::NEG_INFINITY,
+            -87.3,
+            -87.4,
+            -88.5,
+            88.0,
+        ]);
+        while !xs.len().is_multiple_of(4) {
+            xs.push(-1.0);
+        }
+        for c in xs.chunks(4) {
+            let mut got = [0.0f32; 4];
+            // SAFETY: NEON is part of the AArch64 baseline; `c` and `got` hold 4 floats.
+            unsafe { vst1q_f32(got.as_mut_ptr(), neon::exp4(vld1q_f32(c.as_ptr()))) };
+            for (&x, &g) in c.iter().zip(&got) {
+                let want = x.exp();
+                if x < -87.33 {
+                    assert!(g == 0.0 || (g - want).abs() < 1e-37, "{x}: {g}");
+                } else {
+                    assert!(
+                        (g - want).abs() <= 2.5e-7 * want,
+                        "exp({x}) = {g}, want {want}"
+                    );
+                }
+            }
+        }
+        let mut one = [0.0f32; 4];
+        // SAFETY: as above; `one` holds 4 floats.
+        unsafe { vst1q_f32(one.as_mut_ptr(), neon::exp4(vdupq_n_f32(0.0))) };
+        assert_eq!(one, [1.0; 4]);
     }
 
     /// The Q8_0 tile dequantizer: each level equals the blocks' own scalar dequantization

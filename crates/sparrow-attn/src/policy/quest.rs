@@ -103,6 +103,7 @@ pub fn group_upper_bounds(
         unsafe { crate::kernel::avx2::group_bounds(sum, abs_sum, center, radius, stride, out) };
         return;
     }
+    let _ = level; // (elsewhere than x86_64 only the portable loop below exists)
     const LANES: usize = 8;
     let whole = width / LANES * LANES;
     for (p, o) in out.iter_mut().enumerate() {

@@ -29,15 +29,74 @@ pub struct LoadOptions {
     /// packed layout ([`sparrow_quant::packed`]), releasing their pages of the mapping.
     /// Results are the same integer sums; decode reads them nearly twice as fast.
     pub repack: bool,
+    /// The memory-lean mode: no repack (the weights stay in the file mapping, whose pages
+    /// the OS reads in and drops as it needs), and prefill in batches of at most
+    /// [`LEAN_BATCH`] tokens so the scratch stays small. `Some(true)` always,
+    /// `Some(false)` never, `None` (default) chosen for the machine: lean when a repack
+    /// was to happen and the memory available ([`crate::memory::available_memory`]) is
+    /// below what it copies, announced on stderr.
+    pub lean: Option<bool>,
+    /// Map the file (default), or read it whole into the process's memory (llama.cpp's
+    /// `--no-mmap`): the weights are then anonymous memory already, so nothing is
+    /// repacked.
+    pub mmap: bool,
+    /// Lock what decode reads in RAM (llama.cpp's `--mlock`): the repacked copies, or the
+    /// file's image when the weights are read from it (lean mode, no repack, `--no-mmap`).
+    /// A refusal by the OS (`ulimit -l`) is reported on stderr and the model runs
+    /// unlocked.
+    pub mlock: bool,
 }
+
+/// The most tokens one forward pass of a lean model computes at once: a longer batch is
+/// run as several (the last one giving the logits asked for), so the scratch holds at most
+/// this many tokens' activations (Qwen2.5-0.5B: ~5 MiB instead of ~40 at 512).
+pub const LEAN_BATCH: usize = 64;
 
 impl Default for LoadOptions {
     /// Repacking on wherever a SIMD kernel reads the packed layout (the scalar one only
-    /// unpacks it again).
+    /// unpacks it again); lean if memory is short; mapped; not locked.
     fn default() -> Self {
         LoadOptions {
             repack: sparrow_quant::SimdLevel::active() != sparrow_quant::SimdLevel::Scalar,
+            lean: None,
+            mmap: true,
+            mlock: false,
         }
+    }
+}
+
+/// What [`decide_residency`] chose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Residency {
+    repack: bool,
+    lean: bool,
+    /// Printed on stderr when the lean mode was chosen for the machine.
+    notice: Option<String>,
+}
+
+/// Whether to repack and whether to run lean, given `options`, the bytes the repack copies
+/// (`need`) and the memory available.
+fn decide_residency(options: &LoadOptions, need: u64, available: Option<u64>) -> Residency {
+    let would_repack = options.repack && options.mmap && need > 0;
+    let (lean, notice) = match (options.lean, available) {
+        (Some(lean), _) => (lean, None),
+        (None, Some(have)) if would_repack && have < need => {
+            let h = crate::memory::human_bytes;
+            let notice = format!(
+                "sparrow: {} of memory available, less than the {} the repacked weights \
+                 take: memory-lean mode, the weights stay in the file mapping (--lean \
+                 always runs so, --repack never)",
+                h(have),
+                h(need)
+            );
+            (true, Some(notice))
+        }
+        _ => (false, None),
+    };
+    Residency {
+        repack: would_repack && !lean,
+        lean,
+        notice,
     }
 }
 
@@ -47,6 +106,8 @@ pub struct Model {
     file: Arc<GgufFile>,
     pub config: ModelConfig,
     weights: Weights,
+    repacked: bool,
+    lean: bool,
 }
 
 /// Which logits a forward pass should produce.
@@ -264,7 +325,7 @@ impl Model {
 
     /// Open a GGUF file and load a model from it.
     pub fn load_with(path: impl AsRef<Path>, options: LoadOptions) -> Result<Model> {
-        let file = GgufFile::open(path)?;
+        let file = GgufFile::open_with(path, options.mmap)?;
         Self::from_gguf_with(Arc::new(file), options)
     }
 
@@ -277,19 +338,62 @@ impl Model {
     pub fn from_gguf_with(file: Arc<GgufFile>, options: LoadOptions) -> Result<Model> {
         let config = ModelConfig::from_gguf(&file)?;
         let mut weights = Weights::load(&file, &config)?;
-        if options.repack {
+        let mmap = options.mmap && file.is_mapped();
+        let options = LoadOptions { mmap, ..options };
+        let need = weights.repack_bytes() as u64;
+        let available = if options.lean.is_none() && options.repack {
+            crate::memory::available_memory()
+        } else {
+            None
+        };
+        let chosen = decide_residency(&options, need, available);
+        if let Some(n) = &chosen.notice {
+            eprintln!("{n}");
+        }
+        if chosen.repack {
             weights.repack(&file)?;
+        }
+        if options.mlock {
+            let locked = if chosen.repack {
+                weights.lock_in_ram()
+            } else {
+                file.lock()
+            };
+            if let Err(e) = locked {
+                eprintln!(
+                    "sparrow: --mlock: could not lock the weights in RAM ({e}); running \
+                     unlocked (raise `ulimit -l`)"
+                );
+            }
         }
         Ok(Model {
             file,
             config,
             weights,
+            repacked: chosen.repack,
+            lean: chosen.lean,
         })
+    }
+
+    /// Whether the matrices were copied into RAM at load ([`LoadOptions::repack`]), or
+    /// decode reads them from the file's image (the memory-lean mode, or `--no-mmap`).
+    pub fn is_repacked(&self) -> bool {
+        self.repacked
+    }
+
+    /// Whether the model runs in the memory-lean mode ([`LoadOptions::lean`]).
+    pub fn is_lean(&self) -> bool {
+        self.lean
     }
 
     /// The GGUF file the model was loaded from.
     pub fn file(&self) -> &Arc<GgufFile> {
         &self.file
+    }
+
+    /// The GGUF file, mutably, while the model alone holds it (to take metadata out).
+    pub(crate) fn file_mut(&mut self) -> Option<&mut GgufFile> {
+        Arc::get_mut(&mut self.file)
     }
 
     /// A fresh sequence state for up to `n_ctx` positions, with keys and values of
@@ -502,6 +606,41 @@ impl Model {
                 vocab: c.vocab_size,
             });
         }
+        if let Some(split) = self.lean_split(n, want) {
+            for chunk in tokens[..split].chunks(LEAN_BATCH) {
+                self.forward_batch(state, chunk, Logits::None)?;
+            }
+            return self.forward_batch(state, &tokens[split..], want);
+        }
+        self.forward_batch(state, tokens, want)
+    }
+
+    /// Where a lean model splits a batch of `n` tokens: the earlier tokens run
+    /// [`LEAN_BATCH`] at a time without logits, the last (at most [`LEAN_BATCH`]) give the
+    /// logits asked for. `None` when the batch runs whole: not lean, short enough, or
+    /// logits asked for more tokens than the last piece holds.
+    fn lean_split(&self, n: usize, want: Logits) -> Option<usize> {
+        if !self.lean || n <= LEAN_BATCH {
+            return None;
+        }
+        let split = (n - 1) / LEAN_BATCH * LEAN_BATCH;
+        match want {
+            Logits::None | Logits::Last => Some(split),
+            Logits::Tail(k) if k <= n - split => Some(split),
+            _ => None,
+        }
+    }
+
+    /// [`Model::forward`] of one batch, whole (its checks already made).
+    fn forward_batch<'s>(
+        &self,
+        state: &'s mut State,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<&'s [f32]> {
+        let c = &self.config;
+        let n = tokens.len();
+        let pos0 = state.n_past;
         let d = c.n_embd;
         let s = &mut state.scratch;
         resize(&mut s.x, n * d);
@@ -695,5 +834,73 @@ impl Model {
                 .for_each(|v| *v = cap * (*v / cap).tanh());
         }
         Ok(&s.logits)
+    }
+}
+
+#[cfg(test)]
+mod lean_tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn opts(repack: bool, lean: Option<bool>) -> LoadOptions {
+        LoadOptions {
+            repack,
+            lean,
+            ..LoadOptions::default()
+        }
+    }
+
+    fn plain(repack: bool, lean: bool) -> Residency {
+        Residency {
+            repack,
+            lean,
+            notice: None,
+        }
+    }
+
+    #[test]
+    fn lean_is_chosen_and_announced_only_when_memory_is_short() {
+        let auto = opts(true, None);
+        // enough, or unknown: repack as asked
+        assert_eq!(
+            decide_residency(&auto, 400 * MIB, Some(401 * MIB)),
+            plain(true, false)
+        );
+        assert_eq!(decide_residency(&auto, 400 * MIB, None), plain(true, false));
+        // short: lean, with a notice naming both sizes
+        let r = decide_residency(&auto, 400 * MIB, Some(300 * MIB));
+        assert!(!r.repack && r.lean);
+        let notice = r.notice.unwrap();
+        assert!(
+            notice.contains("300.0 MiB") && notice.contains("400.0 MiB"),
+            "{notice}"
+        );
+        assert!(notice.contains("memory-lean"), "{notice}");
+        // no repack to make room for (not asked, --no-mmap, nothing to copy): not lean
+        assert_eq!(
+            decide_residency(&opts(false, None), 400 * MIB, Some(MIB)),
+            plain(false, false)
+        );
+        let read = LoadOptions {
+            mmap: false,
+            ..auto
+        };
+        assert_eq!(
+            decide_residency(&read, 400 * MIB, Some(MIB)),
+            plain(false, false)
+        );
+        assert_eq!(decide_residency(&auto, 0, Some(MIB)), plain(false, false));
+        // asked for: no notice either way
+        let always = opts(true, Some(true));
+        assert_eq!(
+            decide_residency(&always, 400 * MIB, None),
+            plain(false, true)
+        );
+        let never = opts(true, Some(false));
+        assert_eq!(
+            decide_residency(&never, 400 * MIB, Some(MIB)),
+            plain(true, false)
+        );
     }
 }

@@ -247,13 +247,11 @@ impl Weights {
         })
     }
 
-    /// Copies every matrix the decoder multiplies (not the embedding table, of which one
-    /// row per token is read) into RAM for decode: Q5_0 in sparrow's packed layout
-    /// ([`sparrow_quant::packed`]), other types as stored, in memory asked for huge pages;
-    /// their pages of the file mapping are released as they are copied, so resident memory
-    /// stays about the same. Returns the bytes copied.
-    pub fn repack(&mut self, file: &GgufFile) -> Result<usize> {
-        let mut total = 0;
+    /// The matrices [`Weights::repack`] copies, in the order it copies them, with whether
+    /// each one's pages of the file mapping stay (a tied output is the embedding table).
+    fn repackable(&mut self) -> Vec<(&mut Linear, bool)> {
+        let tied = self.output.bytes == self.token_embd.bytes;
+        let mut all: Vec<(&mut Linear, bool)> = Vec::new();
         for l in &mut self.layers {
             for w in [
                 &mut l.wq,
@@ -264,11 +262,43 @@ impl Weights {
                 &mut l.w_up,
                 &mut l.w_down,
             ] {
-                total += w.repack(file, false)?;
+                all.push((w, false));
             }
         }
+        all.push((&mut self.output, tied));
+        all
+    }
+
+    /// Bytes [`Weights::repack`] would copy into anonymous memory (0 once done).
+    pub fn repack_bytes(&mut self) -> usize {
+        self.repackable()
+            .iter()
+            .filter(|(w, _)| w.in_ram.is_none())
+            .map(|(w, _)| w.bytes.len())
+            .sum()
+    }
+
+    /// Locks every repacked copy in RAM (`mlock`); stops at the first refusal.
+    pub fn lock_in_ram(&mut self) -> std::io::Result<()> {
+        for (w, _) in self.repackable() {
+            if let Some(m) = &w.in_ram {
+                m.lock()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies every matrix the decoder multiplies (not the embedding table, of which one
+    /// row per token is read) into RAM for decode: Q5_0 in sparrow's packed layout
+    /// ([`sparrow_quant::packed`]), other types as stored, in memory asked for huge pages;
+    /// their pages of the file mapping are released as they are copied, so resident memory
+    /// stays about the same. Returns the bytes copied.
+    pub fn repack(&mut self, file: &GgufFile) -> Result<usize> {
+        let mut total = 0;
         // A tied output is the embedding table, whose rows are still read from the file.
-        let tied = self.output.bytes == self.token_embd.bytes;
-        Ok(total + self.output.repack(file, tied)?)
+        for (w, keep_mapped) in self.repackable() {
+            total += w.repack(file, keep_mapped)?;
+        }
+        Ok(total)
     }
 }
