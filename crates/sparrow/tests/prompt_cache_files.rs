@@ -21,6 +21,20 @@ fn tmpdir() -> PathBuf {
     d
 }
 
+/// The synthetic model (2,048 positions) written to `dir/name` and loaded.
+fn synthetic_engine(dir: &Path, name: &str) -> Engine {
+    let p = dir.join(name);
+    std::fs::write(
+        &p,
+        synthetic_gguf(&SyntheticSpec {
+            context_length: 2048,
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    Engine::load(&p).unwrap()
+}
+
 fn greedy(engine: &Engine, state: &mut sparrow::State, ids: &[u32], n: usize) -> Vec<u32> {
     let mut out = Vec::new();
     let opts = GenerateOptions {
@@ -121,16 +135,7 @@ fn check(
 #[test]
 fn synthetic_restored_prefix_matches_full_prefill() {
     let dir = tmpdir();
-    let p = dir.join("syn.gguf");
-    std::fs::write(
-        &p,
-        synthetic_gguf(&SyntheticSpec {
-            context_length: 2048,
-            ..Default::default()
-        }),
-    )
-    .unwrap();
-    let engine = Engine::load(&p).unwrap();
+    let engine = synthetic_engine(&dir, "syn.gguf");
     let prefix: Vec<u32> = (0..1000u32).map(|i| (i * 31 + 7) % 256).collect();
     let question: Vec<u32> = b"what now?".iter().map(|&b| b as u32).collect();
     check(
@@ -228,16 +233,7 @@ fn real_model_restored_prefix_matches_full_prefill() {
 #[test]
 fn a_cold_tier_state_saves_and_restores_through_the_file() {
     let dir = tmpdir();
-    let p = dir.join("syn-cold.gguf");
-    std::fs::write(
-        &p,
-        synthetic_gguf(&SyntheticSpec {
-            context_length: 2048,
-            ..Default::default()
-        }),
-    )
-    .unwrap();
-    let engine = Engine::load(&p).unwrap();
+    let engine = synthetic_engine(&dir, "syn-cold.gguf");
     let cfg = &engine.model.config;
     let n_ctx = 1100;
     let types = KvType::F16.into();
