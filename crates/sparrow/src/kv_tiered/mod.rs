@@ -22,7 +22,9 @@
 //!
 //! Writes go through `pwrite` in blocks of [`TieredStore::flush_rows`] positions (≥ 4 KiB),
 //! so a full disk or a failing write is an error naming the file's directory and the
-//! positions, returned from the forward pass, never a fault on a mapped page.
+//! positions, returned from the forward pass, never a fault on a mapped page. Each flush
+//! also queues its bytes' writeback (`sync_file_range`), so a prefill's pages are written
+//! back during the prefill and not, 30 s later, during the decode that follows.
 
 mod residency;
 
@@ -231,6 +233,31 @@ impl ColdFile {
             }
         }
         Ok(())
+    }
+
+    /// Ask the OS to start writing `bytes` back now, without waiting for it.
+    ///
+    /// Left alone, the kernel writes a dirty page back only when it is ~30 s old, so the
+    /// pages a long prefill wrote are written back during the decode that follows, and
+    /// the flusher's CPU time comes out of decode's (measured: 0.88× of RAM-only decode
+    /// at depth 32K against 0.95× with writeback after 1 s). Starting writeback as each
+    /// block is flushed moves that work next to the write that caused it.
+    fn start_writeback(&self, bytes: Range<usize>) {
+        use std::os::fd::AsRawFd;
+        if bytes.is_empty() {
+            return;
+        }
+        // SAFETY: a plain syscall on a file descriptor this struct owns; no memory is
+        // passed. SYNC_FILE_RANGE_WRITE only queues writeback and never waits for it.
+        // A failure changes nothing but when the kernel writes the pages, so it is ignored.
+        let _ = unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                bytes.start as libc::off64_t,
+                bytes.len() as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
     }
 
     fn rows(&self, at: usize, n: usize, row: usize, ty: crate::KvType) -> KvRows<'_> {
@@ -444,7 +471,8 @@ impl TieredStore {
 
     /// Write positions `flushed_to..end` of global layer `l` from the hot ring to the file.
     fn flush(&mut self, l: usize, gl: usize, end: usize) -> Result<(), String> {
-        let mut at = self.flushed_to[l];
+        let start = self.flushed_to[l];
+        let mut at = start;
         while at < end {
             let n = self.hot.run_len(l, at, end - at);
             let what = || format!("layer {l} positions {at}..{}", at + n);
@@ -456,6 +484,12 @@ impl TieredStore {
                 .write(bytes_of(&v), self.cold.v_at(gl, at), what)?;
             self.resident.mark(gl, at..at + n);
             at += n;
+        }
+        if start < end {
+            self.cold
+                .start_writeback(self.cold.k_at(gl, start)..self.cold.k_at(gl, end));
+            self.cold
+                .start_writeback(self.cold.v_at(gl, start)..self.cold.v_at(gl, end));
         }
         self.flushed_to[l] = end;
         Ok(())
@@ -678,6 +712,10 @@ impl KvStore for TieredStore {
                         .write(&bytes[at..at + kb], self.cold.k_at(gl, 0), what)?;
                     self.cold
                         .write(&bytes[at + kb..at + kb + vb], self.cold.v_at(gl, 0), what)?;
+                    self.cold
+                        .start_writeback(self.cold.k_at(gl, 0)..self.cold.k_at(gl, n));
+                    self.cold
+                        .start_writeback(self.cold.v_at(gl, 0)..self.cold.v_at(gl, n));
                     at += kb + vb;
                     self.resident.mark(gl, 0..n);
                     self.high[l] = n;
