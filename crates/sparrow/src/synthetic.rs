@@ -232,3 +232,41 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> crate::Result<crate::Model> {
     let file = sparrow_gguf::GgufFile::from_bytes(synthetic_gguf(spec))?;
     crate::Model::from_gguf(std::sync::Arc::new(file))
 }
+
+/// A random Saap index (centroids and Q-models) for `model`'s shapes with `c` buckets and
+/// hidden width `h`, bound to its fingerprint: for tests that run the `saap` and `kmeans`
+/// policies on a synthetic model, where training one would take the training crate.
+pub fn synthetic_saap_index(
+    model: &crate::model::ModelConfig,
+    c: usize,
+    h: usize,
+    seed: u64,
+) -> crate::saap::index::SaapIndex {
+    use crate::saap::index::{HeadModel, IndexMeta, SaapIndex, TrainingInfo};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let d = model.head_dim;
+    let mut v = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+    let heads = (0..model.n_layer * model.n_head_kv)
+        .map(|_| HeadModel {
+            centroids: v(c * d),
+            centroid_bias: v(c),
+            w1: v(h * d),
+            b1: v(h),
+            w2: v(c * h),
+            b2: v(c),
+        })
+        .collect();
+    SaapIndex {
+        meta: IndexMeta {
+            n_layer: model.n_layer,
+            n_head_kv: model.n_head_kv,
+            head_dim: d,
+            clusters: c,
+            hidden: h,
+            training: TrainingInfo::default(),
+        },
+        fingerprint: model.fingerprint,
+        heads,
+    }
+}

@@ -8,7 +8,8 @@ use sparrow::attention::AttentionChoice;
 use sparrow::kv_store::KvStore;
 use sparrow::kv_tiered::{minimum_budget, ColdTier, ColdWrite, KvOptions, TieredStore};
 use sparrow::policy::quest::QuestSettings;
-use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
+use sparrow::policy::saap::SaapSettings;
+use sparrow::synthetic::{synthetic_gguf, synthetic_saap_index, SyntheticSpec};
 use sparrow::{KvType, KvTypes, Logits, Model, State};
 use sparrow_gguf::GgufFile;
 use std::io;
@@ -49,6 +50,21 @@ fn quest() -> AttentionChoice {
         page: 16,
         budget: 64,
         dense_layers: vec![0],
+    })
+}
+
+/// Saap over a random index (8 buckets, 2 visited, a 1 + 31 dense part): selects scattered
+/// positions through the store, as trained indexes do.
+fn saap(m: &Model, dir: &std::path::Path) -> AttentionChoice {
+    let index = dir.join("random.saap");
+    synthetic_saap_index(&m.config, 8, 6, 7)
+        .save(&index)
+        .unwrap();
+    AttentionChoice::named("saap").with(SaapSettings {
+        index: Some(index),
+        probes: 2,
+        window: 31,
+        ..Default::default()
     })
 }
 
@@ -108,13 +124,20 @@ fn tiered_store_gives_the_ram_stores_logits_bit_for_bit() {
     let m = model();
     let prompt = tokens(420, 1);
     let steps = tokens(24, 2);
+    let dir = tempfile::tempdir().unwrap();
     for types in type_sets() {
         let min = min_budget(&m, types);
         let row = (types.k.row_bytes(m.config.kv_dim()) + types.v.row_bytes(m.config.kv_dim()))
             * m.config.n_layer;
-        for choice in [full(), quest()] {
+        let mut exact = None;
+        for choice in [full(), quest(), saap(&m, dir.path())] {
             let mut ram = sequence(&m, types, None, &choice);
             let want = run(&m, &mut ram, &prompt, 100, &steps);
+            // The selecting policies must really select here, or this tests only full.
+            match &exact {
+                None => exact = Some(want.clone()),
+                Some(f) => assert!(f != &want, "{} read every position", choice.name),
+            }
             for budget in [min, min + 3 * 16 * row, min + 200 * row] {
                 let mut s = sequence(&m, types, tier(budget), &choice);
                 let got = run(&m, &mut s, &prompt, 100, &steps);
@@ -145,7 +168,8 @@ fn rewinds_and_prefix_imports_match_the_ram_store() {
     let types: KvTypes = KvType::F16.into();
     let budget = min_budget(&m, types);
     let prompt = tokens(300, 3);
-    for choice in [full(), quest()] {
+    let dir = tempfile::tempdir().unwrap();
+    for choice in [full(), quest(), saap(&m, dir.path())] {
         let mut ram = sequence(&m, types, None, &choice);
         let mut cold = sequence(&m, types, tier(budget), &choice);
         let a = run(&m, &mut ram, &prompt, 64, &tokens(10, 4));

@@ -523,32 +523,7 @@ pub(crate) mod tests {
 
     /// A random index for `model` with `c` buckets and hidden width `h`.
     pub(crate) fn random_index(model: &ModelConfig, c: usize, h: usize, seed: u64) -> SaapIndex {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let d = model.head_dim;
-        let mut v =
-            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
-        let heads = (0..model.n_layer * model.n_head_kv)
-            .map(|_| HeadModel {
-                centroids: v(c * d),
-                centroid_bias: v(c),
-                w1: v(h * d),
-                b1: v(h),
-                w2: v(c * h),
-                b2: v(c),
-            })
-            .collect();
-        SaapIndex {
-            meta: IndexMeta {
-                n_layer: model.n_layer,
-                n_head_kv: model.n_head_kv,
-                head_dim: d,
-                clusters: c,
-                hidden: h,
-                training: TrainingInfo::default(),
-            },
-            fingerprint: model.fingerprint,
-            heads,
-        }
+        crate::synthetic::synthetic_saap_index(model, c, h, seed)
     }
 
     fn model() -> ModelConfig {
