@@ -640,15 +640,179 @@ unsafe fn q5_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 /// Element `128h + 32s + l` takes the low (`s < 2`) or high nibble of
 /// `ql[64h + 32(s % 2) + l]` and bits `2s..2s+2` of `qh[32h + l]`.
 ///
-/// The quants are dotted unbiased (0..63, a valid signed byte) and the bias comes off once
-/// per super-block: `Σ_g sc[g] (Σ q x - 32 bsum[g])`, with the activation sums `bsums`
-/// Q8_K carries. Each 16-weight vector is one shift-insert (`sli`/`sri`) and one mask;
-/// weights, `qh` and activations are loaded 64 bytes at a time.
+/// The quants are dotted unbiased (0..63, a valid signed byte) and the bias comes off
+/// through the activation sums `bsums` Q8_K carries: `Σ_g sc[g] (Σ q x - 32 bsum[g])`.
+/// Without `sdot` this is [`q6_k_widening_body`]; with it, [`q6_k_sdot_block`].
 ///
 /// # Safety
 /// `dotprod` must be available when `D`.
 #[inline(always)]
 unsafe fn q6_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+    if !D {
+        return q6_k_widening_body(row, x);
+    }
+    let m33 = vdupq_n_u8(0x33);
+    let m32 = vdupq_n_s16(-32);
+    let mut acc = vdupq_n_f32(0.0);
+    for (b, xq, dx, bs) in k_blocks!(row, 210, x) {
+        let b: &[u8; 210] = b.try_into().expect("a Q6_K block");
+        let xq: &[i8; 256] = xq.try_into().expect("a Q8_K block");
+        // Each group's total starts at its bias, -32 bsum[g].
+        let (b_lo, b_hi) = (ld8h(bs), ld8h(&bs[8..]));
+        let g = [
+            vmull_s16(vget_low_s16(b_lo), vget_low_s16(m32)),
+            vmull_high_s16(b_lo, m32),
+            vmull_s16(vget_low_s16(b_hi), vget_low_s16(m32)),
+            vmull_high_s16(b_hi, m32),
+        ];
+        // SAFETY: the block and activations are whole (typed above); `dotprod` is the
+        // caller's guarantee.
+        let g = unsafe { q6_k_sdot_block(b, xq, m33, g) };
+        let sc8 = vreinterpretq_s8_u8(ld16(&b[192..]));
+        let (sc_lo, sc_hi) = (vmovl_s8(vget_low_s8(sc8)), vmovl_high_s8(sc8));
+        let sumi = vmulq_s32(g[0], vmovl_s16(vget_low_s16(sc_lo)));
+        let sumi = vmlaq_s32(sumi, g[1], vmovl_high_s16(sc_lo));
+        let sumi = vmlaq_s32(sumi, g[2], vmovl_s16(vget_low_s16(sc_hi)));
+        let sumi = vmlaq_s32(sumi, g[3], vmovl_high_s16(sc_hi));
+        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(sumi), dx * f16s(b, 208));
+    }
+    vaddvq_f32(acc)
+}
+
+/// One Q6_K block against its activations with `sdot`: adds `Σ q x` of group `4c + i` to
+/// lane `i` of `g[c]` (16 groups of 16 elements).
+///
+/// The layout is de-interleaved by `ld4`, which splits 64 bytes into four vectors of every
+/// fourth byte: byte `j` of vector `k` of `ql[64h..64h + 64]` is then the low nibble of
+/// element `128h + 4j + k` and the high nibble of element `128h + 64 + 4j + k`, so an
+/// `ld4` of the activations at `128h` (and `128h + 64`) lines up with it, and 32-bit lane
+/// `i` lies in group `8h + i` (`8h + 4 + i`). Four `sdot`s chained into one accumulator
+/// thus give four group totals: no zeroed accumulator per group, no pairwise adds. The
+/// `qh` bits come from one `ld4` of all 64 `qh` bytes (vector `k`: `qh[4j + k]`, half 0's
+/// bytes then half 1's), masked to bits 0–1 and 4–5, and the same shifted right by two
+/// (bits 2–3 and 6–7 moved down): `zip1`/`zip2` of the two give, for half 0/1, the first
+/// 8 bytes' bits (low nibbles' positions 0–7) and the last 8's (32 positions further).
+/// Then `sri` (`qh` bits 4–5 above `ql >> 4`) builds a high-nibble quant and `sli`
+/// (`ql & 0x0f` below the bits 0–1) a low-nibble one, one instruction each.
+///
+/// In assembly because the compiler, given the same steps as intrinsics, hoists the
+/// `ld4`s (each needs four consecutive registers) above the arithmetic, runs out of NEON
+/// registers and spills: measured 25 stack accesses and ~140 guest instructions per block,
+/// against ~100 here.
+///
+/// # Safety
+/// The CPU must have `dotprod`.
+#[inline(always)]
+unsafe fn q6_k_sdot_block(
+    b: &[u8; 210],
+    xq: &[i8; 256],
+    m33: uint8x16_t,
+    g: [int32x4_t; 4],
+) -> [int32x4_t; 4] {
+    let [mut g0, mut g1, mut g2, mut g3] = g;
+    // SAFETY: reads the 192 bytes of `ql`/`qh` of `b` and the 256 of `xq` (post-indexed
+    // through copies of their pointers); writes only the registers named as outputs or
+    // clobbers; `sdot` needs `dotprod` (the caller's guarantee).
+    unsafe {
+        asm!(
+            // v20-v23: qh & 0x33; v0-v3: (qh >> 2) & 0x33.
+            "ld4 {{v20.16b-v23.16b}}, [{qh}]",
+            "ushr v0.16b, v20.16b, #2",
+            "ushr v1.16b, v21.16b, #2",
+            "ushr v2.16b, v22.16b, #2",
+            "ushr v3.16b, v23.16b, #2",
+            "and v20.16b, v20.16b, {m33:v}.16b",
+            "and v21.16b, v21.16b, {m33:v}.16b",
+            "and v22.16b, v22.16b, {m33:v}.16b",
+            "and v23.16b, v23.16b, {m33:v}.16b",
+            "and v0.16b, v0.16b, {m33:v}.16b",
+            "and v1.16b, v1.16b, {m33:v}.16b",
+            "and v2.16b, v2.16b, {m33:v}.16b",
+            "and v3.16b, v3.16b, {m33:v}.16b",
+            // Half 0: v16-v19 ql, then low quants; v28-v31 high quants; v24-v27 x.
+            "ld4 {{v16.16b-v19.16b}}, [{ql}], #64",
+            "ld4 {{v24.16b-v27.16b}}, [{x}], #64",
+            "zip1 v4.2d, v20.2d, v0.2d",
+            "zip1 v28.2d, v20.2d, v0.2d",
+            "sri v28.16b, v16.16b, #4",
+            "sli v16.16b, v4.16b, #4",
+            "sdot {g0:v}.4s, v16.16b, v24.16b",
+            "zip1 v4.2d, v21.2d, v1.2d",
+            "zip1 v29.2d, v21.2d, v1.2d",
+            "sri v29.16b, v17.16b, #4",
+            "sli v17.16b, v4.16b, #4",
+            "sdot {g0:v}.4s, v17.16b, v25.16b",
+            "zip1 v4.2d, v22.2d, v2.2d",
+            "zip1 v30.2d, v22.2d, v2.2d",
+            "sri v30.16b, v18.16b, #4",
+            "sli v18.16b, v4.16b, #4",
+            "sdot {g0:v}.4s, v18.16b, v26.16b",
+            "zip1 v4.2d, v23.2d, v3.2d",
+            "zip1 v31.2d, v23.2d, v3.2d",
+            "sri v31.16b, v19.16b, #4",
+            "sli v19.16b, v4.16b, #4",
+            "sdot {g0:v}.4s, v19.16b, v27.16b",
+            "ld4 {{v24.16b-v27.16b}}, [{x}], #64",
+            "sdot {g1:v}.4s, v28.16b, v24.16b",
+            "sdot {g1:v}.4s, v29.16b, v25.16b",
+            "sdot {g1:v}.4s, v30.16b, v26.16b",
+            "sdot {g1:v}.4s, v31.16b, v27.16b",
+            // Half 1: the same with zip2.
+            "ld4 {{v16.16b-v19.16b}}, [{ql}]",
+            "ld4 {{v24.16b-v27.16b}}, [{x}], #64",
+            "zip2 v4.2d, v20.2d, v0.2d",
+            "zip2 v28.2d, v20.2d, v0.2d",
+            "sri v28.16b, v16.16b, #4",
+            "sli v16.16b, v4.16b, #4",
+            "sdot {g2:v}.4s, v16.16b, v24.16b",
+            "zip2 v4.2d, v21.2d, v1.2d",
+            "zip2 v29.2d, v21.2d, v1.2d",
+            "sri v29.16b, v17.16b, #4",
+            "sli v17.16b, v4.16b, #4",
+            "sdot {g2:v}.4s, v17.16b, v25.16b",
+            "zip2 v4.2d, v22.2d, v2.2d",
+            "zip2 v30.2d, v22.2d, v2.2d",
+            "sri v30.16b, v18.16b, #4",
+            "sli v18.16b, v4.16b, #4",
+            "sdot {g2:v}.4s, v18.16b, v26.16b",
+            "zip2 v4.2d, v23.2d, v3.2d",
+            "zip2 v31.2d, v23.2d, v3.2d",
+            "sri v31.16b, v19.16b, #4",
+            "sli v19.16b, v4.16b, #4",
+            "sdot {g2:v}.4s, v19.16b, v27.16b",
+            "ld4 {{v24.16b-v27.16b}}, [{x}]",
+            "sdot {g3:v}.4s, v28.16b, v24.16b",
+            "sdot {g3:v}.4s, v29.16b, v25.16b",
+            "sdot {g3:v}.4s, v30.16b, v26.16b",
+            "sdot {g3:v}.4s, v31.16b, v27.16b",
+            ql = inout(reg) b.as_ptr() => _,
+            qh = in(reg) b.as_ptr().add(128),
+            x = inout(reg) xq.as_ptr() => _,
+            m33 = in(vreg) m33,
+            g0 = inout(vreg) g0,
+            g1 = inout(vreg) g1,
+            g2 = inout(vreg) g2,
+            g3 = inout(vreg) g3,
+            out("v0") _, out("v1") _, out("v2") _, out("v3") _, out("v4") _,
+            out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+            out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+            out("v24") _, out("v25") _, out("v26") _, out("v27") _,
+            out("v28") _, out("v29") _, out("v30") _, out("v31") _,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    [g0, g1, g2, g3]
+}
+
+/// Q6_K without `sdot` (see [`q6_k_body`] for the layout): one vector of products per
+/// group of 16 elements, widened into i16 lanes, the totals gathered by pairwise adds.
+///
+/// The quants are dotted unbiased (0..63, a valid signed byte) and the bias comes off once
+/// per super-block: `Σ_g sc[g] (Σ q x - 32 bsum[g])`, with the activation sums `bsums`
+/// Q8_K carries. Each 16-weight vector is one shift-insert (`sli`/`sri`) and one mask;
+/// weights, `qh` and activations are loaded 64 bytes at a time.
+#[inline(always)]
+unsafe fn q6_k_widening_body(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m6 = vdupq_n_u8(0x3F);
     let mut acc = vdupq_n_f32(0.0);
     for (b, xq, dx, bs) in k_blocks!(row, 210, x) {
@@ -686,7 +850,7 @@ unsafe fn q6_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
                     vandq_u8(vsriq_n_u8::<4>(hh2, l1), m6),
                 ];
                 for (s, w) in w.into_iter().enumerate() {
-                    p[8 * h + 2 * s + half] = dot1::<D>(s8(w), xv[2 * s + half]);
+                    p[8 * h + 2 * s + half] = dot1::<false>(s8(w), xv[2 * s + half]);
                 }
             }
         }
