@@ -67,6 +67,18 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// One generated token's log-probability, as the model gave it (see
+/// `sparrow::LogProbs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// The most likely tokens at that step, most likely first.
+    pub top: Vec<(u32, f32)>,
+    /// Where the token's text starts in the completion's text (bytes).
+    pub offset: usize,
+}
+
 /// A checked request.
 #[derive(Debug)]
 pub struct Request {
@@ -79,6 +91,9 @@ pub struct Request {
     pub include_usage: bool,
     pub json: bool,
     pub ignore_eos: bool,
+    /// Report log-probabilities with this many alternatives per token (chat:
+    /// `logprobs: true` + `top_logprobs`; completions: `logprobs: N`).
+    pub logprobs: Option<usize>,
 }
 
 fn opt_f32(o: &Map<String, Value>, key: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
@@ -317,7 +332,9 @@ pub fn parse_request(
     };
     // llama-server's extension: keep generating past end-of-generation tokens.
     let ignore_eos = opt_bool(o, "ignore_eos")?;
+    let logprobs = parse_logprobs(o, chat)?;
     Ok(Request {
+        logprobs,
         ignore_eos,
         messages,
         prompt,
@@ -328,6 +345,102 @@ pub fn parse_request(
         include_usage,
         json,
     })
+}
+
+/// Chat: `logprobs` (bool) and `top_logprobs` (0..=20, only with `logprobs: true`).
+/// Completions: `logprobs` (0..=5 alternatives, or null). OpenAI's limits.
+fn parse_logprobs(o: &Map<String, Value>, chat: bool) -> Result<Option<usize>, ApiError> {
+    if !chat {
+        if o.get("top_logprobs").is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::field(
+                "top_logprobs",
+                "'top_logprobs' belongs to chat completions; here 'logprobs' takes the number of alternatives (0 to 5)".into(),
+            ));
+        }
+        return match o.get("logprobs") {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= 5 => Ok(Some(n as usize)),
+                _ => Err(ApiError::field(
+                    "logprobs",
+                    format!("'logprobs' must be an integer from 0 to 5, got {v}"),
+                )),
+            },
+        };
+    }
+    let on = match o.get("logprobs") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(ApiError::field(
+                "logprobs",
+                format!("'logprobs' must be true or false, got {v}"),
+            ))
+        }
+    };
+    let top = match o.get("top_logprobs") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= 20 => Some(n as usize),
+            _ => {
+                return Err(ApiError::field(
+                    "top_logprobs",
+                    format!("'top_logprobs' must be an integer from 0 to 20, got {v}"),
+                ))
+            }
+        },
+    };
+    match (on, top) {
+        (false, Some(_)) => Err(ApiError::field(
+            "top_logprobs",
+            "'top_logprobs' needs 'logprobs': true".into(),
+        )),
+        (false, None) => Ok(None),
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+    }
+}
+
+/// The `logprobs` object of a choice for `tokens` (chat: `{"content": [...]}`;
+/// completions: the parallel `tokens`/`token_logprobs`/`top_logprobs`/`text_offset`
+/// arrays). `piece` gives a token's bytes.
+pub fn logprobs_json<'a>(
+    chat: bool,
+    tokens: &[TokenLogprob],
+    piece: impl Fn(u32) -> &'a [u8],
+) -> Value {
+    let text = |id: u32| String::from_utf8_lossy(piece(id)).into_owned();
+    if chat {
+        let entry =
+            |id: u32, lp: f32| json!({"token": text(id), "logprob": lp, "bytes": piece(id)});
+        let content: Vec<Value> = tokens
+            .iter()
+            .map(|t| {
+                let mut e = entry(t.id, t.logprob);
+                e["top_logprobs"] = t.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+                e
+            })
+            .collect();
+        json!({"content": content, "refusal": null})
+    } else {
+        let top: Vec<Value> = tokens
+            .iter()
+            .map(|t| {
+                // Keyed by text, as OpenAI's format is: tokens that render alike (say, two
+                // bytes of a split character, both U+FFFD) keep the likelier one.
+                let mut m = Map::new();
+                for &(id, lp) in &t.top {
+                    m.entry(text(id)).or_insert(json!(lp));
+                }
+                Value::Object(m)
+            })
+            .collect();
+        json!({
+            "tokens": tokens.iter().map(|t| text(t.id)).collect::<Vec<_>>(),
+            "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+            "top_logprobs": top,
+            "text_offset": tokens.iter().map(|t| t.offset).collect::<Vec<_>>(),
+        })
+    }
 }
 
 /// A seed per request when the client gives none.
@@ -364,33 +477,39 @@ pub struct Meta {
 
 impl Meta {
     /// The non-streamed body.
-    pub fn full(&self, text: &str, finish: &str, usage: Value) -> Value {
+    pub fn full(&self, text: &str, finish: &str, usage: Value, logprobs: Value) -> Value {
         if self.chat {
             json!({
                 "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}],
                 "usage": usage,
             })
         } else {
             json!({
                 "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
                 "usage": usage,
             })
         }
     }
 
     /// One streamed chunk: `delta` for chat, `text` for completions.
-    pub fn chunk(&self, delta: Option<Value>, text: &str, finish: Option<&str>) -> Value {
+    pub fn chunk(
+        &self,
+        delta: Option<Value>,
+        text: &str,
+        finish: Option<&str>,
+        logprobs: Value,
+    ) -> Value {
         if self.chat {
             json!({
                 "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "delta": delta.unwrap_or_else(|| json!({})), "logprobs": null, "finish_reason": finish}],
+                "choices": [{"index": 0, "delta": delta.unwrap_or_else(|| json!({})), "logprobs": logprobs, "finish_reason": finish}],
             })
         } else {
             json!({
                 "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
             })
         }
     }

@@ -60,6 +60,23 @@ for seed in range(3):
     assert isinstance(v, dict), v
     print("json:", j.choices[0].message.content)
 
+# Log-probabilities: greedy picks each step's top alternative; one entry per token.
+lp = client.chat.completions.create(model="sparrow", messages=msgs, max_tokens=max_tokens,
+                                    temperature=0, seed=1, logprobs=True, top_logprobs=3)
+content = lp.choices[0].logprobs.content
+assert len(content) == lp.usage.completion_tokens, (len(content), lp.usage)
+for e in content:
+    assert e.logprob <= 0 and len(e.top_logprobs) == 3, e
+    assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob, e
+    assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob, e
+assert "".join(e.token for e in content).startswith(lp.choices[0].message.content[:1])
+tc = client.completions.create(model="sparrow", prompt="The sparrow is", max_tokens=max_tokens,
+                               temperature=0, seed=3, logprobs=2)
+tl = tc.choices[0].logprobs
+assert len(tl.tokens) == len(tl.token_logprobs) == len(tl.text_offset) == tc.usage.completion_tokens, tl
+assert all(lp <= 0 for lp in tl.token_logprobs) and all(len(t) <= 2 for t in tl.top_logprobs), tl
+print("logprobs:", [round(e.logprob, 3) for e in content])
+
 # Plain completions, stop strings, models.
 t = client.completions.create(model="sparrow", prompt="The sparrow is", max_tokens=max_tokens,
                               temperature=0.7, seed=3, stop=["\n\n"])

@@ -751,3 +751,176 @@ fn a_ram_budget_serves_the_same_greedy_text_and_reports_its_tiers() {
     }
     assert_eq!(texts[0], texts[1]);
 }
+
+/// `log softmax(logits)` in f64, written here so the server's figures are checked against
+/// arithmetic it does not share.
+fn log_softmax_f64(logits: &[f32]) -> Vec<f64> {
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &l| m.max(l as f64));
+    let norm = max
+        + logits
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    logits.iter().map(|&l| l as f64 - norm).collect()
+}
+
+/// Greedy completions with `logprobs: 3` on the synthetic model: every token's
+/// log-probability and alternatives equal an f64 log-softmax of the logits the library
+/// gives for the same tokens (the server's prompt tokenization, then each generated
+/// token fed back); the greedy token is the top alternative; offsets index the text.
+/// Chat's format, streaming and bad values go through the same numbers.
+#[test]
+fn logprobs_are_the_models_own() {
+    let model = synthetic_model();
+    let s = Server::start(&model, &[]);
+    let prompt = "Logprobs of a synthetic model";
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": 6, "temperature": 0,
+        "logprobs": 3, "ignore_eos": true})
+    .to_string();
+    let (code, resp) = http(&s.addr, "POST", "/v1/completions", None, &body);
+    assert_eq!(code, 200, "{resp}");
+    let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+    let choice = &v["choices"][0];
+    let lp = &choice["logprobs"];
+    let text = choice["text"].as_str().unwrap();
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 6, "{lp}");
+
+    let engine = sparrow::Engine::load(&model).unwrap();
+    let m = &engine.model;
+    let mut state = m
+        .new_state(256, sparrow::KvOptions::from(sparrow::KvType::F16))
+        .unwrap();
+    let ids = engine.tokenizer.encode(prompt, true, false);
+    let mut logits = m
+        .forward(&mut state, &ids, sparrow::Logits::Last)
+        .unwrap()
+        .to_vec();
+    let mut offset = 0;
+    for (i, tok) in tokens.iter().enumerate() {
+        let want = log_softmax_f64(&logits);
+        let mut order: Vec<usize> = (0..want.len()).collect();
+        order.sort_by(|&a, &b| want[b].total_cmp(&want[a]).then(a.cmp(&b)));
+        let greedy = order[0] as u32;
+        let piece = String::from_utf8_lossy(engine.tokenizer.piece(greedy)).into_owned();
+        assert_eq!(tok.as_str().unwrap(), piece, "token {i}");
+        let got = lp["token_logprobs"][i].as_f64().unwrap();
+        assert!(
+            (got - want[greedy as usize]).abs() < 1e-4,
+            "token {i}: {got} vs {}",
+            want[greedy as usize]
+        );
+        // Keyed by text: alternatives that render alike keep the likelier.
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        let mut keys = Vec::new();
+        for &alt in &order[..3] {
+            let key = String::from_utf8_lossy(engine.tokenizer.piece(alt as u32)).into_owned();
+            if keys.contains(&key) {
+                continue;
+            }
+            let g = top[&key].as_f64().unwrap();
+            assert!(
+                (g - want[alt]).abs() < 1e-4,
+                "token {i} alternative {key:?}: {g} vs {}",
+                want[alt]
+            );
+            keys.push(key);
+        }
+        assert_eq!(top.len(), keys.len(), "{top:?}");
+        assert_eq!(lp["text_offset"][i].as_u64().unwrap() as usize, offset);
+        assert!(text[offset..].starts_with(&piece), "{text:?} at {offset}");
+        offset += piece.len();
+        logits = m
+            .forward(&mut state, &[greedy], sparrow::Logits::Last)
+            .unwrap()
+            .to_vec();
+    }
+
+    // Chat: the same numbers in chat's shape, streamed or not.
+    let chat = |stream: bool| {
+        serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "temperature": 0, "logprobs": true, "top_logprobs": 2, "stream": stream,
+            "ignore_eos": true})
+        .to_string()
+    };
+    let (code, resp) = http(&s.addr, "POST", "/v1/chat/completions", None, &chat(false));
+    assert_eq!(code, 200, "{resp}");
+    let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(content.len(), 4, "{v}");
+    for e in &content {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert_eq!(
+            top[0]["token"], e["token"],
+            "greedy picks the top token: {e}"
+        );
+        assert_eq!(top[0]["logprob"], e["logprob"]);
+        assert!(top[0]["logprob"].as_f64().unwrap() >= top[1]["logprob"].as_f64().unwrap());
+        let bytes: Vec<u8> = serde_json::from_value(e["bytes"].clone()).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&bytes),
+            e["token"].as_str().unwrap()
+        );
+    }
+    let (code, resp) = http(&s.addr, "POST", "/v1/chat/completions", None, &chat(true));
+    assert_eq!(code, 200, "{resp}");
+    let streamed: Vec<serde_json::Value> = resp
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| d.starts_with('{'))
+        .map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap())
+        .flat_map(|c| {
+            c["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(streamed, content, "streamed log-probabilities differ");
+
+    // Without asking: null. Bad values: 400s naming the field.
+    let (_, resp) = http(&s.addr, "POST", "/v1/chat/completions", None, CHAT);
+    let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+    assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
+    for (path, body, field) in [
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}"#,
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}"#,
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}"#,
+            "logprobs",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "hi", "logprobs": 6}"#,
+            "logprobs",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "hi", "logprobs": true}"#,
+            "logprobs",
+        ),
+    ] {
+        let (code, resp) = http(&s.addr, "POST", path, None, body);
+        assert_eq!(code, 400, "{body}: {resp}");
+        assert!(
+            error_message(&resp).contains(&format!("'{field}'")),
+            "{body}: {resp}"
+        );
+    }
+}

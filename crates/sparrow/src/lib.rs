@@ -29,4 +29,4 @@ pub use generate::{generate, prefill, GenerateOptions, GenerationStats, StopReas
 pub use kv_cache::{KvCache, KvType, KvTypes};
 pub use kv_tiered::{ColdTier, KvOptions};
 pub use model::{LoadOptions, Logits, Model, ModelConfig, State};
-pub use sampler::{Sampler, SamplerConfig};
+pub use sampler::{LogProbs, Sampler, SamplerConfig};

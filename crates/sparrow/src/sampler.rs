@@ -89,6 +89,44 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// The model's log-probabilities at one step, for reporting (OpenAI's `logprobs`): taken
+/// from the raw logits — before temperature, penalties or a grammar mask — so they describe
+/// the model, not the sampler's settings.
+pub struct LogProbs {
+    /// `log Σ exp(logit)`, in f64.
+    log_norm: f64,
+    /// The `k` most likely tokens, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl LogProbs {
+    /// Normaliser and the `k` most likely tokens of `logits`.
+    pub fn of(logits: &[f32], k: usize) -> LogProbs {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+        let log_norm = max + sum.ln();
+        let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+        for (i, &l) in logits.iter().enumerate() {
+            if top.len() == k && top.last().is_none_or(|&(_, m)| l <= m) {
+                continue;
+            }
+            let at = top.partition_point(|&(_, m)| m >= l);
+            top.insert(at, (i as u32, l));
+            top.truncate(k);
+        }
+        let top = top
+            .into_iter()
+            .map(|(i, l)| (i, (l as f64 - log_norm) as f32))
+            .collect();
+        LogProbs { log_norm, top }
+    }
+
+    /// The log-probability of a token whose raw logit was `logit`.
+    pub fn of_logit(&self, logit: f32) -> f32 {
+        (logit as f64 - self.log_norm) as f32
+    }
+}
+
 impl Sampler {
     /// A sampler seeded from `cfg.seed`.
     pub fn new(cfg: SamplerConfig) -> Self {
@@ -229,6 +267,31 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Against a direct f64 log-softmax: every top entry, their order, and a token outside.
+    #[test]
+    fn logprobs_match_an_f64_log_softmax() {
+        let logits: Vec<f32> = (0..1000u32)
+            .map(|i| ((i.wrapping_mul(2654435761) >> 12) % 4000) as f32 / 300.0 - 6.0)
+            .collect();
+        let norm = logits.iter().map(|&l| (l as f64).exp()).sum::<f64>().ln();
+        let lp = LogProbs::of(&logits, 5);
+        let mut want: Vec<(u32, f64)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l as f64 - norm))
+            .collect();
+        want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        assert_eq!(lp.top.len(), 5);
+        for (got, want) in lp.top.iter().zip(&want) {
+            assert_eq!(got.0, want.0);
+            assert!((got.1 as f64 - want.1).abs() < 1e-5, "{got:?} vs {want:?}");
+        }
+        let some = 777;
+        assert!((lp.of_logit(logits[some]) as f64 - (logits[some] as f64 - norm)).abs() < 1e-5);
+        assert!(LogProbs::of(&logits, 0).top.is_empty());
+        assert_eq!(LogProbs::of(&logits[..3], 10).top.len(), 3);
+    }
 
     fn logits() -> Vec<f32> {
         (0..100).map(|i| ((i * 37) % 100) as f32 / 10.0).collect()

@@ -25,6 +25,7 @@ use metrics::Metrics;
 use scheduler::{Event, Job, Scheduler};
 use serde_json::{json, Value};
 use sparrow::grammar::JsonVocab;
+use sparrow::tokenizer::Tokenizer;
 use sparrow::{ChatTemplate, Engine};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -346,6 +347,7 @@ async fn handle(
         stop: req.stop.clone(),
         json: req.json,
         ignore_eos: req.ignore_eos,
+        logprobs: req.logprobs,
         tx,
     };
     if st.scheduler.submit(job).is_err() {
@@ -367,21 +369,34 @@ async fn handle(
         model: st.model_name.clone(),
         chat,
     };
+    let tokenizer = st.engine.tokenizer.clone();
     if req.stream {
-        Ok(stream_response(rx, meta, req.include_usage).into_response())
+        Ok(stream_response(rx, meta, req.include_usage, tokenizer).into_response())
     } else {
-        collect_response(rx, meta).await
+        collect_response(rx, meta, req.logprobs.is_some(), tokenizer).await
+    }
+}
+
+/// A choice's `logprobs` value: null when not asked for.
+fn logprobs_value(chat: bool, tokens: Option<&[api::TokenLogprob]>, tok: &Tokenizer) -> Value {
+    match tokens {
+        Some(t) => api::logprobs_json(chat, t, |id| tok.piece(id)),
+        None => Value::Null,
     }
 }
 
 async fn collect_response(
     mut rx: UnboundedReceiver<Event>,
     meta: api::Meta,
+    want_logprobs: bool,
+    tokenizer: Arc<Tokenizer>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
+            Event::Logprobs(l) => logprobs.extend(l),
             Event::Error(e) => return Err(ApiError::internal(&e)),
             Event::Done {
                 finish,
@@ -390,7 +405,12 @@ async fn collect_response(
                 cached_tokens,
             } => {
                 let usage = api::usage(prompt_tokens, completion_tokens, cached_tokens);
-                return Ok(Json(meta.full(&text, finish.as_str(), usage)).into_response());
+                let lp = logprobs_value(
+                    meta.chat,
+                    want_logprobs.then_some(&logprobs[..]),
+                    &tokenizer,
+                );
+                return Ok(Json(meta.full(&text, finish.as_str(), usage, lp)).into_response());
             }
         }
     }
@@ -401,62 +421,89 @@ fn stream_response(
     rx: UnboundedReceiver<Event>,
     meta: api::Meta,
     include_usage: bool,
+    tokenizer: Arc<Tokenizer>,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     // States: 0 = send the role chunk (chat), 1 = relay events, 2 = [DONE] sent.
-    let init = (rx, meta, 0u8, Vec::<SseEvent>::new());
+    // `lp`: log-probabilities waiting for the chunk that carries their text.
+    let init = (
+        rx,
+        meta,
+        0u8,
+        Vec::<SseEvent>::new(),
+        None::<Vec<api::TokenLogprob>>,
+    );
     let stream = futures_util::stream::unfold(
         init,
-        move |(mut rx, meta, mut phase, mut pending)| async move {
-            loop {
-                if let Some(ev) = pending.pop() {
-                    return Some((Ok(ev), (rx, meta, phase, pending)));
-                }
-                match phase {
-                    0 => {
-                        phase = 1;
-                        if meta.chat {
-                            let c = meta.chunk(
-                                Some(json!({"role": "assistant", "content": ""})),
-                                "",
-                                None,
-                            );
-                            pending.push(SseEvent::default().data(c.to_string()));
-                        }
+        move |(mut rx, meta, mut phase, mut pending, mut lp)| {
+            let tokenizer = tokenizer.clone();
+            async move {
+                let take_lp = |lp: &mut Option<Vec<api::TokenLogprob>>| {
+                    logprobs_value(meta.chat, lp.take().as_deref(), &tokenizer)
+                };
+                loop {
+                    if let Some(ev) = pending.pop() {
+                        return Some((Ok(ev), (rx, meta, phase, pending, lp)));
                     }
-                    1 => match rx.recv().await {
-                        Some(Event::Text(t)) => {
-                            let c = meta.chunk(meta.chat.then(|| json!({"content": t})), &t, None);
-                            pending.push(SseEvent::default().data(c.to_string()));
-                        }
-                        Some(Event::Error(e)) => {
-                            phase = 2;
-                            let body = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
-                            pending.push(SseEvent::default().data("[DONE]"));
-                            pending.push(SseEvent::default().data(body.to_string()));
-                        }
-                        Some(Event::Done {
-                            finish,
-                            prompt_tokens,
-                            completion_tokens,
-                            cached_tokens,
-                        }) => {
-                            phase = 2;
-                            // Pushed in reverse: popped last-in first-out.
-                            pending.push(SseEvent::default().data("[DONE]"));
-                            if include_usage {
-                                let mut u = meta.chunk(None, "", None);
-                                u["choices"] = json!([]);
-                                u["usage"] =
-                                    api::usage(prompt_tokens, completion_tokens, cached_tokens);
-                                pending.push(SseEvent::default().data(u.to_string()));
+                    match phase {
+                        0 => {
+                            phase = 1;
+                            if meta.chat {
+                                let c = meta.chunk(
+                                    Some(json!({"role": "assistant", "content": ""})),
+                                    "",
+                                    None,
+                                    Value::Null,
+                                );
+                                pending.push(SseEvent::default().data(c.to_string()));
                             }
-                            let c =
-                                meta.chunk(meta.chat.then(|| json!({})), "", Some(finish.as_str()));
-                            pending.push(SseEvent::default().data(c.to_string()));
                         }
-                        None => return None,
-                    },
-                    _ => return None,
+                        1 => match rx.recv().await {
+                            Some(Event::Logprobs(l)) => lp.get_or_insert_with(Vec::new).extend(l),
+                            Some(Event::Text(t)) => {
+                                let l = take_lp(&mut lp);
+                                let c = meta.chunk(
+                                    meta.chat.then(|| json!({"content": t})),
+                                    &t,
+                                    None,
+                                    l,
+                                );
+                                pending.push(SseEvent::default().data(c.to_string()));
+                            }
+                            Some(Event::Error(e)) => {
+                                phase = 2;
+                                let body = json!({"error": {"message": e, "type": "server_error", "param": null, "code": null}});
+                                pending.push(SseEvent::default().data("[DONE]"));
+                                pending.push(SseEvent::default().data(body.to_string()));
+                            }
+                            Some(Event::Done {
+                                finish,
+                                prompt_tokens,
+                                completion_tokens,
+                                cached_tokens,
+                            }) => {
+                                phase = 2;
+                                // Pushed in reverse: popped last-in first-out.
+                                pending.push(SseEvent::default().data("[DONE]"));
+                                if include_usage {
+                                    let mut u = meta.chunk(None, "", None, Value::Null);
+                                    u["choices"] = json!([]);
+                                    u["usage"] =
+                                        api::usage(prompt_tokens, completion_tokens, cached_tokens);
+                                    pending.push(SseEvent::default().data(u.to_string()));
+                                }
+                                let l = take_lp(&mut lp);
+                                let c = meta.chunk(
+                                    meta.chat.then(|| json!({})),
+                                    "",
+                                    Some(finish.as_str()),
+                                    l,
+                                );
+                                pending.push(SseEvent::default().data(c.to_string()));
+                            }
+                            None => return None,
+                        },
+                        _ => return None,
+                    }
                 }
             }
         },

@@ -6,13 +6,14 @@
 //! prompt is prefilled (in-memory prompt reuse across requests). The model math inside each
 //! step runs on the rayon pool.
 
+use super::api::TokenLogprob;
 use super::metrics::Metrics;
 use sparrow::attention::AttentionChoice;
 use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
 use sparrow::prompt_cache::common_prefix;
 use sparrow::tokenizer::StreamDecoder;
 use sparrow::tokenizer::Tokenizer;
-use sparrow::{Logits, Model, Sampler, SamplerConfig, State};
+use sparrow::{LogProbs, Logits, Model, Sampler, SamplerConfig, State};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub struct Job {
     pub json: bool,
     /// Keep going past end-of-generation tokens (not with `json`).
     pub ignore_eos: bool,
+    /// Report each generated token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
     pub tx: UnboundedSender<Event>,
 }
 
@@ -52,6 +55,9 @@ impl Finish {
 pub enum Event {
     /// More text.
     Text(String),
+    /// The log-probabilities of the tokens whose text starts in the next `Text` (or, before
+    /// `Done`, anywhere in the completion): sent only when the job asks for them.
+    Logprobs(Vec<TokenLogprob>),
     /// The end, with the counts for `usage`.
     Done {
         finish: Finish,
@@ -119,6 +125,8 @@ struct Active {
     t_prompt: Instant,
     t_gen: Instant,
     truncated: bool,
+    /// Generated tokens' log-probabilities not yet sent (when the job asks for them).
+    logprobs: Vec<TokenLogprob>,
 }
 
 /// Start the generation thread.
@@ -301,6 +309,7 @@ impl Worker {
             t_prompt: Instant::now(),
             t_gen: Instant::now(),
             truncated: false,
+            logprobs: Vec::new(),
         }
     }
 
@@ -340,6 +349,11 @@ impl Worker {
         if remaining == 0 {
             return self.finish(a, Finish::Length);
         }
+        // Log-probabilities come from the raw logits, which sampling may change in place.
+        let model_view = a
+            .job
+            .logprobs
+            .map(|k| (LogProbs::of(&a.logits, k), a.logits.clone()));
         let id = match &mut a.json {
             Some(c) => c.sample(&mut a.sampler, &mut a.logits, Some(remaining)),
             None => a.sampler.sample(&mut a.logits),
@@ -351,6 +365,14 @@ impl Worker {
         self.metrics
             .generated_tokens
             .fetch_add(1, Ordering::Relaxed);
+        if let Some((lp, raw)) = model_view {
+            a.logprobs.push(TokenLogprob {
+                id,
+                logprob: lp.of_logit(raw[id as usize]),
+                top: lp.top,
+                offset: a.text.len(),
+            });
+        }
         let piece = a.decoder.push(&self.tokenizer, id);
         a.text.push_str(&piece);
         if let Some(at) = find_stop(&a.text, a.sent, &a.job.stop) {
@@ -360,6 +382,7 @@ impl Worker {
         }
         let safe = a.text.len() - held_back(&a.text[a.sent..], &a.job.stop);
         if safe > a.sent {
+            send_logprobs(a, |t| t.offset < safe);
             let _ = a.job.tx.send(Event::Text(a.text[a.sent..safe].to_string()));
             a.sent = safe;
         }
@@ -383,6 +406,10 @@ impl Worker {
         if !a.truncated {
             a.text.push_str(&rest);
         }
+        // Tokens a stop string cut off entirely are not part of the completion.
+        let end = a.text.len();
+        let truncated = a.truncated;
+        send_logprobs(a, |t| !truncated || t.offset < end);
         if a.text.len() > a.sent {
             let _ = a.job.tx.send(Event::Text(a.text[a.sent..].to_string()));
             a.sent = a.text.len();
@@ -396,6 +423,19 @@ impl Worker {
             cached_tokens: a.cached,
         });
         true
+    }
+}
+
+/// Send (and forget) the pending log-probabilities of the tokens `keep` accepts; the
+/// others are dropped (a caller passes a prefix condition, so none is skipped twice).
+fn send_logprobs(a: &mut Active, keep: impl Fn(&TokenLogprob) -> bool) {
+    if a.logprobs.is_empty() {
+        return;
+    }
+    let n = a.logprobs.iter().take_while(|t| keep(t)).count();
+    let sent: Vec<_> = a.logprobs.drain(..n).collect();
+    if !sent.is_empty() {
+        let _ = a.job.tx.send(Event::Logprobs(sent));
     }
 }
 
