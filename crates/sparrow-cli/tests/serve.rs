@@ -839,6 +839,31 @@ fn logprobs_are_the_models_own() {
             .to_vec();
     }
 
+    // A stop string cuts the text and the tokens from the one it starts in.
+    let pieces: Vec<&str> = tokens.iter().map(|t| t.as_str().unwrap()).collect();
+    let offsets: Vec<usize> = (0..pieces.len())
+        .map(|i| lp["text_offset"][i].as_u64().unwrap() as usize)
+        .collect();
+    let cut = (1..pieces.len()).find(|&i| {
+        let p = pieces[i];
+        !p.is_empty() && !p.contains('\u{fffd}') && !text[..offsets[i] + p.len() - 1].contains(p)
+    });
+    {
+        let i = cut.expect("a generated token that can serve as a stop string");
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": 6, "temperature": 0,
+            "logprobs": 3, "ignore_eos": true, "stop": [pieces[i]]})
+        .to_string();
+        let (code, resp) = http(&s.addr, "POST", "/v1/completions", None, &body);
+        assert_eq!(code, 200, "{resp}");
+        let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+        assert_eq!(
+            v["choices"][0]["text"].as_str().unwrap(),
+            &text[..offsets[i]]
+        );
+        let got = v["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+        assert_eq!(got[..], tokens[..i], "stop {:?}", pieces[i]);
+    }
+
     // Chat: the same numbers in chat's shape, streamed or not.
     let chat = |stream: bool| {
         serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
