@@ -233,6 +233,14 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> crate::Result<crate::Model> {
     crate::Model::from_gguf(std::sync::Arc::new(file))
 }
 
+/// `n` pseudo-random token ids of the synthetic vocabulary (3..253, clear of the special
+/// ids), a different sequence per `seed`: prompts for tests on synthetic models.
+pub fn synthetic_tokens(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 7) % 250 + 3)
+        .collect()
+}
+
 /// A random Saap index (centroids and Q-models) for `model`'s shapes with `c` buckets and
 /// hidden width `h`, bound to its fingerprint: for tests that run the `saap` and `kmeans`
 /// policies on a synthetic model, where training one would take the training crate.
@@ -248,14 +256,7 @@ pub fn synthetic_saap_index(
     let d = model.head_dim;
     let mut v = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
     let heads = (0..model.n_layer * model.n_head_kv)
-        .map(|_| HeadModel {
-            centroids: v(c * d),
-            centroid_bias: v(c),
-            w1: v(h * d),
-            b1: v(h),
-            w2: v(c * h),
-            b2: v(c),
-        })
+        .map(|_| HeadModel::from_parts(c, h, d, &mut v))
         .collect();
     SaapIndex {
         meta: IndexMeta {

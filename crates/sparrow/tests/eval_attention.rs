@@ -8,27 +8,20 @@ use sparrow::attention::AttentionChoice;
 use sparrow::attention::StreamingAttention;
 use sparrow::eval::attention::{capture, evaluate, text_tokens, Capture, Phase, PolicyReport};
 use sparrow::policy::QuestSettings;
-use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
+use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
 use sparrow::{Engine, KvType, Model};
-use sparrow_gguf::GgufFile;
-use std::sync::Arc;
 
-fn synthetic_model() -> Model {
+fn model() -> Model {
     let spec = SyntheticSpec {
         context_length: 512,
         seed: 5,
         ..Default::default()
     };
-    Model::from_gguf(Arc::new(
-        GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap(),
-    ))
-    .unwrap()
+    synthetic_model(&spec).unwrap()
 }
 
 fn tokens(n: usize) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(17) >> 7) % 250 + 3)
-        .collect()
+    synthetic_tokens(n, 17)
 }
 
 fn heads(r: &PolicyReport) -> impl Iterator<Item = &sparrow::eval::attention::HeadStats> {
@@ -37,7 +30,7 @@ fn heads(r: &PolicyReport) -> impl Iterator<Item = &sparrow::eval::attention::He
 
 #[test]
 fn full_attention_measures_exact_and_streaming_reads_its_window() {
-    let m = synthetic_model();
+    let m = model();
     let n = 100;
     let cap = capture(&m, &tokens(n), KvType::F16, 32, 8, |_, _| {}).unwrap();
     assert_eq!(cap.state.n_past(), n);
@@ -77,7 +70,7 @@ fn full_attention_measures_exact_and_streaming_reads_its_window() {
 
 #[test]
 fn prefill_only_policies_are_measured_on_the_last_prefill_rows() {
-    let m = synthetic_model();
+    let m = model();
     let cap = capture(&m, &tokens(80), KvType::F32, 16, 8, |_, _| {}).unwrap();
     assert_eq!(cap.tail, 8);
     let r = evaluate(&cap, &AttentionChoice::named("minference")).unwrap();
@@ -91,7 +84,7 @@ fn prefill_only_policies_are_measured_on_the_last_prefill_rows() {
 
 #[test]
 fn progress_is_reported_and_bad_inputs_are_refused() {
-    let m = synthetic_model();
+    let m = model();
     let mut seen = Vec::new();
     capture(&m, &tokens(50), KvType::F16, 16, 4, |d, t| {
         seen.push((d, t))

@@ -9,9 +9,8 @@ use sparrow::kv_store::KvStore;
 use sparrow::kv_tiered::{minimum_budget, ColdTier, ColdWrite, KvOptions, TieredStore};
 use sparrow::policy::quest::QuestSettings;
 use sparrow::policy::saap::SaapSettings;
-use sparrow::synthetic::{synthetic_gguf, synthetic_saap_index, SyntheticSpec};
+use sparrow::synthetic::{synthetic_model, synthetic_saap_index, synthetic_tokens, SyntheticSpec};
 use sparrow::{KvType, KvTypes, Logits, Model, State};
-use sparrow_gguf::GgufFile;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,16 +28,7 @@ fn model() -> Model {
         seed: 23,
         ..Default::default()
     };
-    Model::from_gguf(Arc::new(
-        GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap(),
-    ))
-    .unwrap()
-}
-
-fn tokens(n: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 7) % 250 + 3)
-        .collect()
+    synthetic_model(&spec).unwrap()
 }
 
 fn quest() -> AttentionChoice {
@@ -122,8 +112,8 @@ fn type_sets() -> [KvTypes; 3] {
 #[test]
 fn tiered_store_gives_the_ram_stores_logits_bit_for_bit() {
     let m = model();
-    let prompt = tokens(420, 1);
-    let steps = tokens(24, 2);
+    let prompt = synthetic_tokens(420, 1);
+    let steps = synthetic_tokens(24, 2);
     let dir = tempfile::tempdir().unwrap();
     for types in type_sets() {
         let min = min_budget(&m, types);
@@ -167,21 +157,21 @@ fn rewinds_and_prefix_imports_match_the_ram_store() {
     let m = model();
     let types: KvTypes = KvType::F16.into();
     let budget = min_budget(&m, types);
-    let prompt = tokens(300, 3);
+    let prompt = synthetic_tokens(300, 3);
     let dir = tempfile::tempdir().unwrap();
     for choice in [full(), quest(), saap(&m, dir.path())] {
         let mut ram = sequence(&m, types, None, &choice);
         let mut cold = sequence(&m, types, tier(budget), &choice);
-        let a = run(&m, &mut ram, &prompt, 64, &tokens(10, 4));
-        let b = run(&m, &mut cold, &prompt, 64, &tokens(10, 4));
+        let a = run(&m, &mut ram, &prompt, 64, &synthetic_tokens(10, 4));
+        let b = run(&m, &mut cold, &prompt, 64, &synthetic_tokens(10, 4));
         assert!(a == b);
         // Back into the cold part, then past where the ring was, with other tokens.
         for keep in [100, 150, 17] {
             assert_eq!(ram.truncate(keep), keep);
             assert_eq!(cold.truncate(keep), keep);
-            let more = tokens(90, keep as u32);
-            let a = run(&m, &mut ram, &more, 40, &tokens(6, 5));
-            let b = run(&m, &mut cold, &more, 40, &tokens(6, 5));
+            let more = synthetic_tokens(90, keep as u32);
+            let a = run(&m, &mut ram, &more, 40, &synthetic_tokens(6, 5));
+            let b = run(&m, &mut cold, &more, 40, &synthetic_tokens(6, 5));
             assert!(a == b, "{} after a rewind to {keep}", choice.name);
         }
         // Prompt-cache bytes: the same from both stores, and importable into either.
@@ -190,7 +180,7 @@ fn rewinds_and_prefix_imports_match_the_ram_store() {
         assert!(cold.kv().export_prefix(n) == bytes);
         let mut restored = sequence(&m, types, tier(budget), &choice);
         restored.import_prefix(n, &bytes).unwrap();
-        let steps = tokens(8, 6);
+        let steps = synthetic_tokens(8, 6);
         let a = run(&m, &mut ram, &[], 1, &steps);
         let b = run(&m, &mut restored, &[], 1, &steps);
         assert!(a == b, "{} after importing a prefix", choice.name);

@@ -4,10 +4,8 @@
 use sparrow::attention::AttentionChoice;
 use sparrow::attention::StreamingAttention;
 use sparrow::policy::quest::QuestSettings;
-use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
+use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
 use sparrow::{KvType, Logits, Model, State};
-use sparrow_gguf::GgufFile;
-use std::sync::Arc;
 
 fn model() -> Model {
     let spec = SyntheticSpec {
@@ -15,16 +13,7 @@ fn model() -> Model {
         seed: 11,
         ..Default::default()
     };
-    Model::from_gguf(Arc::new(
-        GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap(),
-    ))
-    .unwrap()
-}
-
-fn tokens(n: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 7) % 250 + 3)
-        .collect()
+    synthetic_model(&spec).unwrap()
 }
 
 fn state(m: &Model, choice: &AttentionChoice) -> State {
@@ -64,7 +53,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn full_policy_equals_the_default_state() {
     let m = model();
-    let (p, d) = (tokens(150, 1), tokens(12, 2));
+    let (p, d) = (synthetic_tokens(150, 1), synthetic_tokens(12, 2));
     let mut plain = m.new_state(512, KvType::F16).unwrap();
     let want = decode_logits(&m, &mut plain, &p, &d);
     let got = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
@@ -74,7 +63,7 @@ fn full_policy_equals_the_default_state() {
 #[test]
 fn quest_with_a_budget_covering_the_context_equals_full() {
     let m = model();
-    let (p, d) = (tokens(200, 3), tokens(16, 4));
+    let (p, d) = (synthetic_tokens(200, 3), synthetic_tokens(16, 4));
     let want = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
     let got = decode_logits(&m, &mut state(&m, &quest(16, 512)), &p, &d);
     assert_eq!(want, got);
@@ -83,7 +72,7 @@ fn quest_with_a_budget_covering_the_context_equals_full() {
 #[test]
 fn quest_with_a_small_budget_reads_less_and_changes_the_output() {
     let m = model();
-    let (p, d) = (tokens(300, 5), tokens(8, 6));
+    let (p, d) = (synthetic_tokens(300, 5), synthetic_tokens(8, 6));
     let full = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
     let mut s = state(&m, &quest(8, 64));
     let sparse = decode_logits(&m, &mut s, &p, &d);
@@ -113,7 +102,11 @@ fn quest_with_a_small_budget_reads_less_and_changes_the_output() {
 #[test]
 fn quest_after_a_rewind_equals_a_fresh_sequence() {
     let m = model();
-    let (a, b, d) = (tokens(180, 7), tokens(90, 8), tokens(6, 9));
+    let (a, b, d) = (
+        synthetic_tokens(180, 7),
+        synthetic_tokens(90, 8),
+        synthetic_tokens(6, 9),
+    );
     let rewound = |to: usize| {
         let mut s = state(&m, &quest(8, 48));
         m.forward(&mut s, &a[..64], Logits::None).unwrap();
@@ -157,7 +150,7 @@ fn bad_policy_settings_list_what_is_valid() {
 #[test]
 fn full_through_the_policy_layer_equals_the_engine_path() {
     let m = model();
-    let (p, d) = (tokens(200, 5), tokens(12, 6));
+    let (p, d) = (synthetic_tokens(200, 5), synthetic_tokens(12, 6));
     let plain = {
         let mut s = m.new_state(512, KvType::F16).unwrap();
         decode_logits(&m, &mut s, &p, &d)
@@ -180,7 +173,7 @@ fn full_through_the_policy_layer_equals_the_engine_path() {
 #[test]
 fn phases_route_to_their_own_policy() {
     let m = model();
-    let (p, d) = (tokens(300, 8), tokens(6, 9));
+    let (p, d) = (synthetic_tokens(300, 8), synthetic_tokens(6, 9));
     let full = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
     let quest_decode = AttentionChoice {
         decode: Some("quest".into()),
@@ -212,7 +205,7 @@ fn phases_route_to_their_own_policy() {
 fn decode_scored_perplexity_sees_decode_policies() {
     use sparrow::perplexity::score_chunk_with;
     let m = model();
-    let chunk = tokens(256, 21);
+    let chunk = synthetic_tokens(256, 21);
     let full = AttentionChoice::default();
     let batched = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, None).unwrap();
     let k = 256 - 1 - 128;

@@ -8,10 +8,8 @@ mod common;
 use common::{assert_close, forced_logits, mismatch, Prefill, ORDER_TOL};
 use sparrow::attention::AttentionChoice;
 use sparrow::policy::{H2oSettings, LadderSettings};
-use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
+use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
 use sparrow::{Engine, KvType, Logits, Model, State};
-use sparrow_gguf::GgufFile;
-use std::sync::Arc;
 
 fn model() -> Model {
     let spec = SyntheticSpec {
@@ -19,16 +17,7 @@ fn model() -> Model {
         seed: 11,
         ..Default::default()
     };
-    Model::from_gguf(Arc::new(
-        GgufFile::from_bytes(synthetic_gguf(&spec)).unwrap(),
-    ))
-    .unwrap()
-}
-
-fn tokens(n: usize, seed: u32) -> Vec<u32> {
-    (0..n as u32)
-        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed) >> 7) % 250 + 3)
-        .collect()
+    synthetic_model(&spec).unwrap()
 }
 
 fn state(m: &Model, choice: &AttentionChoice) -> State {
@@ -86,7 +75,7 @@ fn worst_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 #[test]
 fn ladder_with_a_covering_window_equals_full() {
     let m = model();
-    let (p, d) = (tokens(200, 3), tokens(16, 4));
+    let (p, d) = (synthetic_tokens(200, 3), synthetic_tokens(16, 4));
     let want = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
     let got = decode_logits(&m, &mut state(&m, &ladder(216, true)), &p, &d);
     assert_eq!(want, got);
@@ -97,7 +86,7 @@ fn ladder_with_a_covering_window_equals_full() {
 #[test]
 fn ladder_with_a_small_window_reads_less_and_changes_the_output() {
     let m = model();
-    let (p, d) = (tokens(300, 5), tokens(8, 6));
+    let (p, d) = (synthetic_tokens(300, 5), synthetic_tokens(8, 6));
     let full = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
     let mut s = state(&m, &ladder(32, true));
     let with_lm = decode_logits(&m, &mut s, &p, &d);
@@ -125,7 +114,11 @@ fn ladder_with_a_small_window_reads_less_and_changes_the_output() {
 #[test]
 fn ladder_after_a_rewind_equals_a_fresh_sequence() {
     let m = model();
-    let (a, b, d) = (tokens(180, 7), tokens(90, 8), tokens(6, 9));
+    let (a, b, d) = (
+        synthetic_tokens(180, 7),
+        synthetic_tokens(90, 8),
+        synthetic_tokens(6, 9),
+    );
     let rewound = |to: usize| {
         let mut s = state(&m, &ladder(24, true));
         m.forward(&mut s, &a[..64], Logits::None).unwrap();
@@ -148,7 +141,7 @@ fn ladder_after_a_rewind_equals_a_fresh_sequence() {
 #[test]
 fn h2o_with_a_covering_budget_equals_full() {
     let m = model();
-    let (p, d) = (tokens(200, 3), tokens(16, 4));
+    let (p, d) = (synthetic_tokens(200, 3), synthetic_tokens(16, 4));
     let want = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
     let got = decode_logits(&m, &mut state(&m, &h2o(0.5, 0.5)), &p, &d);
     let worst = worst_diff(&want, &got);
@@ -160,7 +153,7 @@ fn h2o_with_a_covering_budget_equals_full() {
 #[test]
 fn h2o_with_the_default_budget_reads_less_and_changes_the_output() {
     let m = model();
-    let (p, d) = (tokens(300, 5), tokens(8, 6));
+    let (p, d) = (synthetic_tokens(300, 5), synthetic_tokens(8, 6));
     let full = decode_logits(&m, &mut state(&m, &AttentionChoice::default()), &p, &d);
     let mut s = state(&m, &AttentionChoice::named("h2o"));
     let sparse = decode_logits(&m, &mut s, &p, &d);

@@ -493,7 +493,7 @@ mod registry_tests {
         let model = shapes(2);
         let index =
             std::env::temp_dir().join(format!("sparrow-registry-{}.saap", std::process::id()));
-        crate::saap::index::tests::random_index(&model, 4, 4, 1)
+        crate::synthetic::synthetic_saap_index(&model, 4, 4, 1)
             .save(&index)
             .unwrap();
         for p in REGISTRY {

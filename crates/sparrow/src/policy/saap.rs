@@ -398,7 +398,7 @@ mod tests {
     use super::*;
     use crate::attention::{attend, read_set, AttnShape, DenseAttention};
     use crate::kv_cache::{KvCache, KvType};
-    use crate::saap::index::tests::random_index;
+    use crate::synthetic::synthetic_saap_index;
     use crate::synthetic::{synthetic_config, SyntheticSpec};
 
     fn model() -> crate::ModelConfig {
@@ -441,7 +441,7 @@ mod tests {
     }
 
     fn policy(m: &crate::ModelConfig, s: SaapSettings, c: usize) -> SaapAttention {
-        SaapAttention::new(s, Arc::new(random_index(m, c, 8, 7)), Rope::of(m), Router::Qmodel)
+        SaapAttention::new(s, Arc::new(synthetic_saap_index(m, c, 8, 7)), Rope::of(m), Router::Qmodel)
             .unwrap()
     }
 

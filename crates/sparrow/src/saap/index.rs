@@ -189,6 +189,24 @@ fn transpose_rows(x: &[f32], dim: usize, xt: &mut Vec<f32>) -> usize {
 }
 
 impl HeadModel {
+    /// A head for `c` buckets, hidden width `h` and head size `d`, each array taken from
+    /// `next(len)` in the order the index file stores them.
+    pub fn from_parts(
+        c: usize,
+        h: usize,
+        d: usize,
+        mut next: impl FnMut(usize) -> Vec<f32>,
+    ) -> HeadModel {
+        HeadModel {
+            centroids: next(c * d),
+            centroid_bias: next(c),
+            w1: next(h * d),
+            b1: next(h),
+            w2: next(c * h),
+            b2: next(c),
+        }
+    }
+
     /// Buckets.
     pub fn clusters(&self) -> usize {
         self.centroid_bias.len()
@@ -435,14 +453,7 @@ impl SaapIndex {
         let mut take = |n: usize| -> Vec<f32> { floats.by_ref().take(n).collect() };
         let mut heads = Vec::with_capacity(meta.n_heads());
         for i in 0..meta.n_heads() {
-            let head = HeadModel {
-                centroids: take(c * d),
-                centroid_bias: take(c),
-                w1: take(h * d),
-                b1: take(h),
-                w2: take(c * h),
-                b2: take(c),
-            };
+            let head = HeadModel::from_parts(c, h, d, &mut take);
             let finite = [
                 &head.centroids,
                 &head.centroid_bias,
@@ -516,15 +527,10 @@ pub fn default_index_path(fingerprint: &[u8; 32]) -> Option<std::path::PathBuf> 
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::synthetic::{synthetic_config, SyntheticSpec};
+    use crate::synthetic::{synthetic_config, synthetic_saap_index, SyntheticSpec};
     use rand::{Rng, SeedableRng};
-
-    /// A random index for `model` with `c` buckets and hidden width `h`.
-    pub(crate) fn random_index(model: &ModelConfig, c: usize, h: usize, seed: u64) -> SaapIndex {
-        crate::synthetic::synthetic_saap_index(model, c, h, seed)
-    }
 
     fn model() -> ModelConfig {
         synthetic_config(&SyntheticSpec::default()).unwrap()
@@ -533,7 +539,7 @@ pub(crate) mod tests {
     #[test]
     fn round_trips() {
         let m = model();
-        let idx = random_index(&m, 8, 6, 1);
+        let idx = synthetic_saap_index(&m, 8, 6, 1);
         assert_eq!(SaapIndex::decode(&idx.encode(), &m).unwrap(), idx);
     }
 
@@ -542,7 +548,7 @@ pub(crate) mod tests {
     #[test]
     fn refuses_foreign_truncated_and_corrupt_files() {
         let m = model();
-        let bytes = random_index(&m, 8, 6, 2).encode();
+        let bytes = synthetic_saap_index(&m, 8, 6, 2).encode();
         let mut other = m.clone();
         other.fingerprint[0] ^= 1;
         assert!(matches!(
@@ -590,7 +596,7 @@ pub(crate) mod tests {
     #[test]
     fn refuses_non_finite_values() {
         let m = model();
-        let mut idx = random_index(&m, 4, 3, 4);
+        let mut idx = synthetic_saap_index(&m, 4, 3, 4);
         idx.heads[1].w2[2] = f32::NAN;
         let e = SaapIndex::decode(&idx.encode(), &m).unwrap_err();
         assert!(
@@ -609,7 +615,7 @@ pub(crate) mod tests {
     #[test]
     fn forward_and_assignment_match_f64() {
         let m = model();
-        let idx = random_index(&m, 11, 9, 5);
+        let idx = synthetic_saap_index(&m, 11, 9, 5);
         let head = &idx.heads[0];
         let d = m.head_dim;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
@@ -668,7 +674,7 @@ pub(crate) mod tests {
     #[test]
     fn centroid_mass_matches_f64() {
         let m = model();
-        let idx = random_index(&m, 7, 5, 8);
+        let idx = synthetic_saap_index(&m, 7, 5, 8);
         let head = &idx.heads[2];
         let d = m.head_dim;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
