@@ -55,6 +55,11 @@ pub struct NeedleArgs {
     /// fraction found.
     #[arg(long = "repeats", default_value_t = 1)]
     repeats: usize,
+    /// Other needles (other keys, other numbers) hidden in each document besides the one
+    /// asked for, spread evenly over its depth: RULER's multi-key needle (0: a single
+    /// needle; at most 15).
+    #[arg(long = "distractors", default_value_t = 0)]
+    distractors: usize,
     /// Write every cell's result as JSON to this file.
     #[arg(long = "json")]
     json: Option<std::path::PathBuf>,
@@ -92,7 +97,7 @@ pub struct AttentionArgs {
     #[arg(short = 'c', long = "ctx-size", default_value_t = 2048)]
     n_tokens: usize,
     /// Query rows of the last prefill batch measured for policies that do not decode
-    /// (minference).
+    /// (xattention).
     #[arg(long = "prefill-rows", default_value_t = sparrow::eval::attention::DEFAULT_TAIL)]
     prefill_rows: usize,
     /// Also print one row per layer.
@@ -150,6 +155,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
                     length,
                     depth,
                     seed,
+                    a.distractors,
                     kv.clone(),
                     a.batch_size,
                     format,

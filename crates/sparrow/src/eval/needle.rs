@@ -68,6 +68,29 @@ impl Needle {
         }
     }
 
+    /// `n` other needles for a multi-key haystack (RULER's multi-key needle): each with a key
+    /// of its own, different from this one's and each other's, and its own number, drawn
+    /// deterministically from `seed`. At most one fewer than the keys there are.
+    pub fn distractors(&self, seed: u64, n: usize) -> Result<Vec<Needle>> {
+        if n >= KEYS.len() {
+            return Err(Error::Other(format!(
+                "{n} distractor needles asked for; at most {} (each needs a key of its own)",
+                KEYS.len() - 1
+            )));
+        }
+        let mut out: Vec<Needle> = Vec::with_capacity(n);
+        let mut k = 0u64;
+        while out.len() < n {
+            let cand = Needle::new(seed.wrapping_mul(0x100_0193).wrapping_add(1 + k));
+            k += 1;
+            let clash = |o: &Needle| o.key == cand.key || o.value == cand.value;
+            if !clash(self) && !out.iter().any(clash) {
+                out.push(cand);
+            }
+        }
+        Ok(out)
+    }
+
     /// True when `answer` contains the number as a whole run of digits.
     pub fn is_found_in(&self, answer: &str) -> bool {
         answer
@@ -114,9 +137,26 @@ pub fn build_document(
     n_tokens: usize,
     depth: f64,
 ) -> Result<(String, usize)> {
+    build_document_with(engine, haystack, needle, n_tokens, depth, &[])
+}
+
+/// [`build_document`] with `distractors` hidden too, distractor `i` of `k` at depth
+/// `(i + 0.5) / k` (each at a sentence boundary): a multi-key haystack, where the answer
+/// must be the asked key's number and not a neighbour's. The offset is the needle's.
+pub fn build_document_with(
+    engine: &Engine,
+    haystack: &str,
+    needle: &Needle,
+    n_tokens: usize,
+    depth: f64,
+    distractors: &[Needle],
+) -> Result<(String, usize)> {
     let tok = &engine.tokenizer;
-    let needle_len = tok.encode(&needle.sentence, false, false).len();
-    let filler_tokens = n_tokens.saturating_sub(needle_len);
+    let needles_len: usize = std::iter::once(needle)
+        .chain(distractors)
+        .map(|n| tok.encode(&n.sentence, false, false).len())
+        .sum();
+    let filler_tokens = n_tokens.saturating_sub(needles_len);
     // Tokenize a generous prefix of the haystack and cut it at the token budget.
     let approx_bytes = (filler_tokens * 6).min(haystack.len());
     let mut end = approx_bytes;
@@ -131,15 +171,55 @@ pub fn build_document(
         )));
     }
     let filler = tok.decode(&ids[..filler_tokens]);
-    // Insertion point: the sentence end nearest to the requested depth.
-    let target = ((filler.len() as f64) * depth.clamp(0.0, 1.0)) as usize;
+    // (insertion point, sentence, is the asked needle), in document order; at one point
+    // the distractors come first.
+    let k = distractors.len();
+    let mut inserts: Vec<(usize, &str, bool)> = distractors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let at = sentence_boundary(&filler, (i as f64 + 0.5) / k as f64);
+            (at, d.sentence.as_str(), false)
+        })
+        .collect();
+    inserts.push((
+        sentence_boundary(&filler, depth),
+        needle.sentence.as_str(),
+        true,
+    ));
+    inserts.sort_by_key(|&(at, _, main)| (at, main));
+    let mut doc = String::with_capacity(filler.len() + 64 * (k + 1));
+    let (mut from, mut needle_at) = (0, 0);
+    for (at, sentence, main) in inserts {
+        doc.push_str(&filler[from..at]);
+        if main {
+            needle_at = doc.len();
+        }
+        doc.push_str(sentence);
+        from = at;
+    }
+    doc.push_str(&filler[from..]);
+    let offset = tok.encode(&doc[..needle_at], false, false).len();
+    Ok((doc, offset))
+}
+
+/// The byte offset of the sentence end in `filler` nearest to `depth` (0 = start, 1 = end)
+/// of its length; exactly the start and the end at depths 0 and 1.
+fn sentence_boundary(filler: &str, depth: f64) -> usize {
+    if depth >= 1.0 {
+        return filler.len();
+    }
+    if depth <= 0.0 {
+        return 0;
+    }
+    let target = ((filler.len() as f64) * depth) as usize;
     let mut at = target.min(filler.len());
     while !filler.is_char_boundary(at) {
         at -= 1;
     }
     let before = filler[..at].rfind(". ").map(|i| i + 1);
     let after = filler[at..].find(". ").map(|i| at + i + 1);
-    at = match (before, after) {
+    match (before, after) {
         (Some(b), Some(a)) => {
             if target - b <= a - target {
                 b
@@ -150,15 +230,7 @@ pub fn build_document(
         (Some(b), None) => b,
         (None, Some(a)) => a,
         (None, None) => at,
-    };
-    if depth >= 1.0 {
-        at = filler.len();
-    } else if depth <= 0.0 {
-        at = 0;
     }
-    let offset = tok.encode(&filler[..at], false, false).len();
-    let doc = format!("{}{}{}", &filler[..at], needle.sentence, &filler[at..]);
-    Ok((doc, offset))
 }
 
 /// The outcome of one (length, depth) cell.
@@ -168,6 +240,8 @@ pub struct NeedleResult {
     pub depth: f64,
     pub prompt_tokens: usize,
     pub needle: Needle,
+    /// Other needles hidden in the same document (multi-key; 0 for a single needle).
+    pub distractors: usize,
     pub answer: String,
     pub found: bool,
     pub prefill_seconds: f64,
@@ -226,6 +300,8 @@ pub struct CellSettings {
     pub attention: AttentionChoice,
     /// How the question is asked.
     pub format: NeedleFormat,
+    /// Other needles hidden beside the one asked for ([`Needle::distractors`]).
+    pub distractors: usize,
 }
 
 /// Ask the model for the needle (chosen by `seed`) hidden at `depth` of a `length`-token
@@ -244,6 +320,7 @@ pub fn run_cell(
         length,
         depth,
         seed,
+        settings.distractors,
         settings.kv.clone(),
         settings.batch_size,
         settings.format,
@@ -253,7 +330,8 @@ pub fn run_cell(
     Ok(results.remove(0))
 }
 
-/// Ask the needle question of every policy in `choices` for one cell. Policies whose
+/// Ask the needle question of every policy in `choices` for one cell (with `distractors`
+/// other needles hidden in the document). Policies whose
 /// prefill is exact share one prefill of the prompt (all but its last token, which runs as
 /// each policy's first decode step); the others prefill on their own. Each prefill reports
 /// `progress(label, tokens done, tokens in all)` after every batch (a 32K cell prefills for
@@ -265,6 +343,7 @@ pub fn run_cell_policies(
     length: usize,
     depth: f64,
     seed: u64,
+    distractors: usize,
     mut kv: KvOptions,
     batch_size: usize,
     format: NeedleFormat,
@@ -272,7 +351,8 @@ pub fn run_cell_policies(
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Vec<NeedleResult>> {
     let needle = Needle::new(seed);
-    let (doc, _) = build_document(engine, haystack, &needle, length, depth)?;
+    let others = needle.distractors(seed, distractors)?;
+    let (doc, _) = build_document_with(engine, haystack, &needle, length, depth, &others)?;
     let user = format!("{doc}\n\n{}", needle.question);
     let prompt = format.prompt(engine, &user, &needle)?;
     let ids = engine.tokenizer.encode(&prompt, true, true);
@@ -346,6 +426,7 @@ pub fn run_cell_policies(
             prompt_tokens: ids.len(),
             found: needle.is_found_in(&answer),
             needle: needle.clone(),
+            distractors,
             answer,
             prefill_seconds,
             attention: choice.label(),
@@ -367,6 +448,35 @@ mod tests {
         let n = Needle::new(1);
         assert_eq!(n.value.len(), 7);
         assert!(n.sentence.contains(&n.value) && n.question.contains(&n.key));
+    }
+
+    #[test]
+    fn distractors_have_keys_and_numbers_of_their_own() {
+        for seed in 0..20 {
+            let n = Needle::new(seed);
+            let d = n.distractors(seed, KEYS.len() - 1).unwrap();
+            let mut keys: Vec<&str> = d.iter().map(|x| x.key.as_str()).collect();
+            keys.push(&n.key);
+            keys.sort();
+            keys.dedup();
+            assert_eq!(keys.len(), KEYS.len(), "seed {seed}");
+            assert!(d
+                .iter()
+                .all(|x| x.value != n.value && !n.is_found_in(&x.sentence)));
+            assert_eq!(d, n.distractors(seed, KEYS.len() - 1).unwrap());
+        }
+        let e = Needle::new(1).distractors(1, KEYS.len()).unwrap_err();
+        assert!(e.to_string().contains("at most 15"), "{e}");
+    }
+
+    #[test]
+    fn sentence_boundaries_are_nearest_sentence_ends() {
+        let text = "One two. Three four five. Six. Seven eight nine ten.";
+        assert_eq!(sentence_boundary(text, 0.0), 0);
+        assert_eq!(sentence_boundary(text, 1.0), text.len());
+        let at = sentence_boundary(text, 0.5);
+        assert_eq!(&text[at - 1..at + 1], ". ");
+        assert_eq!(at, text.find("Six").unwrap() - 1);
     }
 
     #[test]
