@@ -202,7 +202,7 @@ fn chat_refuses_bad_policies_with_one_error_line() {
     for (flags, needle) in [
         (&["--attn", "nope"][..], "unknown attention policy 'nope'"),
         (
-            &["--attn-decode", "minference"][..],
+            &["--attn-decode", "xattention"][..],
             "does not support decode",
         ),
         (

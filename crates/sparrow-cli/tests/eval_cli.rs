@@ -70,7 +70,7 @@ fn unknown_policy_is_one_error_line_listing_the_valid_ones() {
         "full",
         "streaming",
         "quest",
-        "minference",
+        "xattention",
         "h2o",
         "ladder",
     ] {
@@ -94,7 +94,7 @@ fn eval_attention_prints_a_table_and_writes_json() {
         "-t",
         "1",
         "--attn",
-        "full,streaming,minference",
+        "full,streaming,xattention",
         "--attn-sinks",
         "4",
         "--attn-window",
@@ -115,7 +115,7 @@ fn eval_attention_prints_a_table_and_writes_json() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("| minference | prefill (last 64 rows) |"),
+        stdout.contains("| xattention | prefill (last 64 rows) |"),
         "{stdout}"
     );
     assert!(stdout.contains("streaming per layer:"), "{stdout}");

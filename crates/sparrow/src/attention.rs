@@ -40,9 +40,6 @@ pub fn attend(
         q,
         store: &store,
     };
-    if policy.attend_own(&ctx, out) {
-        return;
-    }
     let wants_lse = policy.wants_lse();
     let mut lse = if wants_lse {
         vec![0.0f32; ctx.n_tokens() * shape.n_head]

@@ -73,10 +73,10 @@ fn prefill_only_policies_are_measured_on_the_last_prefill_rows() {
     let m = model();
     let cap = capture(&m, &tokens(80), KvType::F32, 16, 8, |_, _| {}).unwrap();
     assert_eq!(cap.tail, 8);
-    let r = evaluate(&cap, &AttentionChoice::named("minference")).unwrap();
+    let r = evaluate(&cap, &AttentionChoice::named("xattention")).unwrap();
     assert_eq!(r.phase, Phase::Prefill);
     assert_eq!(r.rows, 8);
-    assert_eq!(r.backend, "minference");
+    assert_eq!(r.backend, "xattention");
     assert!(heads(&r).all(|h| h.mass.is_none() && h.selectivity.is_none()));
     assert!(r.summary.mean_mass.is_none() && r.summary.mean_selectivity.is_none());
     assert!(r.summary.max_rel_l2.is_finite());

@@ -121,14 +121,6 @@ pub trait SparsePolicy: Send {
         false
     }
 
-    /// Compute the layer's attention for this batch itself instead of planning it, writing
-    /// `out`; return false to be planned. An escape hatch for a pattern the executor does
-    /// not run efficiently yet — MInference's token-level diagonals, read with tokens as
-    /// vector lanes — until block-sparse prefill replaces it. Every other policy plans.
-    fn attend_own(&mut self, _ctx: &PlanContext<'_>, _out: &mut [f32]) -> bool {
-        false
-    }
-
     /// Fraction of `n_ctx` cached positions one decode query reads (1.0 when exact).
     fn fraction_read(&self, _n_ctx: usize) -> f64 {
         1.0

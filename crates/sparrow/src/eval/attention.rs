@@ -13,7 +13,7 @@
 //! - **attention mass captured**: the sum of the exact softmax probabilities (in f64, from
 //!   the cached keys) over the positions the policy reads.
 //!
-//! Policies that cannot decode (MInference) are measured on the last prefill rows instead:
+//! Policies that cannot decode (XAttention) are measured on the last prefill rows instead:
 //! only the error and the policy's own [`SparsePolicy::fraction_read`] are reported.
 //! Everything goes through the [`SparsePolicy`] trait and the executor, so a policy's
 //! internals do not matter here.

@@ -22,17 +22,17 @@ macro_rules! policies {
     };
 }
 
-policies!(full, streaming, ladder, quest, minference, h2o, oracle, saap, kmeans);
+policies!(full, streaming, ladder, quest, xattention, h2o, oracle, saap, kmeans);
 
 pub use full::DenseAttention;
 pub use h2o::{H2oAttention, H2oSettings};
 pub use ladder::{LadderAttention, LadderSettings};
-pub use minference::{MInferenceAttention, MInferenceSettings};
 pub use oracle::{OracleAttention, OracleSettings};
 pub use quest::{QuestAttention, QuestSettings};
 pub use saap::{SaapAttention, SaapSettings};
 pub use settings::{NoSettings, PolicySettings, SettingsMap, SettingsType};
 pub use streaming::StreamingAttention;
+pub use xattention::{XAttention, XAttentionSettings};
 
 /// A built policy, or why its settings are refused.
 pub type BuildResult = Result<Box<dyn SparsePolicy>, String>;
@@ -87,6 +87,30 @@ pub fn policy_names() -> String {
         .join(", ")
 }
 
+/// Stable names for "the recommended policy of its kind": `(alias, policy)`. Scripts can
+/// say `--attn-prefill sparse` without tracking which method measures best this month
+/// (docs/long-context.md has the measurements behind each choice).
+pub const ALIASES: &[(&str, &str)] = &[("sparse", "xattention")];
+
+/// The registry entry `name` (a policy or an alias) stands for, or why there is none.
+fn lookup(name: &str) -> Result<&'static PolicyEntry, String> {
+    let name = ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == name)
+        .map_or(name, |(_, policy)| policy);
+    REGISTRY.iter().find(|p| p.name == name).ok_or_else(|| {
+        format!(
+            "unknown attention policy '{name}' (available: {}; aliases: {})",
+            policy_names(),
+            ALIASES
+                .iter()
+                .map(|(a, p)| format!("{a} = {p}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
+}
+
 /// `--attn`'s help: every policy with its summary.
 pub fn attn_help() -> String {
     let list: Vec<String> = REGISTRY
@@ -94,8 +118,13 @@ pub fn attn_help() -> String {
         .map(|p| format!("{} ({})", p.name, p.summary))
         .collect();
     format!(
-        "Attention policy: {}. A phase the policy does not support runs `full`. `sparrow bench` and `sparrow eval` take a comma-separated list and measure each.",
-        list.join(", ")
+        "Attention policy: {}. Aliases: {}. A phase the policy does not support runs `full`. `sparrow bench` and `sparrow eval` take a comma-separated list and measure each.",
+        list.join(", "),
+        ALIASES
+            .iter()
+            .map(|(a, p)| format!("{a} = {p}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }
 
@@ -214,37 +243,31 @@ impl AttentionChoice {
 
     /// The policy names used for prefill and decode, or why the combination is refused.
     pub fn phase_names(&self) -> Result<(String, String), String> {
-        let lookup = |name: &str| {
-            REGISTRY.iter().find(|p| p.name == name).ok_or_else(|| {
-                format!(
-                    "unknown attention policy '{name}' (available: {})",
-                    policy_names()
-                )
-            })
-        };
         let base = lookup(&self.name)?;
         let prefill = match &self.prefill {
             Some(p) => {
-                if !lookup(p)?.prefill {
+                let entry = lookup(p)?;
+                if !entry.prefill {
                     return Err(format!(
                         "attention policy '{p}' does not support prefill (prefill policies: {})",
                         names_for(true)
                     ));
                 }
-                p.clone()
+                entry.name.to_string()
             }
             None if base.prefill => base.name.to_string(),
             None => "full".to_string(),
         };
         let decode = match &self.decode {
             Some(d) => {
-                if !lookup(d)?.decode {
+                let entry = lookup(d)?;
+                if !entry.decode {
                     return Err(format!(
                         "attention policy '{d}' does not support decode (decode policies: {})",
                         names_for(false)
                     ));
                 }
-                d.clone()
+                entry.name.to_string()
             }
             None if base.decode => base.name.to_string(),
             None => "full".to_string(),
@@ -313,12 +336,7 @@ impl AttentionChoice {
         name: &str,
         model: &ModelConfig,
     ) -> Result<Box<dyn SparsePolicy>, String> {
-        let entry = REGISTRY.iter().find(|p| p.name == name).ok_or_else(|| {
-            format!(
-                "unknown attention policy '{name}' (available: {})",
-                policy_names()
-            )
-        })?;
+        let entry = lookup(name)?;
         (entry.build)(&BuildContext {
             choice: self,
             model,
@@ -352,10 +370,6 @@ impl SparsePolicy for PhasedAttention {
 
     fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
         self.for_batch(ctx).plan(ctx)
-    }
-
-    fn attend_own(&mut self, ctx: &PlanContext<'_>, out: &mut [f32]) -> bool {
-        self.for_batch(ctx).attend_own(ctx, out)
     }
 
     fn wants_lse(&self) -> bool {
@@ -441,20 +455,20 @@ mod tests {
             ("full".into(), "quest".into())
         );
         assert_eq!(
-            names(&AttentionChoice::named("minference")),
-            ("minference".into(), "full".into())
+            names(&AttentionChoice::named("xattention")),
+            ("xattention".into(), "full".into())
         );
         assert_eq!(
             names(&AttentionChoice::named("streaming")),
             ("streaming".into(), "streaming".into())
         );
         let mixed = AttentionChoice {
-            prefill: Some("minference".into()),
+            prefill: Some("xattention".into()),
             decode: Some("quest".into()),
             ..AttentionChoice::named("full")
         };
-        assert_eq!(names(&mixed), ("minference".into(), "quest".into()));
-        assert_eq!(mixed.build(&shapes(4)).unwrap().name(), "minference+quest");
+        assert_eq!(names(&mixed), ("xattention".into(), "quest".into()));
+        assert_eq!(mixed.build(&shapes(4)).unwrap().name(), "xattention+quest");
 
         let err = AttentionChoice {
             prefill: Some("quest".into()),
@@ -464,9 +478,9 @@ mod tests {
         .err()
         .unwrap();
         assert!(err.contains("does not support prefill"), "{err}");
-        assert!(err.contains("full, streaming, ladder, minference"), "{err}");
+        assert!(err.contains("full, streaming, ladder, xattention"), "{err}");
         let err = AttentionChoice {
-            decode: Some("minference".into()),
+            decode: Some("xattention".into()),
             ..AttentionChoice::named("full")
         }
         .build(&shapes(2))
