@@ -288,6 +288,34 @@ pub fn head_rows_into(
     }
 }
 
+/// KV head `kv_head`'s keys (or, with `values`, values) of positions
+/// `start..start + dst.len() / hd` of `src` as f32, written densely (`hd` apart) to `dst`,
+/// in runs as the source hands them out ([`head_rows_into`] per run).
+pub fn read_head_f32<S: KvSource + ?Sized>(
+    level: Level,
+    src: &S,
+    values: bool,
+    kv_head: usize,
+    hd: usize,
+    start: usize,
+    dst: &mut [f32],
+) {
+    let (head_off, kv_dim) = (src.head_offset(kv_head, hd), src.kv_dim());
+    let n = dst.len() / hd.max(1);
+    let mut done = 0;
+    while done < n {
+        let run = src.run_len(start + done, n - done).max(1);
+        let rows = if values {
+            src.value_rows(start + done, run)
+        } else {
+            src.key_rows(start + done, run)
+        };
+        let d = &mut dst[done * hd..(done + run) * hd];
+        head_rows_into(level, rows, head_off, kv_dim, hd, run, d);
+        done += run;
+    }
+}
+
 /// A gathered tile: the head rows of every piece `(start, n)` (rows `rows(start, n)`, in
 /// order) written densely into `buf`; returns them with their stride `hd`.
 fn gather_rows<'s, 'b>(

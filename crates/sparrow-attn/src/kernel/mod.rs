@@ -24,8 +24,9 @@ mod tests;
 pub mod tile;
 
 pub use block::{
-    attend_batch, attend_block, head_rows, head_rows_into, plan_units, run_units, runs, split_keys,
-    union, write_merged, AttnShape, BlockPartial, Unit, BLOCK_ROWS, MIN_PIECE, TILE,
+    attend_batch, attend_block, head_rows, head_rows_into, plan_units, read_head_f32, run_units,
+    runs, split_keys, union, write_merged, AttnShape, BlockPartial, Unit, BLOCK_ROWS, MIN_PIECE,
+    TILE,
 };
 pub use level::Level;
 #[cfg(feature = "fp16")]

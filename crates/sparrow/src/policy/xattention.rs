@@ -32,7 +32,7 @@
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use rayon::prelude::*;
 use sparrow_attn::kernel::tile::{scores, softmax_tile};
-use sparrow_attn::kernel::{head_rows_into, AttnShape, KvSource, Level, TILE};
+use sparrow_attn::kernel::{read_head_f32, AttnShape, KvSource, Level, TILE};
 use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
 use std::ops::Range;
 
@@ -284,13 +284,14 @@ impl XAttention {
         if st.threshold >= 1.0 {
             return (0..visible).collect();
         }
-        let row = &mass.row(qb)[..visible.min(mass.k_blocks)];
+        // `visible <= k_blocks`: the batch's last position is below the context's end.
+        let row = &mass.row(qb)[..visible];
         let total: f64 = row.iter().map(|&x| x as f64).sum();
         let mut kept = 0.0f64;
         let mut chosen = vec![false; visible];
         for kb in (0..visible).filter(|&kb| forced(kb)) {
             chosen[kb] = true;
-            kept += row.get(kb).copied().unwrap_or(0.0) as f64;
+            kept += row[kb] as f64;
         }
         let mut rest: Vec<usize> = (0..visible).filter(|&kb| !forced(kb)).collect();
         rest.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
@@ -383,7 +384,7 @@ pub fn block_plan<'p>(
 }
 
 /// KV head `kv_head`'s keys `0..ctx` of `store` as f32 rows of `hd`, followed by zero rows
-/// up to `rows`, converted in parallel chunks (each in runs the store hands out).
+/// up to `rows`, converted in parallel chunks.
 fn head_keys(
     level: Level,
     store: &dyn KvSource,
@@ -394,29 +395,10 @@ fn head_keys(
 ) -> Vec<f32> {
     const CHUNK: usize = 1024;
     let mut dst = vec![0.0f32; rows.max(ctx) * hd];
-    let head_off = store.head_offset(kv_head, hd);
-    let kv_dim = store.kv_dim();
     dst[..ctx * hd]
         .par_chunks_mut(CHUNK * hd)
         .enumerate()
-        .for_each(|(c, d)| {
-            let (start, n) = (c * CHUNK, d.len() / hd);
-            let mut done = 0;
-            while done < n {
-                let run = store.run_len(start + done, n - done).max(1);
-                let rows = store.key_rows(start + done, run);
-                head_rows_into(
-                    level,
-                    rows,
-                    head_off,
-                    kv_dim,
-                    hd,
-                    run,
-                    &mut d[done * hd..(done + run) * hd],
-                );
-                done += run;
-            }
-        });
+        .for_each(|(c, d)| read_head_f32(level, store, false, kv_head, hd, c * CHUNK, d));
     dst
 }
 
