@@ -5,12 +5,15 @@
 //! Each test is repeated `-r` times on a fresh context; tok/s is averaged over repetitions
 //! with its standard deviation, as llama-bench reports it. Tokens are pseudo-random ids, as
 //! in llama-bench: the content does not change the cost. `--attn full,quest` measures
-//! several policies in one run, side by side on the same context.
+//! several policies in one run, side by side on the same context. `--sequences 1,4` runs
+//! each test on that many sequences at once, their tokens sharing each forward pass as the
+//! server's continuous batching does (llama-batched-bench's `-npl`): tok/s then counts the
+//! tokens of all sequences.
 
 use crate::{KvArgs, ModelArgs};
 use serde::Serialize;
 use sparrow::attention::AttentionChoice;
-use sparrow::{Logits, Model, State};
+use sparrow::{Logits, Model, SeqStep, State, Workspace};
 use std::time::Instant;
 
 /// Arguments of `sparrow bench`.
@@ -44,6 +47,14 @@ pub struct BenchArgs {
         default_value = "0"
     )]
     n_depth: Vec<usize>,
+    /// Sequences run together, their tokens in the same forward passes (comma-separated).
+    #[arg(
+        long = "sequences",
+        alias = "npl",
+        value_delimiter = ',',
+        default_value = "1"
+    )]
+    sequences: Vec<usize>,
     /// Thread counts to test (comma-separated).
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
     threads: Vec<usize>,
@@ -84,6 +95,8 @@ struct BenchRow {
     n_prompt: usize,
     n_gen: usize,
     n_depth: usize,
+    /// Sequences sharing each forward pass (tok/s counts all of their tokens).
+    n_seq: usize,
     build_simd: String,
     /// Whether Q5_0 matrices were repacked for decode (`--no-repack` turns it off).
     repack: bool,
@@ -117,6 +130,27 @@ fn fill(model: &Model, state: &mut State, toks: &[u32], batch: usize) -> Result<
     Ok(())
 }
 
+/// One forward pass over every state, state `i` running `toks(i)`.
+fn pass<'t>(
+    model: &Model,
+    ws: &mut Workspace,
+    states: &mut [State],
+    toks: impl Fn(usize) -> &'t [u32],
+) -> Result<(), String> {
+    let mut steps: Vec<SeqStep<'_>> = states
+        .iter_mut()
+        .enumerate()
+        .map(|(i, state)| SeqStep {
+            state,
+            tokens: toks(i),
+            want: Logits::Last,
+        })
+        .collect();
+    model
+        .forward_many(ws, &mut steps)
+        .map_err(|e| e.to_string())
+}
+
 fn mean_std(xs: &[f64]) -> (f64, f64) {
     let n = xs.len() as f64;
     let mean = xs.iter().sum::<f64>() / n;
@@ -128,8 +162,8 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Time one test for every policy in `policies`: returns, per policy, nanoseconds per
-/// repetition. The `depth` context is filled once per repetition (untimed) and shared by the policies: each starts from the same cache, with its block
+/// Time one test (on `n_seq` sequences together) for every policy in `policies`: returns,
+/// per policy, nanoseconds per repetition. The `depth` context is filled once per repetition (untimed) and shared by the policies: each starts from the same cache, with its block
 /// summaries built by an untimed warm-up step, so rows at depth differ only in attention.
 /// The fill runs `--fill-attn` (default exact).
 fn run_test(
@@ -139,6 +173,7 @@ fn run_test(
     n_prompt: usize,
     n_gen: usize,
     depth: usize,
+    n_seq: usize,
 ) -> Result<Vec<Vec<u64>>, String> {
     let vocab = model.config.vocab_size;
     let n_ctx = depth + n_prompt + n_gen + 1;
@@ -152,11 +187,15 @@ fn run_test(
                 .max(p.summary_bytes(n_ctx, model.config.kv_dim()));
         }
     }
-    let mut state = model.new_state(n_ctx, kv).map_err(|e| e.to_string())?;
+    let mut states = (0..n_seq)
+        .map(|_| model.new_state(n_ctx, kv.clone()))
+        .collect::<Result<Vec<State>, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut ws = Workspace::default();
     // One untimed warm-up pass pages the weights in and spins up the threads.
     fill(
         model,
-        &mut state,
+        &mut states[0],
         &tokens(n_prompt.clamp(1, 16), vocab, 7),
         a.batch_size,
     )?;
@@ -164,44 +203,56 @@ fn run_test(
     let mut samples = vec![Vec::with_capacity(a.repetitions); policies.len()];
     let progress = depth >= 8192;
     for rep in 0..a.repetitions {
-        state.set_attention(fill_choice.build(&model.config)?);
-        state.reset();
-        if progress {
-            eprintln!(
-                "bench: filling {depth} tokens of context (repetition {})",
-                rep + 1
-            );
+        for (i, state) in states.iter_mut().enumerate() {
+            state.set_attention(fill_choice.build(&model.config)?);
+            state.reset();
+            if progress {
+                eprintln!(
+                    "bench: filling {depth} tokens of context (repetition {}, sequence {})",
+                    rep + 1,
+                    i + 1
+                );
+            }
+            fill(
+                model,
+                state,
+                &tokens(depth, vocab, 11 + i as u64),
+                a.batch_size,
+            )?;
         }
-        fill(model, &mut state, &tokens(depth, vocab, 11), a.batch_size)?;
         for (p, choice) in policies.iter().enumerate() {
-            state.set_attention(choice.build(&model.config)?);
-            // Untimed: one decode step seals the context's blocks for this policy.
-            if depth > 0 {
-                model
-                    .forward(&mut state, &tokens(1, vocab, 5), Logits::Last)
-                    .map_err(|e| e.to_string())?;
-                rewind(&mut state, depth)?;
+            for state in states.iter_mut() {
+                state.set_attention(choice.build(&model.config)?);
+                // Untimed: one decode step seals the context's blocks for this policy.
+                if depth > 0 {
+                    model
+                        .forward(state, &tokens(1, vocab, 5), Logits::Last)
+                        .map_err(|e| e.to_string())?;
+                    rewind(state, depth)?;
+                }
+                if a.kv_cold_start {
+                    state.kv().drop_cold_pages()?;
+                }
             }
-            if a.kv_cold_start {
-                state.kv().drop_cold_pages()?;
-            }
+            let prompts: Vec<Vec<u32>> = (0..n_seq)
+                .map(|i| tokens(n_prompt, vocab, 100 + (rep * n_seq + i) as u64))
+                .collect();
+            let gens: Vec<Vec<u32>> = (0..n_seq)
+                .map(|i| tokens(n_gen, vocab, 200 + (rep * n_seq + i) as u64))
+                .collect();
+            let batch = a.batch_size.max(1);
             let start = Instant::now();
-            if n_prompt > 0 {
-                fill(
-                    model,
-                    &mut state,
-                    &tokens(n_prompt, vocab, 100 + rep as u64),
-                    a.batch_size,
-                )?;
+            for c in (0..n_prompt).step_by(batch) {
+                let end = (c + batch).min(n_prompt);
+                pass(model, &mut ws, &mut states, |i| &prompts[i][c..end])?;
             }
-            let gen = tokens(n_gen, vocab, 200 + rep as u64);
-            for t in gen {
-                model
-                    .forward(&mut state, &[t], Logits::Last)
-                    .map_err(|e| e.to_string())?;
+            for t in 0..n_gen {
+                pass(model, &mut ws, &mut states, |i| &gens[i][t..t + 1])?;
             }
             samples[p].push(start.elapsed().as_nanos() as u64);
-            rewind(&mut state, depth)?;
+            for state in states.iter_mut() {
+                rewind(state, depth)?;
+            }
         }
     }
     Ok(samples)
@@ -248,13 +299,18 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
     );
     let simd = sparrow_quant::SimdLevel::active().name().to_string();
 
+    if a.sequences.contains(&0) {
+        return Err("--sequences: each count must be at least 1".into());
+    }
     let mut tests = Vec::new();
     for &d in &a.n_depth {
-        for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
-            tests.push((p, 0, d));
-        }
-        for &g in a.n_gen.iter().filter(|&&g| g > 0) {
-            tests.push((0, g, d));
+        for &s in &a.sequences {
+            for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
+                tests.push((p, 0, d, s));
+            }
+            for &g in a.n_gen.iter().filter(|&&g| g > 0) {
+                tests.push((0, g, d, s));
+            }
         }
     }
     let mut rows = Vec::new();
@@ -270,10 +326,10 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
             .num_threads(t)
             .build()
             .map_err(|e| format!("cannot start {t} threads: {e}"))?;
-        for &(p, g, d) in &tests {
-            let per_policy = pool.install(|| run_test(&model, &a, &policies, p, g, d))?;
+        for &(p, g, d, s) in &tests {
+            let per_policy = pool.install(|| run_test(&model, &a, &policies, p, g, d, s))?;
             for (choice, samples) in policies.iter().zip(per_policy) {
-                let n = (p + g) as f64;
+                let n = ((p + g) * s) as f64;
                 let ts: Vec<f64> = samples.iter().map(|&ns| n / (ns as f64 * 1e-9)).collect();
                 let ns: Vec<f64> = samples.iter().map(|&s| s as f64).collect();
                 let (avg_ts, stddev_ts) = mean_std(&ts);
@@ -290,6 +346,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                     n_prompt: p,
                     n_gen: g,
                     n_depth: d,
+                    n_seq: s,
                     build_simd: simd.clone(),
                     repack: model.is_repacked(),
                     avg_ns: avg_ns as u64,
@@ -305,6 +362,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                     } else {
                         format!("tg{g}")
                     };
+                    let test = if s > 1 { format!("{test} ×{s}") } else { test };
                     let test = if d > 0 {
                         format!("{test} @ d{d}")
                     } else {

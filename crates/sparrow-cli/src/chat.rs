@@ -7,9 +7,8 @@
 //! the prefix it shares with the previous one.
 
 use crate::{KvArgs, ModelArgs, SamplingArgs};
-use sparrow::grammar::{generate_json, JsonConstraint, JsonVocab, Root};
-use sparrow::prompt_cache::common_prefix;
-use sparrow::{generate, ChatMessage, Engine, GenerateOptions, Sampler};
+use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
+use sparrow::{ChatMessage, Engine, GenerateOptions, Generation, Sampler, Session};
 use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,12 +53,14 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
         .chat_template
         .as_ref()
         .ok_or("this model has no chat template; use `sparrow run`")?;
-    // The policy's per-sequence state follows the cache: `truncate` below (keeping the
-    // prefix shared with the previous turn) and `reset` rewind it too.
-    let mut state = engine
-        .model
-        .new_sequence(a.ctx_size, a.kv.options(), &attention)
-        .map_err(|e| e.to_string())?;
+    // The session keeps the prefix each turn shares with the previous one; the policy's
+    // per-sequence state is rewound with the cache.
+    let mut session = Session::new(
+        engine
+            .model
+            .new_sequence(a.ctx_size, a.kv.options(), &attention)
+            .map_err(|e| e.to_string())?,
+    );
     ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst))
         .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
     let json_vocab = a.json.then(|| Arc::new(JsonVocab::new(&engine.tokenizer)));
@@ -70,7 +71,6 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
         .map(|s| ChatMessage::new("system", s))
         .collect();
     let mut history = system.clone();
-    let mut cached: Vec<u32> = Vec::new();
     eprintln!(
         "sparrow chat: {} (context {}, KV cache {kv_types}, attention {}) — Ctrl-C stops a reply, /reset clears the history, /exit or Ctrl-D quits",
         path.display(),
@@ -117,71 +117,42 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
             history.pop();
             continue;
         }
-        let keep = common_prefix(&cached, &ids).min(ids.len() - 1);
-        let keep = state.truncate(keep);
         let opts = GenerateOptions {
             n_predict: (a.n_predict >= 0).then_some(a.n_predict as usize),
             ignore_eos: false,
             batch_size: 256,
         };
+        let mut gen = Generation::new(opts.n_predict.unwrap_or(usize::MAX), false);
+        if let Some(v) = &json_vocab {
+            gen = gen.with_constraint(JsonConstraint::new(v.clone(), Root::Object));
+        }
         let mut reply = String::new();
-        let mut generated = Vec::new();
         let mut out = std::io::stdout();
-        let on_token = |id: Option<u32>, piece: &str| {
-            if let Some(id) = id {
-                generated.push(id);
-            }
-            reply.push_str(piece);
-            let _ = out.write_all(piece.as_bytes());
-            let _ = out.flush();
-            if STOP.load(Ordering::SeqCst) {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        };
-        let result = match &json_vocab {
-            Some(v) => {
-                let mut c = JsonConstraint::new(v.clone(), Root::Object);
-                generate_json(
-                    &engine.model,
-                    &engine.tokenizer,
-                    &mut state,
-                    &ids[keep..],
-                    &mut sampler,
-                    &opts,
-                    &mut c,
-                    |_, _| {},
-                    on_token,
-                )
-            }
-            None => generate(
-                &engine.model,
-                &engine.tokenizer,
-                &mut state,
-                &ids[keep..],
-                &mut sampler,
-                &opts,
-                |_, _| {},
-                on_token,
-            ),
-        };
+        let result = session.generate(
+            &engine.model,
+            &engine.tokenizer,
+            &ids,
+            &mut sampler,
+            &opts,
+            &mut gen,
+            |_, _| {},
+            |_, piece| {
+                reply.push_str(piece);
+                let _ = out.write_all(piece.as_bytes());
+                let _ = out.flush();
+                if STOP.load(Ordering::SeqCst) {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            },
+        );
         println!();
         match result {
-            Ok(stats) => {
-                if stats.stop == sparrow::StopReason::Cancelled {
-                    eprintln!("(stopped)");
-                }
-                // The cache holds the prompt and every generated token but the last.
-                cached = ids.clone();
-                let fed = state.n_past().saturating_sub(ids.len());
-                cached.extend_from_slice(&generated[..fed.min(generated.len())]);
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                state.reset();
-                cached.clear();
-            }
+            Ok(stats) if stats.stop == sparrow::StopReason::Cancelled => eprintln!("(stopped)"),
+            Ok(_) => {}
+            // The session emptied its cache; the next turn starts from the whole history.
+            Err(e) => eprintln!("error: {e}"),
         }
         history.push(ChatMessage::new("assistant", &reply));
     }

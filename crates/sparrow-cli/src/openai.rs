@@ -67,17 +67,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// One generated token's log-probability, as the model gave it (see
-/// `sparrow::LogProbs`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenLogprob {
-    pub id: u32,
-    pub logprob: f32,
-    /// The most likely tokens at that step, most likely first.
-    pub top: Vec<(u32, f32)>,
-    /// Where the token's text starts in the completion's text (bytes).
-    pub offset: usize,
-}
+pub use sparrow::TokenLogprob;
 
 /// A checked request.
 #[derive(Debug)]

@@ -3,7 +3,8 @@
 //! generation loop.
 
 use sparrow::grammar::{generate_json, JsonConstraint, JsonVocab, Root};
-use sparrow::prompt_cache::{self, common_prefix};
+use sparrow::prompt_cache;
+use sparrow::session::reusable_prefix;
 use sparrow::{generate, Engine, GenerateOptions, GenerationStats, Sampler, State};
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -29,8 +30,7 @@ pub fn restore(path: &Path, engine: &Engine, state: &mut State, ids: &[u32]) -> 
             return 0;
         }
     };
-    // Keep at least the last prompt token to run: its logits start the generation.
-    let n = common_prefix(&cache.tokens, ids).min(ids.len().saturating_sub(1));
+    let n = reusable_prefix(&cache.tokens, ids);
     if n == 0 {
         eprintln!(
             "prompt cache: {} shares no prefix with this prompt",

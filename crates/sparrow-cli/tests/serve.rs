@@ -949,3 +949,92 @@ fn logprobs_are_the_models_own() {
         );
     }
 }
+
+/// Greedy `POST /v1/completions` with log-probabilities: each token's text and the
+/// margin between its step's two likeliest tokens.
+fn complete_with_margins(addr: &str, prompt: &str, max_tokens: usize) -> Vec<(String, f64)> {
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens,
+        "temperature": 0, "logprobs": 2, "ignore_eos": true})
+    .to_string();
+    let (code, resp) = http(addr, "POST", "/v1/completions", None, &body);
+    assert_eq!(code, 200, "{resp}");
+    let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut top: Vec<f64> = lp["top_logprobs"][i]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            top.sort_by(|a, b| b.total_cmp(a));
+            let margin = if top.len() > 1 {
+                top[0] - top[1]
+            } else {
+                f64::INFINITY
+            };
+            (t.as_str().unwrap().to_string(), margin)
+        })
+        .collect()
+}
+
+/// Continuous batching must not change what a request generates: the same greedy tokens
+/// whether it runs alone or with three others in the same forward passes (their prompts
+/// read while it decodes, their decode steps beside its own). With passes of at most 8
+/// rows (`-b 8`) every product takes the per-row kernels, whose result for a row does not
+/// depend on the other rows of its pass, so the tokens must be equal, not merely close
+/// (from 16 rows the panel GEMM would sum in another order: equal only to rounding).
+#[test]
+fn batched_requests_generate_what_each_generates_alone() {
+    let model = qwen();
+    let prompts = [
+        "Write a haiku about a sparrow in the snow.",
+        "fn fibonacci(n: u64) -> u64 {",
+        "The three largest cities of France are",
+        "List five prime numbers greater than one hundred, separated by commas:",
+    ];
+    let n = 24;
+    let alone: Vec<Vec<(String, f64)>> = {
+        let s = Server::start(&model, &["--parallel", "4", "-c", "512", "-b", "8"]);
+        prompts
+            .iter()
+            .map(|p| complete_with_margins(&s.addr, p, n))
+            .collect()
+    };
+    let s = Server::start(&model, &["--parallel", "4", "-c", "512", "-b", "8"]);
+    let together: Vec<Vec<(String, f64)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let addr = s.addr.clone();
+                scope.spawn(move || complete_with_margins(&addr, p, n))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a.len(), n);
+        assert_eq!(b.len(), n);
+        if let Some(k) = (0..n).find(|&k| a[k].0 != b[k].0) {
+            panic!(
+                "request {i}: token {k} is {:?} batched but {:?} alone (margin there {:.3})",
+                b[k].0, a[k].0, a[k].1
+            );
+        }
+    }
+    // The requests did share passes: more than one sequence per pass on average.
+    let (code, metrics) = http(&s.addr, "GET", "/metrics", None, "");
+    assert_eq!(code, 200);
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from {metrics}"))
+    };
+    let per_pass = value("sparrow_forward_sequences_total") / value("sparrow_forward_passes_total");
+    assert!(per_pass > 1.5, "{per_pass} sequences per pass");
+}

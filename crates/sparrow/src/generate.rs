@@ -1,9 +1,13 @@
-//! The generation loop: prefill the prompt in batches (reporting progress), then sample one
-//! token at a time, streaming text that never splits a UTF-8 character.
+//! Generation: prefill the prompt in batches (reporting progress), then one token at a
+//! time. [`Generation`] is the token loop's body as a value that is stepped — sample under
+//! the grammar, check the ends, cut at stop strings, keep the text and log-probabilities
+//! that are final — so `run`, `chat` ([`generate`]) and the server (which feeds the tokens
+//! of many requests in one forward pass) share one loop.
 
 use crate::error::{Error, Result};
+use crate::grammar::JsonConstraint;
 use crate::model::{Logits, Model, State};
-use crate::sampler::Sampler;
+use crate::sampler::{LogProbs, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
@@ -32,7 +36,10 @@ impl Default for GenerateOptions {
 /// Timings and counts of one generation.
 #[derive(Clone, Debug, Default)]
 pub struct GenerationStats {
+    /// Prompt tokens run (not counting those a session kept in its cache).
     pub n_prompt: usize,
+    /// Prompt tokens a [`crate::Session`] found already in its cache.
+    pub n_reused: usize,
     pub prompt_time: Duration,
     pub n_generated: usize,
     pub gen_time: Duration,
@@ -43,10 +50,16 @@ pub struct GenerationStats {
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StopReason {
+    /// The token limit.
     #[default]
     Length,
+    /// An end-of-generation token (not part of the output).
     EndOfGeneration,
+    /// A stop string (cut from the output with everything after it).
+    StopString,
+    /// The context has no room for another token.
     ContextFull,
+    /// The caller stopped it.
     Cancelled,
 }
 
@@ -59,6 +72,251 @@ impl GenerationStats {
     pub fn gen_tps(&self) -> f64 {
         self.n_generated as f64 / self.gen_time.as_secs_f64().max(1e-9)
     }
+}
+
+/// A generated token's log-probability under the model (raw logits: before penalties,
+/// temperature or a grammar) and the most likely alternatives at its step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    /// The most likely tokens at that step, most likely first.
+    pub top: Vec<(u32, f32)>,
+    /// Where the token's text starts in the completion's text (bytes).
+    pub offset: usize,
+}
+
+/// What to do after [`Generation::next`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// `id` was generated: feed it to the model, then call `next` with the logits after it.
+    Feed(u32),
+    /// Generation ended. `token`, when there is one, was generated (its text is part of
+    /// the output) and is not to be fed.
+    Done {
+        token: Option<u32>,
+        reason: StopReason,
+    },
+}
+
+/// What became final since the last [`Generation::take_output`]: the log-probabilities of
+/// the tokens whose text starts in `text` (or anywhere, once generation is done), then the
+/// text.
+#[derive(Debug, Default)]
+pub struct Output {
+    pub logprobs: Vec<TokenLogprob>,
+    pub text: String,
+}
+
+/// One completion's token loop, stepped by its driver: the driver runs the model (alone,
+/// or with other sequences in one pass) and hands [`Generation::next`] the logits.
+pub struct Generation {
+    limit: usize,
+    stop_at_eog: bool,
+    constraint: Option<JsonConstraint>,
+    stops: Vec<String>,
+    logprobs: Option<usize>,
+    decoder: StreamDecoder,
+    /// The completion's text so far (cut at a stop string once one is found).
+    text: String,
+    /// Bytes of `text` handed out.
+    sent: usize,
+    n_generated: usize,
+    done: Option<StopReason>,
+    /// Log-probabilities not yet handed out.
+    pending: Vec<TokenLogprob>,
+}
+
+impl Generation {
+    /// A generation of at most `limit` tokens that ends at an end-of-generation token
+    /// unless `ignore_eos`.
+    pub fn new(limit: usize, ignore_eos: bool) -> Self {
+        Generation {
+            limit,
+            stop_at_eog: !ignore_eos,
+            constraint: None,
+            stops: Vec::new(),
+            logprobs: None,
+            decoder: StreamDecoder::new(),
+            text: String::new(),
+            sent: 0,
+            n_generated: 0,
+            done: None,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Sample under a JSON grammar: end of generation only once the value is complete
+    /// (and then always, whatever `ignore_eos` said), and never a token after which the
+    /// value could not be closed in the tokens left.
+    pub fn with_constraint(mut self, c: JsonConstraint) -> Self {
+        self.constraint = Some(c);
+        self
+    }
+
+    /// End at the first of these strings (cut from the output with what follows it); text
+    /// that may be the start of one is held back until it is not.
+    pub fn with_stops(mut self, stops: Vec<String>) -> Self {
+        self.stops = stops.into_iter().filter(|s| !s.is_empty()).collect();
+        self
+    }
+
+    /// Report each generated token's log-probability and its `k` most likely alternatives.
+    pub fn with_logprobs(mut self, k: usize) -> Self {
+        self.logprobs = Some(k);
+        self
+    }
+
+    /// Tokens generated so far.
+    pub fn n_generated(&self) -> usize {
+        self.n_generated
+    }
+
+    /// Why it ended, once it has.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.done
+    }
+
+    /// The grammar's state, if there is one.
+    pub fn constraint(&self) -> Option<&JsonConstraint> {
+        self.constraint.as_ref()
+    }
+
+    /// Choose the next token from `logits` (the model's output after the last token fed;
+    /// sampling may change them in place). `room` is how many more tokens the sequence's
+    /// cache can take: a token generated when it is 0 cannot be fed and ends the
+    /// generation.
+    pub fn next(
+        &mut self,
+        tokenizer: &Tokenizer,
+        sampler: &mut Sampler,
+        logits: &mut [f32],
+        room: usize,
+    ) -> Next {
+        if let Some(reason) = self.done {
+            return Next::Done {
+                token: None,
+                reason,
+            };
+        }
+        let left = self.limit - self.n_generated;
+        if left == 0 {
+            return self.end(None, StopReason::Length);
+        }
+        // Log-probabilities come from the raw logits, which sampling may change in place.
+        let raw = self
+            .logprobs
+            .map(|k| (LogProbs::of(logits, k), logits.to_vec()));
+        let id = match &mut self.constraint {
+            // The value must close within the tokens this generation may still make.
+            Some(c) => c.sample(sampler, logits, Some(left.min(room.saturating_add(1)))),
+            None => sampler.sample(logits),
+        };
+        if tokenizer.is_eog(id) && (self.constraint.is_some() || self.stop_at_eog) {
+            return self.end(None, StopReason::EndOfGeneration);
+        }
+        self.n_generated += 1;
+        if let Some((lp, raw)) = raw {
+            self.pending.push(TokenLogprob {
+                id,
+                logprob: lp.of_logit(raw[id as usize]),
+                top: lp.top,
+                offset: self.text.len(),
+            });
+        }
+        let piece = self.decoder.push(tokenizer, id);
+        self.text.push_str(&piece);
+        if let Some(at) = find_stop(&self.text, self.sent, &self.stops) {
+            self.text.truncate(at);
+            return self.end(Some(id), StopReason::StopString);
+        }
+        if self.n_generated == self.limit {
+            return self.end(Some(id), StopReason::Length);
+        }
+        if room == 0 {
+            return self.end(Some(id), StopReason::ContextFull);
+        }
+        Next::Feed(id)
+    }
+
+    /// Stop here (the caller's reason, e.g. a client gone or Ctrl-C).
+    pub fn cancel(&mut self) {
+        if self.done.is_none() {
+            self.end(None, StopReason::Cancelled);
+        }
+    }
+
+    fn end(&mut self, token: Option<u32>, reason: StopReason) -> Next {
+        if reason != StopReason::StopString {
+            // Bytes of an unfinished character, as replacement characters.
+            let rest = self.decoder.flush();
+            self.text.push_str(&rest);
+        }
+        self.done = Some(reason);
+        Next::Done { token, reason }
+    }
+
+    /// The text that is final now, and the log-probabilities of its tokens. While
+    /// generating, text that could begin a stop string is held back; once done, all of
+    /// it (the tokens a stop string cut off entirely have no log-probabilities here).
+    pub fn take_output(&mut self) -> Output {
+        let safe = if self.done.is_some() {
+            self.text.len()
+        } else {
+            self.text.len() - held_back(&self.text[self.sent..], &self.stops)
+        };
+        let mut out = Output::default();
+        if safe > self.sent || self.done.is_some() {
+            // Once done, every token's text is out, except after a stop string: the
+            // tokens it cut off entirely start at or past the end.
+            let all = self.done.is_some_and(|r| r != StopReason::StopString);
+            let n = self
+                .pending
+                .iter()
+                .take_while(|t| all || t.offset < safe)
+                .count();
+            out.logprobs = self.pending.drain(..n).collect();
+            if self.done.is_some() {
+                self.pending.clear();
+            }
+            out.text = self.text[self.sent..safe].to_string();
+            self.sent = safe;
+        }
+        out
+    }
+}
+
+/// Byte length of the longest suffix of `text` that is a proper prefix of a stop string
+/// (text that must be held back in case the stop string completes).
+fn held_back(text: &str, stops: &[String]) -> usize {
+    let mut keep = 0;
+    for s in stops {
+        for k in (1..s.len().min(text.len() + 1)).rev() {
+            if k > keep
+                && text.is_char_boundary(text.len() - k)
+                && s.as_bytes().starts_with(&text.as_bytes()[text.len() - k..])
+            {
+                keep = k;
+                break;
+            }
+        }
+    }
+    keep
+}
+
+/// Byte offset of the first stop string in `text` that ends after `sent` (everything before
+/// was already checked).
+fn find_stop(text: &str, sent: usize, stops: &[String]) -> Option<usize> {
+    stops
+        .iter()
+        .filter_map(|s| {
+            let mut from = sent.saturating_sub(s.len());
+            while !text.is_char_boundary(from) {
+                from -= 1;
+            }
+            text[from..].find(s.as_str()).map(|i| i + from)
+        })
+        .min()
 }
 
 /// Feed `tokens` into `state` in batches of `batch_size`, calling `progress(done, total)`
@@ -102,29 +360,27 @@ pub fn generate(
     progress: impl FnMut(usize, usize),
     on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
 ) -> Result<GenerationStats> {
-    let (mut stats, logits) = start(model, state, prompt, sampler, opts, progress)?;
     let limit = opts.n_predict.unwrap_or(usize::MAX);
-    let pick = |sampler: &mut Sampler, logits: &mut Vec<f32>, _left: usize| sampler.sample(logits);
-    let ends = TokenLoop {
-        limit,
-        stop_at_eog: !opts.ignore_eos,
-    };
-    ends.run(
-        model, tokenizer, state, sampler, logits, &mut stats, pick, on_token,
-    )?;
-    Ok(stats)
+    let mut gen = Generation::new(limit, opts.ignore_eos);
+    drive(
+        model, tokenizer, state, prompt, sampler, opts, &mut gen, progress, on_token,
+    )
 }
 
-/// Checks the prompt, prefills it (timed) and lets the sampler see it: the start that plain
-/// and constrained generation share. Returns the stats so far and the last logits.
-pub(crate) fn start(
+/// Prefill `prompt` (timed), then step `gen` one forward pass per token until it ends,
+/// streaming its output through `on_token` (see [`generate`]).
+#[allow(clippy::too_many_arguments)]
+pub fn drive(
     model: &Model,
+    tokenizer: &Tokenizer,
     state: &mut State,
     prompt: &[u32],
     sampler: &mut Sampler,
     opts: &GenerateOptions,
+    gen: &mut Generation,
     progress: impl FnMut(usize, usize),
-) -> Result<(GenerationStats, Vec<f32>)> {
+    mut on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
+) -> Result<GenerationStats> {
     if prompt.is_empty() {
         return Err(Error::Other("the prompt is empty".into()));
     }
@@ -133,65 +389,58 @@ pub(crate) fn start(
         ..Default::default()
     };
     let t0 = Instant::now();
-    let logits = prefill(model, state, prompt, opts.batch_size, progress)?.to_vec();
+    let mut logits = prefill(model, state, prompt, opts.batch_size, progress)?.to_vec();
     stats.prompt_time = t0.elapsed();
     sampler.accept(prompt);
-    Ok((stats, logits))
+    let t1 = Instant::now();
+    loop {
+        let room = state.n_ctx() - state.n_past();
+        let next = gen.next(tokenizer, sampler, &mut logits, room);
+        let token = match next {
+            Next::Feed(id) => Some(id),
+            Next::Done { token, .. } => token,
+        };
+        let out = gen.take_output();
+        if (token.is_some() || !out.text.is_empty()) && on_token(token, &out.text).is_break() {
+            gen.cancel();
+            break;
+        }
+        match next {
+            Next::Feed(id) => {
+                logits.copy_from_slice(model.forward(state, &[id], Logits::Last)?);
+            }
+            Next::Done { .. } => break,
+        }
+    }
+    let rest = gen.take_output();
+    if !rest.text.is_empty() {
+        let _ = on_token(None, &rest.text);
+    }
+    stats.n_generated = gen.n_generated();
+    stats.stop = gen.stop_reason().unwrap_or_default();
+    stats.gen_time = t1.elapsed();
+    Ok(stats)
 }
 
-/// When the token loop ends (besides a cancelled stream or a full context).
-pub(crate) struct TokenLoop {
-    /// Most tokens to generate.
-    pub(crate) limit: usize,
-    /// Whether an end-of-generation token ends the loop (it is then not emitted).
-    pub(crate) stop_at_eog: bool,
-}
+#[cfg(test)]
+mod tests {
+    use super::{find_stop, held_back};
 
-impl TokenLoop {
-    /// Sample with `pick(sampler, logits, tokens_left)`, stream text through `on_token`,
-    /// feed each token back, until a stop condition; records counts, time and the reason
-    /// in `stats`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn run(
-        &self,
-        model: &Model,
-        tokenizer: &Tokenizer,
-        state: &mut State,
-        sampler: &mut Sampler,
-        mut logits: Vec<f32>,
-        stats: &mut GenerationStats,
-        mut pick: impl FnMut(&mut Sampler, &mut Vec<f32>, usize) -> u32,
-        mut on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
-    ) -> Result<()> {
-        let t1 = Instant::now();
-        let mut decoder = StreamDecoder::new();
-        stats.stop = StopReason::Length;
-        while stats.n_generated < self.limit {
-            let id = pick(sampler, &mut logits, self.limit - stats.n_generated);
-            if self.stop_at_eog && tokenizer.is_eog(id) {
-                stats.stop = StopReason::EndOfGeneration;
-                break;
-            }
-            stats.n_generated += 1;
-            let text = decoder.push(tokenizer, id);
-            if on_token(Some(id), &text).is_break() {
-                stats.stop = StopReason::Cancelled;
-                break;
-            }
-            if stats.n_generated == self.limit {
-                break;
-            }
-            if state.n_past() >= state.n_ctx() {
-                stats.stop = StopReason::ContextFull;
-                break;
-            }
-            logits.copy_from_slice(model.forward(state, &[id], Logits::Last)?);
-        }
-        let rest = decoder.flush();
-        if !rest.is_empty() {
-            let _ = on_token(None, &rest);
-        }
-        stats.gen_time = t1.elapsed();
-        Ok(())
+    #[test]
+    fn finds_stop_strings_across_chunks() {
+        let stops = vec!["END".to_string()];
+        assert_eq!(find_stop("abcEND", 4, &stops), Some(3));
+        assert_eq!(find_stop("ééEND", 3, &stops), Some(4));
+        assert_eq!(find_stop("abc", 0, &stops), None);
+    }
+
+    #[test]
+    fn holds_back_partial_stop_strings() {
+        let stops = vec!["END".to_string(), "\n\n".to_string()];
+        assert_eq!(held_back("hello E", &stops), 1);
+        assert_eq!(held_back("hello EN", &stops), 2);
+        assert_eq!(held_back("hello\n", &stops), 1);
+        assert_eq!(held_back("hello", &stops), 0);
+        assert_eq!(held_back("é", &["éa".to_string()]), 2);
     }
 }

@@ -19,14 +19,19 @@ pub mod policy;
 pub mod prompt_cache;
 pub mod saap;
 pub mod sampler;
+pub mod session;
 pub mod synthetic;
 pub mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate, TemplateLimits};
 pub use engine::Engine;
 pub use error::{Error, Result};
-pub use generate::{generate, prefill, GenerateOptions, GenerationStats, StopReason};
+pub use generate::{
+    drive, generate, prefill, GenerateOptions, Generation, GenerationStats, Next, Output,
+    StopReason, TokenLogprob,
+};
 pub use kv_cache::{KvCache, KvType, KvTypes};
 pub use kv_tiered::{ColdTier, KvOptions};
-pub use model::{LoadOptions, Logits, Model, ModelConfig, State};
+pub use model::{LoadOptions, Logits, Model, ModelConfig, SeqStep, State, Workspace};
 pub use sampler::{LogProbs, Sampler, SamplerConfig};
+pub use session::{Session, SessionStep};

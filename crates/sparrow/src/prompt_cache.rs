@@ -146,10 +146,7 @@ impl<W: std::io::Write> std::io::Write for Hashing<W> {
     }
 }
 
-/// Length of the common prefix of two token lists.
-pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
+pub use crate::session::common_prefix;
 
 /// Write the file image of the first `tokens.len()` positions of `state` (which must hold
 /// them) to `out`, checksum last, streaming the keys and values a run of rows at a time.

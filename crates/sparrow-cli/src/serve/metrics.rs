@@ -19,6 +19,11 @@ pub struct Metrics {
     pub prompt_micros: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub generation_micros: AtomicU64,
+    /// Forward passes run, the sequences they carried, and their token rows (continuous
+    /// batching: several requests share a pass).
+    pub passes: AtomicU64,
+    pub pass_sequences: AtomicU64,
+    pub pass_tokens: AtomicU64,
     pub queue_depth: AtomicUsize,
     pub active: AtomicUsize,
     pub slots: AtomicUsize,
@@ -151,6 +156,24 @@ impl Metrics {
             "counter",
             "Tokens generated.",
             &[("", g(&self.generated_tokens) as f64)],
+        );
+        metric(
+            "sparrow_forward_passes_total",
+            "counter",
+            "Forward passes run (each carries every active request's next tokens).",
+            &[("", g(&self.passes) as f64)],
+        );
+        metric(
+            "sparrow_forward_sequences_total",
+            "counter",
+            "Requests carried by forward passes, summed over the passes.",
+            &[("", g(&self.pass_sequences) as f64)],
+        );
+        metric(
+            "sparrow_forward_tokens_total",
+            "counter",
+            "Token rows carried by forward passes, summed over the passes.",
+            &[("", g(&self.pass_tokens) as f64)],
         );
         let ps = g(&self.prompt_micros) as f64 / 1e6;
         let gs = g(&self.generation_micros) as f64 / 1e6;

@@ -50,8 +50,9 @@ pub struct ServeArgs {
     /// Context size per slot, in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     ctx_size: usize,
-    /// Requests generated concurrently (each has its own KV cache).
-    #[arg(long = "parallel", short = 'n', alias = "np", default_value_t = 2)]
+    /// Requests served at once (each has its own KV cache); their tokens share each
+    /// forward pass (continuous batching).
+    #[arg(long = "parallel", short = 'n', alias = "np", default_value_t = 4)]
     parallel: usize,
     /// Requests that may wait for a slot; more get 503.
     #[arg(long = "queue-size", default_value_t = 16)]
@@ -62,8 +63,10 @@ pub struct ServeArgs {
     /// Longest prompt in tokens (default: the context size minus one).
     #[arg(long = "max-prompt-tokens")]
     max_prompt_tokens: Option<usize>,
-    /// Prompt tokens per prefill step (smaller: fairer to concurrent requests).
-    #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
+    /// Tokens per forward pass: one for each request generating, the rest for prompts being
+    /// read (larger: prompts read faster; smaller: shorter pauses for the requests
+    /// generating while a prompt is read).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 256)]
     batch_size: usize,
     /// Threads for the model math (default: all cores).
     #[arg(short = 't', long = "threads")]

@@ -1,19 +1,25 @@
-//! The generation thread. It owns a fixed set of slots (a `State` each, with the tokens its
-//! KV cache holds) and serves the active requests round-robin: one step each per turn — a
-//! prefill chunk of at most `batch` tokens or one decoded token — so a long prompt cannot
-//! starve the others. New requests wait in a bounded queue; a request gets the free slot
-//! whose cached tokens share the longest prefix with its prompt, and only the rest of the
-//! prompt is prefilled (in-memory prompt reuse across requests). The model math inside each
-//! step runs on the rayon pool.
+//! The generation thread: continuous batching over a fixed set of slots (a
+//! [`Session`] each: a sequence's cache and the tokens in it).
+//!
+//! Each turn is one forward pass: every request that is generating contributes the token
+//! it just sampled, and requests still reading their prompt share what is left of the
+//! turn's token budget (`--batch-size`), oldest first. The pass multiplies all those rows
+//! by each weight matrix at once — decode is bound by reading the weights, so a turn with
+//! eight sequences costs little more than one with one — while attention runs per sequence
+//! over its own cache and policy. Requests join between turns and leave when they end.
+//! New requests wait in a bounded queue; a request gets the free slot whose cached tokens
+//! share the longest prefix with its prompt, and only the rest of the prompt is run
+//! (in-memory prompt reuse across requests). Sampling, end checks, stop strings and the
+//! grammar are [`Generation`]'s, the same loop `run` and `chat` drive.
 
-use super::api::TokenLogprob;
 use super::metrics::Metrics;
 use sparrow::attention::AttentionChoice;
 use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
-use sparrow::prompt_cache::common_prefix;
-use sparrow::tokenizer::StreamDecoder;
 use sparrow::tokenizer::Tokenizer;
-use sparrow::{LogProbs, Logits, Model, Sampler, SamplerConfig, State};
+use sparrow::{
+    Generation, Logits, Model, Next, Sampler, SamplerConfig, Session, SessionStep, StopReason,
+    TokenLogprob, Workspace,
+};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
@@ -101,32 +107,36 @@ pub struct Config {
     /// per-sequence state, rewound with the slot's cache by `State::truncate`).
     pub attention: AttentionChoice,
     pub queue: usize,
+    /// Tokens one forward pass may carry: a token per generating request, the rest for
+    /// prompts.
     pub batch: usize,
 }
 
 struct Slot {
-    state: State,
-    tokens: Vec<u32>,
+    session: Session,
     last_used: u64,
 }
 
+/// A request being served.
 struct Active {
     slot: usize,
     job: Job,
+    /// Prompt tokens in the slot's cache (reused or run so far).
     pos: usize,
+    /// Prompt tokens found already cached.
     cached: usize,
     sampler: Sampler,
-    json: Option<JsonConstraint>,
-    decoder: StreamDecoder,
-    text: String,
-    sent: usize,
-    n_gen: usize,
+    gen: Generation,
+    /// The logits to sample from (a copy: sampling changes them).
     logits: Vec<f32>,
     t_prompt: Instant,
     t_gen: Instant,
-    truncated: bool,
-    /// Generated tokens' log-probabilities not yet sent (when the job asks for them).
-    logprobs: Vec<TokenLogprob>,
+}
+
+impl Active {
+    fn reading_prompt(&self) -> bool {
+        self.pos < self.job.prompt.len()
+    }
 }
 
 /// Start the generation thread.
@@ -143,8 +153,7 @@ pub fn start(
             .new_sequence(cfg.n_ctx, cfg.kv.clone(), &cfg.attention)
             .map_err(|e| e.to_string())?;
         slots.push(Slot {
-            state,
-            tokens: Vec::new(),
+            session: Session::new(state),
             last_used: 0,
         });
     }
@@ -161,6 +170,7 @@ pub fn start(
                 batch: cfg.batch.max(1),
                 metrics: m,
                 clock: 0,
+                ws: Workspace::default(),
             }
             .run(rx)
         })
@@ -176,43 +186,21 @@ struct Worker {
     batch: usize,
     metrics: Arc<Metrics>,
     clock: u64,
+    /// The stacked activations of a turn's forward pass.
+    ws: Workspace,
 }
 
-/// Byte length of the longest suffix of `text` that is a proper prefix of a stop string
-/// (text that must be held back in case the stop string completes).
-fn held_back(text: &str, stops: &[String]) -> usize {
-    let mut keep = 0;
-    for s in stops {
-        for k in (1..s.len().min(text.len() + 1)).rev() {
-            if k > keep
-                && text.is_char_boundary(text.len() - k)
-                && s.as_bytes().starts_with(&text.as_bytes()[text.len() - k..])
-            {
-                keep = k;
-                break;
-            }
-        }
-    }
-    keep
-}
-
-/// Byte offset of the first stop string in `text` that ends after `sent` (everything before
-/// was already checked).
-fn find_stop(text: &str, sent: usize, stops: &[String]) -> Option<usize> {
-    stops
-        .iter()
-        .filter_map(|s| {
-            let mut from = sent.saturating_sub(s.len());
-            while !text.is_char_boundary(from) {
-                from -= 1;
-            }
-            text[from..].find(s.as_str()).map(|i| i + from)
-        })
-        .min()
+/// What one request puts into a turn's forward pass.
+struct Work {
+    /// Index into the active list.
+    active: usize,
+    tokens: Vec<u32>,
+    want: Logits,
 }
 
 impl Worker {
     fn run(mut self, rx: Receiver<Job>) {
+        // Oldest first: prompts are read in arrival order.
         let mut active: Vec<Active> = Vec::new();
         loop {
             // Admit waiting jobs into free slots.
@@ -238,31 +226,165 @@ impl Worker {
                 active.push(a);
             }
             self.metrics.active.store(active.len(), Ordering::Relaxed);
-            // One step for each active request, in turn.
-            let mut i = 0;
-            while i < active.len() {
-                if self.step(&mut active[i]) {
-                    let a = active.swap_remove(i);
-                    self.metrics.active.store(active.len(), Ordering::Relaxed);
-                    self.slots[a.slot].last_used = self.clock;
-                    // swap_remove moved the last request here; keep round-robin order fair by
-                    // not skipping it.
-                } else {
-                    i += 1;
-                }
-            }
+            self.turn(&mut active);
             self.metrics.active.store(active.len(), Ordering::Relaxed);
             self.report_kv();
+        }
+    }
+
+    /// One turn: sample a token for every generating request (those that end leave), then
+    /// one forward pass over their tokens and as much prompt as the budget allows.
+    fn turn(&mut self, active: &mut Vec<Active>) {
+        let mut ended = vec![false; active.len()];
+        let mut work: Vec<Work> = Vec::new();
+        for (i, a) in active.iter_mut().enumerate() {
+            if a.job.tx.is_closed() {
+                self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                ended[i] = true;
+            } else if !a.reading_prompt() {
+                match self.sample(a) {
+                    Some(id) => work.push(Work {
+                        active: i,
+                        tokens: vec![id],
+                        want: Logits::Last,
+                    }),
+                    None => ended[i] = true,
+                }
+            }
+        }
+        let mut budget = self.batch.saturating_sub(work.len()).max(1);
+        for (i, a) in active.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            if ended[i] || !a.reading_prompt() {
+                continue;
+            }
+            let end = (a.pos + budget).min(a.job.prompt.len());
+            let want = if end == a.job.prompt.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            budget -= end - a.pos;
+            work.push(Work {
+                active: i,
+                tokens: a.job.prompt[a.pos..end].to_vec(),
+                want,
+            });
+        }
+        if !work.is_empty() {
+            let m = &self.metrics;
+            m.passes.fetch_add(1, Ordering::Relaxed);
+            m.pass_sequences
+                .fetch_add(work.len() as u64, Ordering::Relaxed);
+            let rows: usize = work.iter().map(|w| w.tokens.len()).sum();
+            m.pass_tokens.fetch_add(rows as u64, Ordering::Relaxed);
+            for (i, err) in self.forward(active, &work) {
+                let _ = active[i].job.tx.send(Event::Error(err));
+                ended[i] = true;
+            }
+            for w in &work {
+                if !ended[w.active] {
+                    self.after_pass(&mut active[w.active], w);
+                }
+            }
+        }
+        // Leave, keeping the others in arrival order.
+        let mut i = 0;
+        active.retain(|a| {
+            let keep = !ended[i];
+            i += 1;
+            if !keep {
+                self.slots[a.slot].last_used = self.clock;
+            }
+            keep
+        });
+    }
+
+    /// Run `work` in one forward pass. If it fails, each request's part is run alone, so
+    /// one request's error (e.g. its cold KV store) does not end the others; returns the
+    /// requests that failed.
+    fn forward(&mut self, active: &[Active], work: &[Work]) -> Vec<(usize, String)> {
+        let mut slots: Vec<Option<&mut Slot>> = self.slots.iter_mut().map(Some).collect();
+        let mut steps: Vec<SessionStep<'_>> = work
+            .iter()
+            .map(|w| SessionStep {
+                session: &mut slots[active[w.active].slot]
+                    .take()
+                    .expect("one step per slot")
+                    .session,
+                tokens: &w.tokens,
+                want: w.want,
+            })
+            .collect();
+        if Session::forward_many(&self.model, &mut self.ws, &mut steps).is_ok() {
+            return Vec::new();
+        }
+        let mut failed = Vec::new();
+        for (s, w) in steps.iter_mut().zip(work) {
+            if let Err(e) = s.session.feed(&self.model, s.tokens, s.want) {
+                failed.push((w.active, e.to_string()));
+            }
+        }
+        failed
+    }
+
+    /// Book-keeping after `a`'s part of a pass: the prompt position, the logits to sample.
+    fn after_pass(&mut self, a: &mut Active, w: &Work) {
+        let session = &self.slots[a.slot].session;
+        if w.want != Logits::None {
+            a.logits.clear();
+            a.logits.extend_from_slice(session.state().last_logits());
+        }
+        if a.reading_prompt() {
+            a.pos += w.tokens.len();
+            if !a.reading_prompt() {
+                self.metrics
+                    .add_prompt(a.job.prompt.len() - a.cached, a.t_prompt.elapsed());
+                a.t_gen = Instant::now();
+            }
+        }
+    }
+
+    /// Sample `a`'s next token and send what became final; the token to feed, or `None`
+    /// when the request has ended (its last events sent).
+    fn sample(&mut self, a: &mut Active) -> Option<u32> {
+        let state = self.slots[a.slot].session.state();
+        let room = state.n_ctx() - state.n_past();
+        let next = a
+            .gen
+            .next(&self.tokenizer, &mut a.sampler, &mut a.logits, room);
+        let token = match next {
+            Next::Feed(id) => Some(id),
+            Next::Done { token, .. } => token,
+        };
+        if token.is_some() {
+            self.metrics
+                .generated_tokens
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let out = a.gen.take_output();
+        if !out.logprobs.is_empty() {
+            let _ = a.job.tx.send(Event::Logprobs(out.logprobs));
+        }
+        if !out.text.is_empty() {
+            let _ = a.job.tx.send(Event::Text(out.text));
+        }
+        match next {
+            Next::Feed(id) => Some(id),
+            Next::Done { reason, .. } => {
+                self.finish(a, reason);
+                None
+            }
         }
     }
 
     /// Publish what the slots' KV stores hold, in RAM and in cold files.
     fn report_kv(&self) {
         let (hot, cold) = self.slots.iter().fold((0, 0), |(h, c), s| {
-            (
-                h + s.state.kv().bytes_resident(),
-                c + s.state.kv().bytes_cold(),
-            )
+            let kv = s.session.state().kv();
+            (h + kv.bytes_resident(), c + kv.bytes_cold())
         });
         self.metrics.kv_hot_bytes.store(hot, Ordering::Relaxed);
         self.metrics.kv_cold_bytes.store(cold, Ordering::Relaxed);
@@ -271,26 +393,25 @@ impl Worker {
     fn admit(&mut self, job: Job, active: &[Active]) -> Active {
         self.clock += 1;
         let busy: Vec<usize> = active.iter().map(|a| a.slot).collect();
-        let limit = job.prompt.len().saturating_sub(1);
-        let (slot, shared) = (0..self.slots.len())
+        let (slot, _) = (0..self.slots.len())
             .filter(|s| !busy.contains(s))
-            .map(|s| {
-                let n = common_prefix(&self.slots[s].tokens, &job.prompt).min(limit);
-                (s, n)
-            })
+            .map(|s| (s, self.slots[s].session.shared_prefix(&job.prompt)))
             .max_by_key(|&(s, n)| (n, u64::MAX - self.slots[s].last_used))
             .expect("a free slot exists");
-        let sl = &mut self.slots[slot];
-        // Rewinds the attention policy's per-position state too (`forget_from`), so a
-        // sparse policy's summaries of the previous request's tail never leak into this one.
-        // A sliding-window layer may have lost the prefix (then `shared` becomes 0).
-        let shared = sl.state.truncate(shared);
-        sl.tokens.truncate(shared);
+        // Rewinds the attention policy's per-position state too, so a sparse policy's
+        // summaries of the previous request's tail never leak into this one. A
+        // sliding-window layer may have lost the prefix (then nothing is kept).
+        let shared = self.slots[slot].session.reuse_prefix(&job.prompt);
         let mut sampler = Sampler::new(job.sampler.clone());
         sampler.accept(&job.prompt);
-        let json = job
-            .json
-            .then(|| JsonConstraint::new(self.json_vocab.clone(), Root::Object));
+        let mut gen = Generation::new(job.max_tokens, job.ignore_eos && !job.json)
+            .with_stops(job.stop.clone());
+        if job.json {
+            gen = gen.with_constraint(JsonConstraint::new(self.json_vocab.clone(), Root::Object));
+        }
+        if let Some(k) = job.logprobs {
+            gen = gen.with_logprobs(k);
+        }
         self.metrics
             .prompt_tokens_cached
             .fetch_add(shared as u64, Ordering::Relaxed);
@@ -300,164 +421,29 @@ impl Worker {
             cached: shared,
             job,
             sampler,
-            json,
-            decoder: StreamDecoder::new(),
-            text: String::new(),
-            sent: 0,
-            n_gen: 0,
+            gen,
             logits: Vec::new(),
             t_prompt: Instant::now(),
             t_gen: Instant::now(),
-            truncated: false,
-            logprobs: Vec::new(),
         }
     }
 
-    /// One step of `a`; true when it is finished.
-    fn step(&mut self, a: &mut Active) -> bool {
-        if a.job.tx.is_closed() {
-            self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-            return true;
-        }
-        let slot = &mut self.slots[a.slot];
-        let n_prompt = a.job.prompt.len();
-        if a.pos < n_prompt {
-            let end = (a.pos + self.batch).min(n_prompt);
-            let want = if end == n_prompt {
-                Logits::Last
-            } else {
-                Logits::None
-            };
-            let chunk = &a.job.prompt[a.pos..end];
-            if let Err(e) = self.model.forward(&mut slot.state, chunk, want) {
-                let _ = a.job.tx.send(Event::Error(e.to_string()));
-                slot.tokens
-                    .truncate(slot.state.n_past().min(slot.tokens.len()));
-                return true;
+    fn finish(&mut self, a: &mut Active, reason: StopReason) {
+        let finish = match reason {
+            StopReason::EndOfGeneration | StopReason::StopString => Finish::Stop,
+            StopReason::Length | StopReason::ContextFull => Finish::Length,
+            StopReason::Cancelled => {
+                self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                return;
             }
-            slot.tokens.extend_from_slice(chunk);
-            a.pos = end;
-            if end == n_prompt {
-                a.logits = slot.state.last_logits().to_vec();
-                let dt = a.t_prompt.elapsed();
-                self.metrics.add_prompt(n_prompt - a.cached, dt);
-                a.t_gen = Instant::now();
-            }
-            return false;
-        }
-        let remaining = a.job.max_tokens - a.n_gen;
-        if remaining == 0 {
-            return self.finish(a, Finish::Length);
-        }
-        // Log-probabilities come from the raw logits, which sampling may change in place.
-        let model_view = a
-            .job
-            .logprobs
-            .map(|k| (LogProbs::of(&a.logits, k), a.logits.clone()));
-        let id = match &mut a.json {
-            Some(c) => c.sample(&mut a.sampler, &mut a.logits, Some(remaining)),
-            None => a.sampler.sample(&mut a.logits),
         };
-        if self.tokenizer.is_eog(id) && (a.json.is_some() || !a.job.ignore_eos) {
-            return self.finish(a, Finish::Stop);
-        }
-        a.n_gen += 1;
-        self.metrics
-            .generated_tokens
-            .fetch_add(1, Ordering::Relaxed);
-        if let Some((lp, raw)) = model_view {
-            a.logprobs.push(TokenLogprob {
-                id,
-                logprob: lp.of_logit(raw[id as usize]),
-                top: lp.top,
-                offset: a.text.len(),
-            });
-        }
-        let piece = a.decoder.push(&self.tokenizer, id);
-        a.text.push_str(&piece);
-        if let Some(at) = find_stop(&a.text, a.sent, &a.job.stop) {
-            a.text.truncate(at);
-            a.truncated = true;
-            return self.finish(a, Finish::Stop);
-        }
-        let safe = a.text.len() - held_back(&a.text[a.sent..], &a.job.stop);
-        if safe > a.sent {
-            send_logprobs(a, |t| t.offset < safe);
-            let _ = a.job.tx.send(Event::Text(a.text[a.sent..safe].to_string()));
-            a.sent = safe;
-        }
-        let slot = &mut self.slots[a.slot];
-        if a.n_gen == a.job.max_tokens || slot.state.n_past() >= slot.state.n_ctx() {
-            return self.finish(a, Finish::Length);
-        }
-        match self.model.forward(&mut slot.state, &[id], Logits::Last) {
-            Ok(l) => a.logits.copy_from_slice(l),
-            Err(e) => {
-                let _ = a.job.tx.send(Event::Error(e.to_string()));
-                return true;
-            }
-        }
-        slot.tokens.push(id);
-        false
-    }
-
-    fn finish(&mut self, a: &mut Active, finish: Finish) -> bool {
-        let rest = a.decoder.flush();
-        if !a.truncated {
-            a.text.push_str(&rest);
-        }
-        // Tokens a stop string cut off entirely are not part of the completion.
-        let end = a.text.len();
-        let truncated = a.truncated;
-        send_logprobs(a, |t| !truncated || t.offset < end);
-        if a.text.len() > a.sent {
-            let _ = a.job.tx.send(Event::Text(a.text[a.sent..].to_string()));
-            a.sent = a.text.len();
-        }
         self.metrics.add_generation(a.t_gen.elapsed());
         self.metrics.completed.fetch_add(1, Ordering::Relaxed);
         let _ = a.job.tx.send(Event::Done {
             finish,
             prompt_tokens: a.job.prompt.len(),
-            completion_tokens: a.n_gen,
+            completion_tokens: a.gen.n_generated(),
             cached_tokens: a.cached,
         });
-        true
-    }
-}
-
-/// Send (and forget) the pending log-probabilities of the tokens `keep` accepts; the
-/// others are dropped (a caller passes a prefix condition, so none is skipped twice).
-fn send_logprobs(a: &mut Active, keep: impl Fn(&TokenLogprob) -> bool) {
-    if a.logprobs.is_empty() {
-        return;
-    }
-    let n = a.logprobs.iter().take_while(|t| keep(t)).count();
-    let sent: Vec<_> = a.logprobs.drain(..n).collect();
-    if !sent.is_empty() {
-        let _ = a.job.tx.send(Event::Logprobs(sent));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{find_stop, held_back};
-
-    #[test]
-    fn finds_stop_strings_across_chunks() {
-        let stops = vec!["END".to_string()];
-        assert_eq!(find_stop("abcEND", 4, &stops), Some(3));
-        assert_eq!(find_stop("ééEND", 3, &stops), Some(4));
-        assert_eq!(find_stop("abc", 0, &stops), None);
-    }
-
-    #[test]
-    fn holds_back_partial_stop_strings() {
-        let stops = vec!["END".to_string(), "\n\n".to_string()];
-        assert_eq!(held_back("hello E", &stops), 1);
-        assert_eq!(held_back("hello EN", &stops), 2);
-        assert_eq!(held_back("hello\n", &stops), 1);
-        assert_eq!(held_back("hello", &stops), 0);
-        assert_eq!(held_back("é", &["éa".to_string()]), 2);
     }
 }

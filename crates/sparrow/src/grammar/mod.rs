@@ -15,7 +15,7 @@
 pub mod json;
 
 use crate::error::Result;
-use crate::generate::TokenLoop;
+use crate::generate::{drive, Generation};
 use crate::model::{Model, State};
 use crate::sampler::Sampler;
 use crate::tokenizer::{TokenType, Tokenizer};
@@ -351,20 +351,14 @@ pub fn generate_json(
     progress: impl FnMut(usize, usize),
     on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
 ) -> Result<GenerationStats> {
-    let (mut stats, logits) =
-        crate::generate::start(model, state, prompt, sampler, opts, progress)?;
-    let room = state.n_ctx().saturating_sub(state.n_past()) + 1;
-    let ends = TokenLoop {
-        limit: opts.n_predict.unwrap_or(usize::MAX).min(room),
-        // The grammar allows end of generation only once the value is complete.
-        stop_at_eog: true,
-    };
-    let pick = |sampler: &mut Sampler, logits: &mut Vec<f32>, left: usize| {
-        constraint.sample(sampler, logits, Some(left))
-    };
-    ends.run(
-        model, tokenizer, state, sampler, logits, &mut stats, pick, on_token,
+    let mut gen = Generation::new(opts.n_predict.unwrap_or(usize::MAX), false)
+        .with_constraint(constraint.clone());
+    let stats = drive(
+        model, tokenizer, state, prompt, sampler, opts, &mut gen, progress, on_token,
     )?;
+    if let Some(c) = gen.constraint() {
+        *constraint = c.clone();
+    }
     Ok(stats)
 }
 

@@ -3,24 +3,25 @@
 //! sequence owns (KV cache, position, scratch) lives in a [`State`].
 
 pub mod config;
+mod forward;
 pub mod rope;
 pub mod spec;
 pub mod weights;
 
-use crate::attention::{attend, attend_sliding, AttnShape, DenseAttention, SparsePolicy};
+use crate::attention::{DenseAttention, SparsePolicy};
 use crate::error::{Error, Result};
 use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
 use crate::kv_cache::{KvCache, KvTypes};
 use crate::kv_store::KvStore;
 use crate::kv_tiered::{KvOptions, TieredStore};
 pub use config::{Architecture, ModelConfig, RopeLayout};
+pub use forward::{SeqStep, Workspace};
 use rope::RopeTable;
 use sparrow_gguf::GgufFile;
-use sparrow_quant::{matmul, matvec, matvec_multi};
 pub use spec::{Activation, LayerAttention, LayerSpec};
 use std::path::Path;
 use std::sync::Arc;
-use weights::{Linear, Weights};
+use weights::Weights;
 
 /// How a model is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,21 +140,7 @@ pub struct State {
     windows: Vec<Option<usize>>,
     n_past: usize,
     vocab: usize,
-    scratch: Scratch,
-}
-
-#[derive(Default)]
-struct Scratch {
-    x: Vec<f32>,
-    xb: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    att: Vec<f32>,
-    proj: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    logits: Vec<f32>,
+    scratch: Workspace,
 }
 
 impl State {
@@ -187,6 +174,13 @@ impl State {
     pub fn last_logits(&self) -> &[f32] {
         let l = &self.scratch.logits;
         &l[l.len().saturating_sub(self.vocab)..]
+    }
+
+    /// Every logits row the most recent forward pass that produced logits left here
+    /// (`vocab` floats per row: what [`Model::forward`] returned, or this sequence's rows
+    /// of a [`Model::forward_many`]).
+    pub fn logits(&self) -> &[f32] {
+        &self.scratch.logits
     }
 
     /// Forget everything; the next forward starts at position 0.
@@ -253,55 +247,6 @@ impl State {
     }
 }
 
-fn resize(v: &mut Vec<f32>, n: usize) {
-    v.resize(n, 0.0);
-}
-
-fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
-    let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
-    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
-        *o = v * scale * w;
-    }
-}
-
-/// Adds `w`'s bias (if any) to every row of `out`.
-fn add_bias(w: &Linear, out: &mut [f32]) {
-    if let Some(b) = &w.bias {
-        for row in out.chunks_exact_mut(w.rows) {
-            row.iter_mut().zip(b).for_each(|(o, &bv)| *o += bv);
-        }
-    }
-}
-
-/// RMS-normalise `x` in place with `weight` (a query or key head).
-fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
-    let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
-    let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
-    x.iter_mut()
-        .zip(weight)
-        .for_each(|(v, &w)| *v = *v * scale * w);
-}
-
-/// `x += block_out`, row by row, through the block's post-norm if it has one (which then
-/// normalises `block_out` in place first).
-fn add_residual(
-    x: &mut [f32],
-    block_out: &mut [f32],
-    post_norm: Option<&[f32]>,
-    eps: f32,
-    d: usize,
-) {
-    if let Some(w) = post_norm {
-        block_out
-            .chunks_exact_mut(d)
-            .for_each(|row| rms_norm_in_place(row, w, eps));
-    }
-    x.iter_mut()
-        .zip(block_out.iter())
-        .for_each(|(x, p)| *x += p);
-}
-
 /// Extra rows a sliding layer's ring holds beyond its window: the most batch positions one
 /// append-then-attend step of that layer takes.
 const RING_SLACK: usize = 512;
@@ -309,12 +254,6 @@ const RING_SLACK: usize = 512;
 /// Rows of the ring of a sliding layer with `window` in a context of `n_ctx`.
 fn ring_rows(window: usize, n_ctx: usize) -> usize {
     (window + RING_SLACK).min(n_ctx)
-}
-
-/// How many batch positions a sliding layer whose ring has `rows` rows can append and
-/// attend at once: each query's `window - 1` predecessors must still be in the ring.
-fn sliding_chunk(rows: usize, window: usize) -> usize {
-    (rows + 1).saturating_sub(window).max(1)
 }
 
 impl Model {
@@ -480,7 +419,7 @@ impl Model {
             windows,
             n_past: 0,
             vocab: c.vocab_size,
-            scratch: Scratch::default(),
+            scratch: Workspace::default(),
         })
     }
 
@@ -545,295 +484,6 @@ impl Model {
             Some(have) if need > have => Err(Error::ContextTooLarge { n_ctx, need, have }),
             _ => Ok(()),
         }
-    }
-
-    fn linear(&self, w: &Linear, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
-        let m = w.matrix(self.file.bytes());
-        if n == 1 {
-            matvec(&m, x, out)?;
-        } else {
-            matmul(&m, x, out)?;
-        }
-        add_bias(w, out);
-        Ok(())
-    }
-
-    /// Several projections of the same input `x` (q/k/v, gate/up): in decode one parallel
-    /// pass over all their rows ([`matvec_multi`]), otherwise one batched product each.
-    fn linears<const N: usize>(
-        &self,
-        ws: [&Linear; N],
-        x: &[f32],
-        n: usize,
-        mut outs: [&mut [f32]; N],
-    ) -> Result<()> {
-        if n == 1 {
-            let ms = ws.map(|w| w.matrix(self.file.bytes()));
-            matvec_multi(&ms, x, &mut outs)?;
-            for (w, out) in ws.into_iter().zip(outs) {
-                add_bias(w, out);
-            }
-        } else {
-            for (w, out) in ws.into_iter().zip(outs) {
-                self.linear(w, x, n, out)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Run `tokens` through the model at the state's next positions, append their keys and
-    /// values to the cache, and return the logits asked for (`vocab` floats per row).
-    pub fn forward<'s>(
-        &self,
-        state: &'s mut State,
-        tokens: &[u32],
-        want: Logits,
-    ) -> Result<&'s [f32]> {
-        let c = &self.config;
-        let n = tokens.len();
-        if n == 0 {
-            return Ok(&[]);
-        }
-        let pos0 = state.n_past;
-        if pos0 + n > state.n_ctx() {
-            return Err(Error::ContextFull {
-                n_ctx: state.n_ctx(),
-            });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::BadToken {
-                id,
-                vocab: c.vocab_size,
-            });
-        }
-        if let Some(split) = self.lean_split(n, want) {
-            for chunk in tokens[..split].chunks(LEAN_BATCH) {
-                self.forward_batch(state, chunk, Logits::None)?;
-            }
-            return self.forward_batch(state, &tokens[split..], want);
-        }
-        self.forward_batch(state, tokens, want)
-    }
-
-    /// Where a lean model splits a batch of `n` tokens: the earlier tokens run
-    /// [`LEAN_BATCH`] at a time without logits, the last (at most [`LEAN_BATCH`]) give the
-    /// logits asked for. `None` when the batch runs whole: not lean, short enough, or
-    /// logits asked for more tokens than the last piece holds.
-    fn lean_split(&self, n: usize, want: Logits) -> Option<usize> {
-        if !self.lean || n <= LEAN_BATCH {
-            return None;
-        }
-        let split = (n - 1) / LEAN_BATCH * LEAN_BATCH;
-        match want {
-            Logits::None | Logits::Last => Some(split),
-            Logits::Tail(k) if k <= n - split => Some(split),
-            _ => None,
-        }
-    }
-
-    /// [`Model::forward`] of one batch, whole (its checks already made).
-    fn forward_batch<'s>(
-        &self,
-        state: &'s mut State,
-        tokens: &[u32],
-        want: Logits,
-    ) -> Result<&'s [f32]> {
-        let c = &self.config;
-        let n = tokens.len();
-        let pos0 = state.n_past;
-        let d = c.n_embd;
-        let s = &mut state.scratch;
-        resize(&mut s.x, n * d);
-        resize(&mut s.xb, n * d);
-        resize(&mut s.q, n * c.q_dim());
-        resize(&mut s.k, n * c.kv_dim());
-        resize(&mut s.v, n * c.kv_dim());
-        resize(&mut s.att, n * c.q_dim());
-        resize(&mut s.proj, n * d);
-        resize(&mut s.gate, n * c.n_ff);
-        resize(&mut s.up, n * c.n_ff);
-
-        let embd = self.weights.token_embd.matrix(self.file.bytes());
-        for (row, &t) in s.x.chunks_exact_mut(d).zip(tokens) {
-            embd.dequantize_row(t as usize, row)?;
-            if let Some(scale) = c.embedding_scale {
-                row.iter_mut().for_each(|v| *v *= scale);
-            }
-        }
-
-        for (l, (w, spec)) in self.weights.layers.iter().zip(&c.layers).enumerate() {
-            self.attention_block(state, l, spec, w, n, pos0)?;
-            self.ffn_block(&mut state.scratch, spec, w, n)?;
-        }
-        state.n_past = pos0 + n;
-        self.logits(&mut state.scratch, n, want)
-    }
-
-    /// `x += post_norm(wo · attention(rope(norm(q)), rope(norm(k)), v))` for layer `l`, whose
-    /// keys and values are appended to the cache. Global layers read what the sequence's
-    /// policy plans; sliding layers their window.
-    fn attention_block(
-        &self,
-        state: &mut State,
-        l: usize,
-        spec: &LayerSpec,
-        w: &weights::LayerWeights,
-        n: usize,
-        pos0: usize,
-    ) -> Result<()> {
-        let c = &self.config;
-        let (d, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
-        let shape = AttnShape {
-            n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
-            head_dim: hd,
-        };
-        let State {
-            kv,
-            attention,
-            blocks,
-            ropes,
-            scratch: s,
-            ..
-        } = state;
-        for (x, xb) in s.x.chunks_exact(d).zip(s.xb.chunks_exact_mut(d)) {
-            rms_norm(x, &w.attn_norm, c.rms_eps, xb);
-        }
-        self.linears(
-            [&w.wq, &w.wk, &w.wv],
-            &s.xb,
-            n,
-            [&mut s.q, &mut s.k, &mut s.v],
-        )?;
-        if let Some(norm) = &w.qk_norm {
-            s.q.chunks_exact_mut(hd)
-                .for_each(|h| rms_norm_in_place(h, &norm.q, c.rms_eps));
-            s.k.chunks_exact_mut(hd)
-                .for_each(|h| rms_norm_in_place(h, &norm.k, c.rms_eps));
-        }
-        let rope = &ropes[l];
-        for i in 0..n {
-            rope.apply(&mut s.q[i * qd..(i + 1) * qd], hd, pos0 + i);
-            rope.apply(&mut s.k[i * kvd..(i + 1) * kvd], hd, pos0 + i);
-        }
-        // The kernels scale scores by 1/√head_dim; a layer that wants another scale has its
-        // queries multiplied by the ratio.
-        let q_scale = spec.attn_scale * (hd as f32).sqrt();
-        if (q_scale - 1.0).abs() > 1e-6 {
-            s.q.iter_mut().for_each(|v| *v *= q_scale);
-        }
-        let append = |kv: &mut Box<dyn KvStore>, s: &Scratch, rows: std::ops::Range<usize>| {
-            for i in rows {
-                let r = i * kvd..(i + 1) * kvd;
-                kv.append(l, pos0 + i, &s.k[r.clone()], &s.v[r])
-                    .map_err(Error::KvTier)?;
-            }
-            Ok::<(), Error>(())
-        };
-        match spec.attention {
-            LayerAttention::Global => {
-                append(kv, s, 0..n)?;
-                // Positions below `pos0` may have been rewritten since their block was
-                // sealed (a forward pass that failed midway): reseal from there.
-                blocks.forget_layer_from(l, pos0);
-                blocks.seal(shape, kv.as_ref(), l, pos0 + n, attention.as_mut());
-                attend(
-                    attention.as_mut(),
-                    shape,
-                    kv.as_ref(),
-                    l,
-                    &s.q,
-                    pos0,
-                    &mut s.att,
-                );
-            }
-            LayerAttention::Sliding { window } => {
-                // The layer's ring holds `window - 1` earlier positions plus a chunk of this
-                // batch: append and attend chunk by chunk so no query's window is overwritten.
-                let chunk = sliding_chunk(kv.layer_rows(l), window);
-                let mut i = 0;
-                while i < n {
-                    let m = chunk.min(n - i);
-                    append(kv, s, i..i + m)?;
-                    attend_sliding(
-                        shape,
-                        kv.as_ref(),
-                        l,
-                        &s.q[i * qd..(i + m) * qd],
-                        pos0 + i,
-                        window,
-                        &mut s.att[i * qd..(i + m) * qd],
-                    );
-                    i += m;
-                }
-            }
-        }
-        self.linear(&w.wo, &s.att, n, &mut s.proj)?;
-        add_residual(
-            &mut s.x,
-            &mut s.proj,
-            w.post_norms.as_ref().map(|p| &p.attn[..]),
-            c.rms_eps,
-            d,
-        );
-        Ok(())
-    }
-
-    /// `x += post_norm(down(act(gate(norm(x))) · up(norm(x))))`.
-    fn ffn_block(
-        &self,
-        s: &mut Scratch,
-        _spec: &LayerSpec,
-        w: &weights::LayerWeights,
-        n: usize,
-    ) -> Result<()> {
-        let c = &self.config;
-        let d = c.n_embd;
-        for (x, xb) in s.x.chunks_exact(d).zip(s.xb.chunks_exact_mut(d)) {
-            rms_norm(x, &w.ffn_norm, c.rms_eps, xb);
-        }
-        self.linears([&w.w_gate, &w.w_up], &s.xb, n, [&mut s.gate, &mut s.up])?;
-        c.activation.gate(&mut s.gate, &s.up);
-        self.linear(&w.w_down, &s.gate, n, &mut s.proj)?;
-        add_residual(
-            &mut s.x,
-            &mut s.proj,
-            w.post_norms.as_ref().map(|p| &p.ffn[..]),
-            c.rms_eps,
-            d,
-        );
-        Ok(())
-    }
-
-    /// The final norm and the output projection for the rows `want` asks for.
-    fn logits<'s>(&self, s: &'s mut Scratch, n: usize, want: Logits) -> Result<&'s [f32]> {
-        let c = &self.config;
-        let d = c.n_embd;
-        let rows: std::ops::Range<usize> = match want {
-            Logits::None => return Ok(&[]),
-            Logits::Last => n - 1..n,
-            Logits::All => 0..n,
-            Logits::Tail(0) => return Ok(&[]),
-            Logits::Tail(k) => n - k.min(n)..n,
-        };
-        let m = rows.len();
-        for (j, i) in rows.enumerate() {
-            let (x, xb) = (&s.x[i * d..(i + 1) * d], &mut s.xb[j * d..(j + 1) * d]);
-            rms_norm(x, &self.weights.output_norm, c.rms_eps, xb);
-        }
-        resize(&mut s.logits, m * c.vocab_size);
-        let out = self.weights.output.matrix(self.file.bytes());
-        if m == 1 {
-            matvec(&out, &s.xb[..d], &mut s.logits)?;
-        } else {
-            matmul(&out, &s.xb[..m * d], &mut s.logits)?;
-        }
-        if let Some(cap) = c.final_logit_softcap {
-            s.logits
-                .iter_mut()
-                .for_each(|v| *v = cap * (*v / cap).tanh());
-        }
-        Ok(&s.logits)
     }
 }
 
