@@ -323,7 +323,7 @@ pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), Qua
 /// hold `n_tokens * m.rows()`.
 ///
 /// Each token's activations are quantized once, as in [`matvec`]. Where the active level
-/// has a panel kernel (AVX-512 VNNI from 6 tokens, AVX2 from 16), the weights are
+/// has a panel kernel (AVX-512 VNNI and AVX2 from 16 tokens), the weights are
 /// decoded 32 rows at a time and every token runs through the decoded panel (see
 /// [`crate::gemm`]): the integer sums equal [`crate::dot_q8`]'s, the per-group f32 scaling
 /// is ordered differently, so results agree with it to f32 rounding. Otherwise each weight
