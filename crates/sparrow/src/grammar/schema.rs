@@ -701,3 +701,146 @@ impl Compiler {
         g
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(text: &str) -> String {
+        Schema::parse(text)
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {text}"))
+            .to_string()
+    }
+
+    #[test]
+    fn refusals_name_the_keyword_and_path() {
+        let cases: &[(&str, &str)] = &[
+            (
+                r#"{"type":"object","properties":{"name":{"type":"string","pattern":"^a"}}}"#,
+                "unsupported schema keyword 'pattern' at /properties/name",
+            ),
+            (r##"{"$ref":"#/defs/a"}"##, "unsupported schema keyword '$ref' at /"),
+            (
+                r#"{"type":"array","items":{"anyOf":[{"type":"string"}]}}"#,
+                "unsupported schema keyword 'anyOf' at /items",
+            ),
+            (
+                r#"{"type":"object","properties":{"a/b~":{"type":"string","format":"date"}}}"#,
+                "unsupported schema keyword 'format' at /properties/a~1b~0",
+            ),
+            (r#"{"type":"string","minLength":1}"#, "unsupported schema keyword 'minLength' at /"),
+            (r#"{"type":"number","minimum":0}"#, "unsupported schema keyword 'minimum' at /"),
+            (
+                r#"{"type":"object","additionalProperties":true}"#,
+                "only 'additionalProperties': false is supported (properties not listed are never generated) at /additionalProperties",
+            ),
+            (
+                r#"{"type":"object","additionalProperties":{"type":"string"}}"#,
+                "at /additionalProperties",
+            ),
+            (
+                r#"{"type":"object","properties":{"a":{"type":"string"}},"required":["b"]}"#,
+                "required property 'b' is not in 'properties' at /required",
+            ),
+            (r#"{"type":"object","required":"a"}"#, "'required' must be an array of strings"),
+            (r#"{"type":"array"}"#, "arrays need 'items' at /"),
+            (
+                r#"{"type":"array","items":[{"type":"string"}]}"#,
+                "'items' must be a single schema object at /items",
+            ),
+            (
+                r#"{"type":"array","items":{"type":"string"},"minItems":3,"maxItems":2}"#,
+                "'minItems' is larger than 'maxItems'",
+            ),
+            (
+                r#"{"type":"array","items":{"type":"string"},"minItems":-1}"#,
+                "'minItems' must be a non-negative integer up to 4294967295 at /minItems",
+            ),
+            (
+                r#"{"type":"array","items":{"type":"string"},"maxItems":1.5}"#,
+                "'maxItems' must be a non-negative integer",
+            ),
+            (r#"{"type":"strin"}"#, "unknown type 'strin' at /"),
+            (r#"{"type":[]}"#, "'type' must not be an empty array"),
+            (r#"{"type":5}"#, "'type' must be a type name or an array of them"),
+            (r#"{"enum":[]}"#, "'enum' must be a non-empty array"),
+            (r#"{"enum":"a"}"#, "'enum' must be a non-empty array"),
+            (r#"{"enum":[1,2],"type":"string"}"#, "no 'enum' or 'const' value has an allowed 'type'"),
+            (
+                r#"{"enum":[{}],"type":"object","properties":{}}"#,
+                "'properties' beside 'enum' or 'const' is not supported",
+            ),
+            (r#"{"enum":[1],"const":1}"#, "'enum' and 'const' together are not supported"),
+            (
+                r#"{"type":"object","properties":{"a":{"description":"no type"}}}"#,
+                "a schema needs 'type', 'enum' or 'const' at /properties/a",
+            ),
+            (r#"{"type":"string","properties":{}}"#, "'properties' needs type 'object'"),
+            (r#"{"type":"string","maxItems":2}"#, "'maxItems' needs type 'array'"),
+            (r#"true"#, "boolean schemas (true/false) are not supported"),
+            (r#"{"type":"object","properties":{"a":3}}"#, "a schema must be a JSON object at /properties/a"),
+            (r#"{"type":"object","properties":[]}"#, "'properties' must be an object"),
+            (r#"{"type":"string""#, "the schema is not valid JSON"),
+            (r#"{"type":"string","type":"null"}"#, "duplicate key"),
+        ];
+        for (text, want) in cases {
+            let got = refusal(text);
+            assert!(got.contains(want), "{text}: got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn size_limits_are_refused_by_name() {
+        // Nesting.
+        let mut deep = r#"{"type":"string"}"#.to_string();
+        for _ in 0..=MAX_DEPTH {
+            deep = format!(r#"{{"type":"array","items":{deep}}}"#);
+        }
+        assert!(refusal(&deep).contains("limit of 32 levels"));
+        // Subschemas.
+        let props: Vec<String> = (0..MAX_NODES).map(|i| format!(r#""p{i}":{{"type":"null"}}"#)).collect();
+        let wide = format!(r#"{{"type":"object","properties":{{{}}}}}"#, props.join(","));
+        assert!(refusal(&wide).contains("limit of 4096 subschemas"));
+        // Literal bytes.
+        let big = format!(r#"{{"enum":["{}","{}"]}}"#, "x".repeat(MAX_LITERAL_BYTES / 2), "y".repeat(MAX_LITERAL_BYTES / 2));
+        assert!(refusal(&big).contains("limit of 262144 bytes"));
+        // Counted arrays.
+        let mut counted = r#"{"type":"string"}"#.to_string();
+        for _ in 0..=MAX_COUNTED_ARRAYS {
+            counted = format!(r#"{{"type":"array","items":{counted},"maxItems":3}}"#);
+        }
+        assert!(refusal(&counted).contains("nest deeper than the limit of 4"));
+        // Unbounded arrays nest freely (up to the depth limit).
+        let mut free = r#"{"type":"string"}"#.to_string();
+        for _ in 0..10 {
+            free = format!(r#"{{"type":"array","items":{free}}}"#);
+        }
+        assert!(Schema::parse(&free).is_ok());
+    }
+
+    #[test]
+    fn accepted_schemas_and_min_len() {
+        let s = Schema::parse(
+            r#"{"$schema":"https://json-schema.org/draft/2020-12/schema","title":"t","description":"d",
+               "type":"object","additionalProperties":false,
+               "properties":{"b":{"type":"integer","default":1,"examples":[1]},"a":{"type":["string","null"]},
+                             "e":{"enum":["x",1,null,{"k":[true]}]}},
+               "required":["a","b"]}"#,
+        )
+        .unwrap();
+        // {"b":0,"a":""} is the shortest document.
+        assert_eq!(s.min_len(), r#"{"b":0,"a":""}"#.len());
+        // Properties keep the declared order.
+        let o = s.object(0);
+        assert_eq!(o.props.len(), 3);
+        assert_eq!(o.props[0].key_len, 3); // "b"
+        assert_eq!(Schema::parse(r#"{"const":"hello"}"#).unwrap().min_len(), 7);
+        // Same text, same fingerprint (masks shared across requests); different text, not.
+        let a = Schema::parse(r#"{"type":"string"}"#).unwrap();
+        let b = Schema::parse(r#"{ "type" : "string" }"#).unwrap();
+        let c = Schema::parse(r#"{"type":"number"}"#).unwrap();
+        assert_eq!(a.fingerprint, b.fingerprint);
+        assert_ne!(a.fingerprint, c.fingerprint);
+    }
+}

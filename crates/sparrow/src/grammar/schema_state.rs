@@ -481,9 +481,193 @@ impl Grammar for Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{HashSet, VecDeque};
+
+    const PERSON: &str = r#"{"type":"object","properties":{
+        "name":{"type":"string"},
+        "age":{"type":"integer"},
+        "email":{"type":["string","null"]},
+        "tags":{"type":"array","items":{"enum":["a","b","ab"]},"minItems":1,"maxItems":2},
+        "ok":{"type":"boolean"}},
+      "required":["name","tags"],"additionalProperties":false}"#;
+
+    fn schema(text: &str) -> Schema {
+        Schema::parse(text).unwrap()
+    }
+
+    /// Where the automaton first refuses `doc`, or None if it takes every byte.
+    fn first_refused(g: &Schema, doc: &[u8]) -> Option<usize> {
+        let mut s = SchemaState::new();
+        doc.iter().position(|&b| !g.step(&mut s, b))
+    }
+
+    fn accepts(g: &Schema, doc: &str) -> bool {
+        let mut s = SchemaState::new();
+        g.feed(&mut s, doc.as_bytes()) && g.is_complete(&s)
+    }
 
     #[test]
     fn state_is_small() {
         assert!(std::mem::size_of::<SchemaState>() <= 40);
+    }
+
+    #[test]
+    fn hand_cases() {
+        let g = schema(PERSON);
+        for ok in [
+            r#"{"name":"x","tags":["a"]}"#,
+            r#"{"name":"\u00e9\n","age":-12,"email":null,"tags":["ab","b"],"ok":false}"#,
+            " { \"name\" : \"x\" ,\n  \"tags\" : [ \"a\" ]\n} ",
+            r#"{"name":"","email":"e","tags":["b"],"ok":true}"#,
+        ] {
+            assert!(accepts(&g, ok), "{ok}");
+        }
+        // (document, index of the first refused byte)
+        for (bad, at) in [
+            (r#"[]"#, 0),                                      // not an object
+            (r#"{}"#, 1),                                      // name is required
+            (r#"{"tags":["a"]}"#, 2),                          // name must come first
+            (r#"{"name":1}"#, 8),                              // wrong type
+            (r#"{"name":"x","age":1.5,"tags":["a"]}"#, 19),    // integer has no fraction
+            (r#"{"name":"x","age":1e3,"tags":["a"]}"#, 19),    // nor an exponent
+            (r#"{"name":"x"}"#, 11),                           // tags is required
+            (r#"{"name":"x","tags":[]}"#, 20),                 // minItems 1
+            (r#"{"name":"x","tags":["a","b","a"]}"#, 27),      // maxItems 2
+            (r#"{"name":"x","tags":["c"]}"#, 21),              // not in the enum
+            (r#"{"name":"x","tags":["a"],"extra":1}"#, 26),     // no such property
+            (r#"{"name":"x","name":"y","tags":["a"]}"#, 13),   // no repeats
+            (r#"{"name":"x","tags":["a"],"age":1}"#, 26),       // declared order
+            (r#"{"name":"x","email":nul,"tags":["a"]}"#, 23),
+            (r#"{"name":"x","tags":["a"]} x"#, 26),            // nothing after the value
+            (r#"{"name":"\x"}"#, 10),                          // string escapes as in JSON
+            ("{\"name\":\"x\",\"tags\":[\"a\"],                   \"ok\":true}", 41),
+        ] {
+            assert_eq!(first_refused(&g, bad.as_bytes()), Some(at), "{bad}");
+        }
+        // Invalid UTF-8 inside a string.
+        assert_eq!(first_refused(&g, b"{\"name\":\"\xc3(\"}"), Some(10));
+    }
+
+    #[test]
+    fn enums_consts_and_top_level_scalars() {
+        let g = schema(r#"{"enum":[1,12,"x",null,[1,{"a":true}],1.5]}"#);
+        for ok in ["1", "12", "\"x\"", "null", "[1,{\"a\":true}]", "1.5", " 12 "] {
+            assert!(accepts(&g, ok), "{ok}");
+        }
+        for bad in ["2", "123", "\"y\"", "[1, {\"a\":true}]", "1.50", "nul", "true"] {
+            assert!(!accepts(&g, bad), "{bad}");
+        }
+        let g = schema(r#"{"type":"integer"}"#);
+        assert!(accepts(&g, "-0") && accepts(&g, "120") && !accepts(&g, "01") && !accepts(&g, "1."));
+        let g = schema(r#"{"type":["number","boolean"]}"#);
+        assert!(accepts(&g, "-0.5e+3") && accepts(&g, "false") && !accepts(&g, "null"));
+        let g = schema(r#"{"const":{"k":"v"},"type":"object"}"#);
+        assert!(accepts(&g, r#"{"k":"v"}"#) && !accepts(&g, r#"{"k":"w"}"#));
+        let g = schema(r#"{"type":"object"}"#);
+        assert!(accepts(&g, "{}") && !accepts(&g, r#"{"a":1}"#));
+    }
+
+    #[test]
+    fn arrays_count_items() {
+        let g = schema(
+            r#"{"type":"array","items":{"type":"array","items":{"type":"null"},"minItems":2,"maxItems":3},"maxItems":2}"#,
+        );
+        assert!(accepts(&g, "[]"));
+        assert!(accepts(&g, "[[null,null],[null,null,null]]"));
+        assert!(!accepts(&g, "[[null]]"));
+        assert!(!accepts(&g, "[[null,null,null,null]]"));
+        assert!(!accepts(&g, "[[null,null],[null,null],[null,null]]"));
+        // After the inner array closes, its count is gone: equal positions, equal states.
+        let mut a = SchemaState::new();
+        let mut b = SchemaState::new();
+        assert!(g.feed(&mut a, b"[[null,null,null],"));
+        assert!(g.feed(&mut b, b"[[null,null],"));
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn whitespace_runs_are_bounded() {
+        let g = schema(r#"{"type":"array","items":{"type":"null"}}"#);
+        let ok = format!("[{}null]", " ".repeat(MAX_WS_RUN as usize));
+        assert!(accepts(&g, &ok));
+        let bad = format!("[{}null]", " ".repeat(MAX_WS_RUN as usize + 1));
+        assert_eq!(first_refused(&g, bad.as_bytes()), Some(MAX_WS_RUN as usize + 1));
+    }
+
+    /// The exact fewest bytes to a complete document, by breadth-first search over states
+    /// (whitespace bytes never help, so only the others are tried).
+    fn bfs_distance(g: &Schema, start: SchemaState) -> usize {
+        let mut seen = HashSet::new();
+        let mut q = VecDeque::from([(start, 0usize)]);
+        seen.insert(start);
+        while let Some((s, d)) = q.pop_front() {
+            if g.is_complete(&s) {
+                return d;
+            }
+            for b in 0..=255u8 {
+                if is_ws(b) {
+                    continue;
+                }
+                let mut t = s;
+                if g.step(&mut t, b) && seen.insert(t) {
+                    q.push_back((t, d + 1));
+                }
+            }
+        }
+        panic!("no completion from {start:?}");
+    }
+
+    const SCHEMAS: [&str; 4] = [
+        PERSON,
+        r#"{"type":"object","properties":{"opt1":{"type":"string"},"opt2":{"type":"number"},
+            "req":{"type":"object","properties":{"x":{"type":"null"},"xy":{"type":"boolean"}},"required":["xy"]},
+            "opt3":{"enum":["long value here", 7]}},"required":["req"]}"#,
+        r#"{"type":["array","object","null"],"items":{"type":"array","items":{"type":"integer"},"minItems":2},
+            "minItems":1,"properties":{"a":{"type":"integer"}},"required":["a"]}"#,
+        r#"{"enum":[12,123,"abc",{"k":[1,2]}]}"#,
+    ];
+
+    fn lcg(x: &mut u64) -> u64 {
+        *x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *x >> 33
+    }
+
+    #[test]
+    fn distance_is_exact_and_growth_bounded() {
+        for (si, text) in SCHEMAS.iter().enumerate() {
+            let g = schema(text);
+            let mut rng = si as u64 + 1;
+            let mut checked = 0;
+            for _walk in 0..40 {
+                let mut s = SchemaState::new();
+                for _ in 0..60 {
+                    let d = g.distance(&s);
+                    assert_eq!(d, bfs_distance(&g, s), "schema {si}, {s:?}");
+                    let tail = g.completion(&s);
+                    assert_eq!(tail.len(), d);
+                    let mut t = s;
+                    assert!(g.feed(&mut t, &tail) && g.is_complete(&t));
+                    checked += 1;
+                    let allowed: Vec<u8> = (0..=255u8)
+                        .filter(|&b| {
+                            let mut t = s;
+                            g.step(&mut t, b)
+                        })
+                        .collect();
+                    if allowed.is_empty() || g.is_done(&s) {
+                        break;
+                    }
+                    let b = allowed[lcg(&mut rng) as usize % allowed.len()];
+                    let before = d;
+                    assert!(g.step(&mut s, b));
+                    assert!(
+                        g.distance(&s) <= before + g.max_growth,
+                        "schema {si}: byte {b} grew {before} to {}",
+                        g.distance(&s)
+                    );
+                }
+            }
+            assert!(checked > 100);
+        }
     }
 }
