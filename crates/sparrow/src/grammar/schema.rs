@@ -799,11 +799,20 @@ mod tests {
         }
         assert!(refusal(&deep).contains("limit of 32 levels"));
         // Subschemas.
-        let props: Vec<String> = (0..MAX_NODES).map(|i| format!(r#""p{i}":{{"type":"null"}}"#)).collect();
-        let wide = format!(r#"{{"type":"object","properties":{{{}}}}}"#, props.join(","));
+        let props: Vec<String> = (0..MAX_NODES)
+            .map(|i| format!(r#""p{i}":{{"type":"null"}}"#))
+            .collect();
+        let wide = format!(
+            r#"{{"type":"object","properties":{{{}}}}}"#,
+            props.join(",")
+        );
         assert!(refusal(&wide).contains("limit of 4096 subschemas"));
         // Literal bytes.
-        let big = format!(r#"{{"enum":["{}","{}"]}}"#, "x".repeat(MAX_LITERAL_BYTES / 2), "y".repeat(MAX_LITERAL_BYTES / 2));
+        let big = format!(
+            r#"{{"enum":["{}","{}"]}}"#,
+            "x".repeat(MAX_LITERAL_BYTES / 2),
+            "y".repeat(MAX_LITERAL_BYTES / 2)
+        );
         assert!(refusal(&big).contains("limit of 262144 bytes"));
         // Counted arrays.
         let mut counted = r#"{"type":"string"}"#.to_string();

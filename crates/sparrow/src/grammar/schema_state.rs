@@ -524,23 +524,26 @@ mod tests {
         }
         // (document, index of the first refused byte)
         for (bad, at) in [
-            (r#"[]"#, 0),                                      // not an object
-            (r#"{}"#, 1),                                      // name is required
-            (r#"{"tags":["a"]}"#, 2),                          // name must come first
-            (r#"{"name":1}"#, 8),                              // wrong type
-            (r#"{"name":"x","age":1.5,"tags":["a"]}"#, 19),    // integer has no fraction
-            (r#"{"name":"x","age":1e3,"tags":["a"]}"#, 19),    // nor an exponent
-            (r#"{"name":"x"}"#, 11),                           // tags is required
-            (r#"{"name":"x","tags":[]}"#, 20),                 // minItems 1
-            (r#"{"name":"x","tags":["a","b","a"]}"#, 27),      // maxItems 2
-            (r#"{"name":"x","tags":["c"]}"#, 21),              // not in the enum
-            (r#"{"name":"x","tags":["a"],"extra":1}"#, 26),     // no such property
-            (r#"{"name":"x","name":"y","tags":["a"]}"#, 13),   // no repeats
-            (r#"{"name":"x","tags":["a"],"age":1}"#, 26),       // declared order
+            (r#"[]"#, 0),                                    // not an object
+            (r#"{}"#, 1),                                    // name is required
+            (r#"{"tags":["a"]}"#, 2),                        // name must come first
+            (r#"{"name":1}"#, 8),                            // wrong type
+            (r#"{"name":"x","age":1.5,"tags":["a"]}"#, 19),  // integer has no fraction
+            (r#"{"name":"x","age":1e3,"tags":["a"]}"#, 19),  // nor an exponent
+            (r#"{"name":"x"}"#, 11),                         // tags is required
+            (r#"{"name":"x","tags":[]}"#, 20),               // minItems 1
+            (r#"{"name":"x","tags":["a","b","a"]}"#, 27),    // maxItems 2
+            (r#"{"name":"x","tags":["c"]}"#, 21),            // not in the enum
+            (r#"{"name":"x","tags":["a"],"extra":1}"#, 26),  // no such property
+            (r#"{"name":"x","name":"y","tags":["a"]}"#, 13), // no repeats
+            (r#"{"name":"x","tags":["a"],"age":1}"#, 26),    // declared order
             (r#"{"name":"x","email":nul,"tags":["a"]}"#, 23),
-            (r#"{"name":"x","tags":["a"]} x"#, 26),            // nothing after the value
-            (r#"{"name":"\x"}"#, 10),                          // string escapes as in JSON
-            ("{\"name\":\"x\",\"tags\":[\"a\"],                   \"ok\":true}", 41),
+            (r#"{"name":"x","tags":["a"]} x"#, 26), // nothing after the value
+            (r#"{"name":"\x"}"#, 10),               // string escapes as in JSON
+            (
+                "{\"name\":\"x\",\"tags\":[\"a\"],                   \"ok\":true}",
+                41,
+            ),
         ] {
             assert_eq!(first_refused(&g, bad.as_bytes()), Some(at), "{bad}");
         }
@@ -551,14 +554,32 @@ mod tests {
     #[test]
     fn enums_consts_and_top_level_scalars() {
         let g = schema(r#"{"enum":[1,12,"x",null,[1,{"a":true}],1.5]}"#);
-        for ok in ["1", "12", "\"x\"", "null", "[1,{\"a\":true}]", "1.5", " 12 "] {
+        for ok in [
+            "1",
+            "12",
+            "\"x\"",
+            "null",
+            "[1,{\"a\":true}]",
+            "1.5",
+            " 12 ",
+        ] {
             assert!(accepts(&g, ok), "{ok}");
         }
-        for bad in ["2", "123", "\"y\"", "[1, {\"a\":true}]", "1.50", "nul", "true"] {
+        for bad in [
+            "2",
+            "123",
+            "\"y\"",
+            "[1, {\"a\":true}]",
+            "1.50",
+            "nul",
+            "true",
+        ] {
             assert!(!accepts(&g, bad), "{bad}");
         }
         let g = schema(r#"{"type":"integer"}"#);
-        assert!(accepts(&g, "-0") && accepts(&g, "120") && !accepts(&g, "01") && !accepts(&g, "1."));
+        assert!(
+            accepts(&g, "-0") && accepts(&g, "120") && !accepts(&g, "01") && !accepts(&g, "1.")
+        );
         let g = schema(r#"{"type":["number","boolean"]}"#);
         assert!(accepts(&g, "-0.5e+3") && accepts(&g, "false") && !accepts(&g, "null"));
         let g = schema(r#"{"const":{"k":"v"},"type":"object"}"#);
@@ -591,7 +612,10 @@ mod tests {
         let ok = format!("[{}null]", " ".repeat(MAX_WS_RUN as usize));
         assert!(accepts(&g, &ok));
         let bad = format!("[{}null]", " ".repeat(MAX_WS_RUN as usize + 1));
-        assert_eq!(first_refused(&g, bad.as_bytes()), Some(MAX_WS_RUN as usize + 1));
+        assert_eq!(
+            first_refused(&g, bad.as_bytes()),
+            Some(MAX_WS_RUN as usize + 1)
+        );
     }
 
     /// The exact fewest bytes to a complete document, by breadth-first search over states
@@ -628,7 +652,9 @@ mod tests {
     ];
 
     fn lcg(x: &mut u64) -> u64 {
-        *x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         *x >> 33
     }
 
