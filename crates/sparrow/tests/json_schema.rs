@@ -112,7 +112,7 @@ fn random_walk(g: &Schema, rng: &mut u64, free: usize) -> String {
     let mut out = Vec::new();
     loop {
         let closing = out.len() >= free;
-        if g.is_done(&s) || g.is_complete(&s) && (closing || lcg(rng) % 8 == 0) {
+        if g.is_done(&s) || g.is_complete(&s) && (closing || lcg(rng).is_multiple_of(8)) {
             break;
         }
         let d = g.distance(&s);
