@@ -4,8 +4,11 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use sparrow::grammar::{OrderedValue, Schema};
 use sparrow::{ChatMessage, SamplerConfig};
+use std::sync::Arc;
 
 /// An error answered as OpenAI does.
 #[derive(Debug)]
@@ -79,7 +82,11 @@ pub struct Request {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// `response_format: {"type": "json_object"}`.
     pub json: bool,
+    /// `response_format: {"type": "json_schema", ...}`: the compiled schema (build the
+    /// constraint with `sparrow::grammar::JsonConstraint::with_schema`).
+    pub schema: Option<Arc<Schema>>,
     pub ignore_eos: bool,
     /// Report log-probabilities with this many alternatives per token (chat:
     /// `logprobs: true` + `top_logprobs`; completions: `logprobs: N`).
@@ -299,16 +306,17 @@ pub fn parse_request(
             ))
         }
     };
-    let json = match o.get("response_format") {
-        None | Some(Value::Null) => false,
+    let (json, schema) = match o.get("response_format") {
+        None | Some(Value::Null) => (false, None),
         Some(rf) => match rf.get("type").and_then(Value::as_str) {
-            Some("text") => false,
-            Some("json_object") => true,
+            Some("text") => (false, None),
+            Some("json_object") => (true, None),
+            Some("json_schema") => (false, Some(parse_json_schema(rf, body)?)),
             Some(other) => {
                 return Err(ApiError::field(
                     "response_format",
                     format!(
-                    "response_format type '{other}' is not supported (use 'text' or 'json_object')"
+                    "response_format type '{other}' is not supported (use 'text', 'json_object' or 'json_schema')"
                 ),
                 ))
             }
@@ -334,7 +342,91 @@ pub fn parse_request(
         stream,
         include_usage,
         json,
+        schema,
     })
+}
+
+/// The path to a request's schema, read a second time so object keys keep their order
+/// (`serde_json::Value` sorts them; properties are generated in the declared order).
+#[derive(Deserialize)]
+struct OrderedBody {
+    response_format: OrderedFormat,
+}
+#[derive(Deserialize)]
+struct OrderedFormat {
+    json_schema: OrderedJsonSchema,
+}
+#[derive(Deserialize)]
+struct OrderedJsonSchema {
+    schema: OrderedValue,
+}
+
+/// `response_format: {"type": "json_schema", "json_schema": {"name", "schema", "strict",
+/// "description"}}` (OpenAI's shape), compiled. Every constraint is enforced whatever
+/// `strict` says.
+fn parse_json_schema(rf: &Value, body: &[u8]) -> Result<Arc<Schema>, ApiError> {
+    const P: &str = "response_format.json_schema";
+    let js = match rf.get("json_schema") {
+        Some(Value::Object(js)) => js,
+        _ => {
+            return Err(ApiError::field(
+                P,
+                format!("'{P}' is required with type 'json_schema' and must be an object"),
+            ))
+        }
+    };
+    if let Some(k) = js
+        .keys()
+        .find(|k| !matches!(k.as_str(), "name" | "schema" | "strict" | "description"))
+    {
+        return Err(ApiError::field(
+            P,
+            format!(
+                "'{P}' has an unknown field '{k}' (expected name, schema, strict, description)"
+            ),
+        ));
+    }
+    let name_ok = |n: &str| {
+        (1..=64).contains(&n.len())
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    match js.get("name") {
+        Some(Value::String(n)) if name_ok(n) => {}
+        _ => {
+            return Err(ApiError::field(
+                &format!("{P}.name"),
+                format!("'{P}.name' is required: 1 to 64 letters, digits, '_' or '-'"),
+            ))
+        }
+    }
+    if !matches!(js.get("strict"), None | Some(Value::Null | Value::Bool(_))) {
+        return Err(ApiError::field(
+            &format!("{P}.strict"),
+            format!("'{P}.strict' must be true or false"),
+        ));
+    }
+    if !matches!(
+        js.get("description"),
+        None | Some(Value::Null | Value::String(_))
+    ) {
+        return Err(ApiError::field(
+            &format!("{P}.description"),
+            format!("'{P}.description' must be a string"),
+        ));
+    }
+    let param = format!("{P}.schema");
+    if !matches!(js.get("schema"), Some(Value::Object(_))) {
+        return Err(ApiError::field(
+            &param,
+            format!("'{param}' is required and must be an object"),
+        ));
+    }
+    let ordered: OrderedBody = serde_json::from_slice(body)
+        .map_err(|e| ApiError::field(&param, format!("'{param}' could not be read: {e}")))?;
+    Schema::compile(&ordered.response_format.json_schema.schema)
+        .map(Arc::new)
+        .map_err(|e| ApiError::field(&param, format!("'{param}': {e}")))
 }
 
 /// Chat: `logprobs` (bool) and `top_logprobs` (0..=20, only with `logprobs: true`).
@@ -530,7 +622,7 @@ mod tests {
         assert!(err(&format!("{{{m}, \"stop\": 3}}")).contains("'stop'"));
         assert!(err(&format!("{{{m}, \"n\": 2}}")).contains("n = 1"));
         assert!(err(&format!(
-            "{{{m}, \"response_format\": {{\"type\": \"json_schema\"}}}}"
+            "{{{m}, \"response_format\": {{\"type\": \"json_grammar\"}}}}"
         ))
         .contains("not supported"));
         let ok = parse_request(
@@ -540,5 +632,81 @@ mod tests {
         )
         .unwrap();
         assert!(ok.json && ok.stream && ok.sampler.seed == 5 && ok.stop == ["a"]);
+    }
+
+    fn with_format(rf: &str) -> Result<Request, ApiError> {
+        let body = format!(
+            r#"{{"messages": [{{"role": "user", "content": "x"}}], "response_format": {rf}}}"#
+        );
+        parse_request(body.as_bytes(), true, 100)
+    }
+
+    #[test]
+    fn json_schema_response_format() {
+        use sparrow::grammar::{Grammar, SchemaState};
+        let ok = with_format(
+            r#"{"type": "json_schema", "json_schema": {"name": "person_1", "strict": true,
+                "schema": {"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "boolean"}},
+                           "required": ["zeta", "alpha"], "additionalProperties": false}}}"#,
+        )
+        .unwrap();
+        assert!(!ok.json);
+        let schema = ok.schema.expect("a schema");
+        // The declared order survives the request parsing (serde_json's Value would sort).
+        let mut s = SchemaState::new();
+        assert_eq!(schema.completion(&s), br#"{"zeta":0,"alpha":true}"#);
+        assert!(!schema.feed(&mut s, br#"{"alpha""#));
+        assert!(with_format(r#"{"type": "json_object"}"#)
+            .unwrap()
+            .schema
+            .is_none());
+
+        let bad = |rf: &str| {
+            let e = with_format(rf).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            (e.param.unwrap_or_default(), e.message)
+        };
+        let (param, msg) = bad(r#"{"type": "json_schema"}"#);
+        assert_eq!(param, "response_format.json_schema");
+        assert!(msg.contains("is required"), "{msg}");
+        let (param, msg) =
+            bad(r#"{"type": "json_schema", "json_schema": {"schema": {"type": "string"}}}"#);
+        assert_eq!(param, "response_format.json_schema.name");
+        assert!(msg.contains("1 to 64"), "{msg}");
+        let (param, _) = bad(
+            r#"{"type": "json_schema", "json_schema": {"name": "a b", "schema": {"type": "string"}}}"#,
+        );
+        assert_eq!(param, "response_format.json_schema.name");
+        let (param, _) = bad(
+            r#"{"type": "json_schema", "json_schema": {"name": "a", "strict": "yes", "schema": {"type": "string"}}}"#,
+        );
+        assert_eq!(param, "response_format.json_schema.strict");
+        let (param, msg) =
+            bad(r#"{"type": "json_schema", "json_schema": {"name": "a", "schemas": {}}}"#);
+        assert_eq!(param, "response_format.json_schema");
+        assert!(msg.contains("unknown field 'schemas'"), "{msg}");
+        let (param, _) =
+            bad(r#"{"type": "json_schema", "json_schema": {"name": "a", "schema": "string"}}"#);
+        assert_eq!(param, "response_format.json_schema.schema");
+        let (param, msg) = bad(
+            r#"{"type": "json_schema", "json_schema": {"name": "a", "schema":
+                {"type": "object", "properties": {"name": {"type": "string", "pattern": "^a"}}}}}"#,
+        );
+        assert_eq!(param, "response_format.json_schema.schema");
+        assert_eq!(
+            msg,
+            "'response_format.json_schema.schema': unsupported schema keyword 'pattern' at /properties/name"
+        );
+        let (_, msg) = bad(
+            r##"{"type": "json_schema", "json_schema": {"name": "a", "schema": {"$ref": "#/x"}}}"##,
+        );
+        assert!(
+            msg.ends_with("unsupported schema keyword '$ref' at /"),
+            "{msg}"
+        );
+        let (_, msg) = bad(
+            r#"{"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "additionalProperties": true}}}"#,
+        );
+        assert!(msg.contains("additionalProperties"), "{msg}");
     }
 }

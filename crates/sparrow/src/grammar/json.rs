@@ -8,10 +8,8 @@
 
 /// Deepest nesting the automaton accepts.
 pub const MAX_DEPTH: u8 = 100;
-/// Most digits before the decimal point, and in an exponent: serde_json refuses numbers
-/// beyond f64's range ("number out of range"), so magnitudes stay below 1e120.
-pub const MAX_INT_DIGITS: u8 = 20;
-pub const MAX_EXP_DIGITS: u8 = 2;
+use super::lex::{is_ws, Num, Str, StrStep};
+pub use super::lex::{MAX_EXP_DIGITS, MAX_INT_DIGITS};
 
 /// What the top-level value may be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -20,59 +18,6 @@ pub enum Root {
     Any,
     /// An object (what OpenAI's `response_format: json_object` promises).
     Object,
-}
-
-/// Where we are inside a string.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Str {
-    /// Ordinary characters.
-    Normal,
-    /// After a backslash.
-    Esc,
-    /// After `\u`: the first hex digit (a `d` may start a surrogate).
-    HexFirst,
-    /// After `\ud`: the second digit decides between plain, high and (refused) low surrogate.
-    HexSecondD,
-    /// `left` hex digits to go; `high`: a high surrogate whose low half must follow.
-    Hex {
-        left: u8,
-        high: bool,
-    },
-    /// A high surrogate was written: `\`, then `u`, then `d`, then `c`..`f` must follow.
-    NeedBackslash,
-    NeedU,
-    NeedLowD,
-    NeedLowCf,
-    /// Inside a multi-byte UTF-8 character: `need` continuation bytes, the next in lo..=hi.
-    Utf8 {
-        need: u8,
-        lo: u8,
-        hi: u8,
-    },
-}
-
-/// Where we are inside a number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Num {
-    Minus,
-    Zero,
-    /// Integer digits so far.
-    Int(u8),
-    Dot,
-    Frac,
-    Exp,
-    ExpSign,
-    /// Exponent digits so far.
-    ExpDigits(u8),
-}
-
-impl Num {
-    fn complete(self) -> bool {
-        matches!(
-            self,
-            Num::Zero | Num::Int(_) | Num::Frac | Num::ExpDigits(_)
-        )
-    }
 }
 
 /// The lexical state.
@@ -116,14 +61,6 @@ pub struct JsonState {
     depth: u8,
     lex: Lex,
     root: Root,
-}
-
-fn is_ws(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
-}
-
-fn is_hex(b: u8) -> bool {
-    b.is_ascii_hexdigit()
 }
 
 impl JsonState {
@@ -204,18 +141,13 @@ impl JsonState {
                 };
                 true
             }
-            b'-' => {
-                self.lex = Lex::Num(Num::Minus);
-                true
-            }
-            b'0' => {
-                self.lex = Lex::Num(Num::Zero);
-                true
-            }
-            b'1'..=b'9' => {
-                self.lex = Lex::Num(Num::Int(1));
-                true
-            }
+            b'-' | b'0'..=b'9' => match Num::start(b) {
+                Some(n) => {
+                    self.lex = Lex::Num(n);
+                    true
+                }
+                None => false,
+            },
             b't' | b'f' | b'n' => {
                 let word = match b {
                     b't' => 0,
@@ -313,19 +245,7 @@ impl JsonState {
     }
 
     fn step_num(&mut self, n: Num, b: u8) -> bool {
-        let digit = b.is_ascii_digit();
-        let next = match (n, b) {
-            (Num::Minus, b'0') => Some(Num::Zero),
-            (Num::Minus, _) if digit => Some(Num::Int(1)),
-            (Num::Int(k), _) if digit && k < MAX_INT_DIGITS => Some(Num::Int(k + 1)),
-            (Num::Zero | Num::Int(_), b'.') => Some(Num::Dot),
-            (Num::Dot | Num::Frac, _) if digit => Some(Num::Frac),
-            (Num::Zero | Num::Int(_) | Num::Frac, b'e' | b'E') => Some(Num::Exp),
-            (Num::Exp, b'+' | b'-') => Some(Num::ExpSign),
-            (Num::Exp | Num::ExpSign, _) if digit => Some(Num::ExpDigits(1)),
-            (Num::ExpDigits(k), _) if digit && k < MAX_EXP_DIGITS => Some(Num::ExpDigits(k + 1)),
-            _ => None,
-        };
+        let next = n.step(b, false);
         match next {
             Some(m) => {
                 self.lex = Lex::Num(m);
@@ -341,119 +261,21 @@ impl JsonState {
     }
 
     fn step_str(&mut self, key: bool, s: Str, b: u8) -> bool {
-        let next = match s {
-            Str::Normal => match b {
-                b'"' => {
-                    if key {
-                        self.lex = Lex::Colon;
-                    } else {
-                        self.value_done();
-                    }
-                    return true;
-                }
-                b'\\' => Str::Esc,
-                0x00..=0x1f => return false,
-                0x20..=0x7f => Str::Normal,
-                0xc2..=0xdf => Str::Utf8 {
-                    need: 1,
-                    lo: 0x80,
-                    hi: 0xbf,
-                },
-                0xe0 => Str::Utf8 {
-                    need: 2,
-                    lo: 0xa0,
-                    hi: 0xbf,
-                },
-                0xed => Str::Utf8 {
-                    need: 2,
-                    lo: 0x80,
-                    hi: 0x9f,
-                },
-                0xe1..=0xef => Str::Utf8 {
-                    need: 2,
-                    lo: 0x80,
-                    hi: 0xbf,
-                },
-                0xf0 => Str::Utf8 {
-                    need: 3,
-                    lo: 0x90,
-                    hi: 0xbf,
-                },
-                0xf1..=0xf3 => Str::Utf8 {
-                    need: 3,
-                    lo: 0x80,
-                    hi: 0xbf,
-                },
-                0xf4 => Str::Utf8 {
-                    need: 3,
-                    lo: 0x80,
-                    hi: 0x8f,
-                },
-                _ => return false,
-            },
-            Str::Utf8 { need, lo, hi } => {
-                if !(lo..=hi).contains(&b) {
-                    return false;
-                }
-                if need == 1 {
-                    Str::Normal
+        match s.step(b) {
+            StrStep::Next(next) => {
+                self.lex = Lex::Str { key, s: next };
+                true
+            }
+            StrStep::Close => {
+                if key {
+                    self.lex = Lex::Colon;
                 } else {
-                    Str::Utf8 {
-                        need: need - 1,
-                        lo: 0x80,
-                        hi: 0xbf,
-                    }
+                    self.value_done();
                 }
+                true
             }
-            Str::Esc => match b {
-                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Str::Normal,
-                b'u' => Str::HexFirst,
-                _ => return false,
-            },
-            Str::HexFirst => match b {
-                b'd' | b'D' => Str::HexSecondD,
-                _ if is_hex(b) => Str::Hex {
-                    left: 3,
-                    high: false,
-                },
-                _ => return false,
-            },
-            Str::HexSecondD => match b {
-                b'0'..=b'7' => Str::Hex {
-                    left: 2,
-                    high: false,
-                },
-                b'8' | b'9' | b'a' | b'b' | b'A' | b'B' => Str::Hex {
-                    left: 2,
-                    high: true,
-                },
-                // A low surrogate without a high one before it.
-                _ => return false,
-            },
-            Str::Hex { left, high } => {
-                if !is_hex(b) {
-                    return false;
-                }
-                match (left, high) {
-                    (1, true) => Str::NeedBackslash,
-                    (1, false) => Str::Normal,
-                    _ => Str::Hex {
-                        left: left - 1,
-                        high,
-                    },
-                }
-            }
-            Str::NeedBackslash if b == b'\\' => Str::NeedU,
-            Str::NeedU if b == b'u' => Str::NeedLowD,
-            Str::NeedLowD if matches!(b, b'd' | b'D') => Str::NeedLowCf,
-            Str::NeedLowCf if matches!(b, b'c'..=b'f' | b'C'..=b'F') => Str::Hex {
-                left: 2,
-                high: false,
-            },
-            _ => return false,
-        };
-        self.lex = Lex::Str { key, s: next };
-        true
+            StrStep::Reject => false,
+        }
     }
 
     /// Feed several bytes; false as soon as one is refused.
@@ -478,18 +300,7 @@ impl JsonState {
             Lex::Num(n) => d + usize::from(!n.complete()),
             Lex::Lit { word, pos } => WORDS[word as usize].len() - pos as usize + d,
             Lex::Str { key, s } => {
-                let close = match s {
-                    Str::Normal => 1,
-                    Str::Esc => 2,
-                    Str::HexFirst => 5,
-                    Str::HexSecondD => 4,
-                    Str::Hex { left, high } => left as usize + if high { 6 } else { 0 } + 1,
-                    Str::NeedBackslash => 7,
-                    Str::NeedU => 6,
-                    Str::NeedLowD => 5,
-                    Str::NeedLowCf => 4,
-                    Str::Utf8 { need, .. } => need as usize + 1,
-                };
+                let close = s.close_len();
                 close + if key { 2 } else { 0 } + d
             }
         }
@@ -525,16 +336,7 @@ impl JsonState {
             }
             Lex::Lit { word, pos } => WORDS[word as usize][pos as usize],
             Lex::Done => b' ',
-            Lex::Str { s, .. } => match s {
-                Str::Normal => b'"',
-                Str::Esc => b'n',
-                Str::HexFirst | Str::HexSecondD | Str::Hex { .. } => b'0',
-                Str::NeedBackslash => b'\\',
-                Str::NeedU => b'u',
-                Str::NeedLowD => b'd',
-                Str::NeedLowCf => b'c',
-                Str::Utf8 { lo, .. } => lo,
-            },
+            Lex::Str { s, .. } => s.closing_byte(),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Grammar-constrained sampling. Today: JSON ([`json`]), a byte-level pushdown automaton
-//! turned into a token mask.
+//! Grammar-constrained sampling: plain JSON ([`json`]) or JSON valid against a schema
+//! ([`schema`], automaton in `schema_state`), each a byte-level automaton ([`Grammar`])
+//! turned into a token mask by the same machinery.
 //!
 //! Per model, [`JsonVocab`] precomputes once the decoded bytes of every token, sorted, with
 //! the length of the prefix each shares with the one before it (a flattened trie). The mask
@@ -13,6 +14,11 @@
 //! the tokens left are refused, so a completion cut by `max_tokens` is still valid JSON.
 
 pub mod json;
+mod lex;
+pub mod ordered;
+pub mod schema;
+mod schema_state;
+mod trie;
 
 use crate::error::Result;
 use crate::generate::{drive, Generation};
@@ -21,13 +27,74 @@ use crate::sampler::Sampler;
 use crate::tokenizer::{TokenType, Tokenizer};
 use crate::{GenerateOptions, GenerationStats};
 pub use json::{JsonState, Root};
+pub use ordered::OrderedValue;
+pub use schema::{Schema, SchemaError};
+pub use schema_state::SchemaState;
 use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 
-/// Most bytes' worth of completion distance one byte can add (see [`JsonState::distance`]):
-/// `\uD8` adds 5 (the low surrogate must follow).
+/// Most bytes' worth of completion distance one byte can add in plain JSON (see
+/// [`JsonState::distance`]): `\uD8` adds 5 (the low surrogate must follow).
 const MAX_GROWTH_PER_BYTE: usize = 5;
+
+/// A byte-level automaton the mask machinery walks: the grammar is `self`, the position a
+/// small `Copy` state (the walk copies one per byte of ~150K tokens).
+pub trait Grammar {
+    type State: Copy + Eq + Hash + Debug;
+    /// Feed one byte; false (state unspecified) if no accepted text continues with it.
+    fn step(&self, s: &mut Self::State, b: u8) -> bool;
+    /// Feed several bytes; false as soon as one is refused.
+    fn feed(&self, s: &mut Self::State, bytes: &[u8]) -> bool {
+        bytes.iter().all(|&b| self.step(s, b))
+    }
+    /// True when the text so far is complete (end of generation may follow).
+    fn is_complete(&self, s: &Self::State) -> bool;
+    /// True when the value is finished and nothing but end of generation should follow.
+    fn is_done(&self, s: &Self::State) -> bool;
+    /// The fewest bytes that complete the text from `s`.
+    fn distance(&self, s: &Self::State) -> usize;
+    /// A bound on how much one byte can raise [`Grammar::distance`].
+    fn max_growth(&self) -> usize;
+    /// The mask cache's key for `s` (it must tell grammars apart).
+    fn key(&self, s: &Self::State) -> MaskKey;
+}
+
+/// Plain JSON: the grammar of [`JsonState`] (its root kind lives in the state).
+pub struct Json;
+
+impl Grammar for Json {
+    type State = JsonState;
+    #[inline]
+    fn step(&self, s: &mut JsonState, b: u8) -> bool {
+        s.step(b)
+    }
+    fn is_complete(&self, s: &JsonState) -> bool {
+        s.is_complete()
+    }
+    fn is_done(&self, s: &JsonState) -> bool {
+        s.is_done()
+    }
+    fn distance(&self, s: &JsonState) -> usize {
+        s.distance()
+    }
+    fn max_growth(&self) -> usize {
+        MAX_GROWTH_PER_BYTE
+    }
+    fn key(&self, s: &JsonState) -> MaskKey {
+        MaskKey::Json(*s)
+    }
+}
+
+/// What a cached mask was computed for: a plain JSON state, or a schema (by the SHA-256 of
+/// its text, so requests sending the same schema share masks) and a state of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MaskKey {
+    Json(JsonState),
+    Schema([u8; 32], SchemaState),
+}
 /// Masks kept per model before the cache is cleared.
 const CACHE_CAP: usize = 512;
 
@@ -85,7 +152,7 @@ pub struct JsonVocab {
     data: Vec<u8>,
     max_len: usize,
     eog: Vec<u32>,
-    cache: Mutex<HashMap<JsonState, Arc<TokenMask>>>,
+    cache: Mutex<HashMap<MaskKey, Arc<TokenMask>>>,
 }
 
 impl JsonVocab {
@@ -171,13 +238,13 @@ impl JsonVocab {
     /// Walk the sorted tokens from `start`, setting every token whose bytes the automaton
     /// accepts (and, with `budget`, after which the value can still be closed in `budget`
     /// more bytes).
-    fn walk(&self, start: JsonState, budget: Option<usize>) -> TokenMask {
+    fn walk<G: Grammar>(&self, g: &G, start: G::State, budget: Option<usize>) -> TokenMask {
         let mut mask = TokenMask::new(self.n_vocab);
-        if start.is_complete() {
+        if g.is_complete(&start) {
             for &e in &self.eog {
                 mask.set(e);
             }
-            if start.is_done() && !self.eog.is_empty() {
+            if g.is_done(&start) && !self.eog.is_empty() {
                 // Only whitespace could follow: stop instead.
                 return mask;
             }
@@ -192,7 +259,7 @@ impl JsonVocab {
             let mut ok = true;
             while k < b.len() {
                 let mut s = states[k];
-                if !s.step(b[k]) {
+                if !g.step(&mut s, b[k]) {
                     ok = false;
                     break;
                 }
@@ -202,7 +269,7 @@ impl JsonVocab {
             valid = k;
             i += 1;
             if ok {
-                if budget.is_none_or(|left| states[k].distance() <= left) {
+                if budget.is_none_or(|left| g.distance(&states[k]) <= left) {
                     mask.set(id);
                 }
             } else {
@@ -215,22 +282,24 @@ impl JsonVocab {
         mask
     }
 
-    /// The tokens allowed in `state` (no budget), from the cache when possible.
-    pub fn mask(&self, state: &JsonState) -> Arc<TokenMask> {
+    /// The tokens allowed in `state` of grammar `g` (no budget), from the cache when
+    /// possible.
+    pub fn mask<G: Grammar>(&self, g: &G, state: &G::State) -> Arc<TokenMask> {
+        let key = g.key(state);
         if let Some(m) = self
             .cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(state)
+            .get(&key)
         {
             return m.clone();
         }
-        let m = Arc::new(self.walk(*state, None));
+        let m = Arc::new(self.walk(g, *state, None));
         let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if c.len() >= CACHE_CAP {
             c.clear();
         }
-        c.insert(*state, m.clone());
+        c.insert(key, m.clone());
         m
     }
 
@@ -240,11 +309,19 @@ impl JsonVocab {
     }
 }
 
-/// The JSON constraint of one generation: the shared vocabulary data and the parser state.
+/// What a constraint holds to: plain JSON, or a schema.
+#[derive(Clone)]
+enum Mode {
+    Json(JsonState),
+    Schema(Arc<Schema>, SchemaState),
+}
+
+/// The JSON constraint of one generation: the shared vocabulary data, the grammar (plain
+/// JSON or a schema) and the parser state.
 #[derive(Clone)]
 pub struct JsonConstraint {
     vocab: Arc<JsonVocab>,
-    state: JsonState,
+    mode: Mode,
 }
 
 impl JsonConstraint {
@@ -252,31 +329,66 @@ impl JsonConstraint {
     pub fn new(vocab: Arc<JsonVocab>, root: Root) -> Self {
         JsonConstraint {
             vocab,
-            state: JsonState::new(root),
+            mode: Mode::Json(JsonState::new(root)),
         }
     }
 
-    /// The parser state.
-    pub fn state(&self) -> &JsonState {
-        &self.state
+    /// A constraint at the start of a document valid against `schema`.
+    pub fn with_schema(vocab: Arc<JsonVocab>, schema: Arc<Schema>) -> Self {
+        JsonConstraint {
+            vocab,
+            mode: Mode::Schema(schema, SchemaState::new()),
+        }
     }
 
-    /// True when the text so far is a complete JSON value.
+    /// The plain-JSON parser state (`None` under a schema).
+    pub fn state(&self) -> Option<&JsonState> {
+        match &self.mode {
+            Mode::Json(s) => Some(s),
+            Mode::Schema(..) => None,
+        }
+    }
+
+    /// True when the text so far is a complete JSON value (valid against the schema).
     pub fn is_complete(&self) -> bool {
-        self.state.is_complete()
+        match &self.mode {
+            Mode::Json(s) => s.is_complete(),
+            Mode::Schema(g, s) => g.is_complete(s),
+        }
+    }
+
+    /// The fewest bytes that complete the text from here.
+    pub fn distance(&self) -> usize {
+        match &self.mode {
+            Mode::Json(s) => s.distance(),
+            Mode::Schema(g, s) => g.distance(s),
+        }
     }
 
     /// The allowed tokens now, given that at most `remaining` tokens (this one included) may
     /// still be generated. When no token can keep the value closable in the budget, the
     /// grammar-only mask is returned (best effort).
     pub fn allowed(&self, remaining: Option<usize>) -> Arc<TokenMask> {
-        let mask = self.vocab.mask(&self.state);
+        match &self.mode {
+            Mode::Json(s) => self.allowed_in(&Json, s, remaining),
+            Mode::Schema(g, s) => self.allowed_in(&**g, s, remaining),
+        }
+    }
+
+    fn allowed_in<G: Grammar>(
+        &self,
+        g: &G,
+        state: &G::State,
+        remaining: Option<usize>,
+    ) -> Arc<TokenMask> {
+        let mask = self.vocab.mask(g, state);
         let Some(rem) = remaining else {
             return mask;
         };
         let left = rem.saturating_sub(1);
-        let dist = self.state.distance();
-        if dist + MAX_GROWTH_PER_BYTE * self.vocab.max_len <= left {
+        let dist = g.distance(state);
+        let growth = g.max_growth();
+        if dist.saturating_add(growth.saturating_mul(self.vocab.max_len)) <= left {
             return mask;
         }
         // The budget may bind: check each allowed token whose bytes could push the distance
@@ -285,12 +397,12 @@ impl JsonConstraint {
         for t in mask.iter() {
             let b = self.vocab.bytes(t);
             let ok = if b.is_empty() {
-                self.state.is_complete() // end of generation
-            } else if dist + MAX_GROWTH_PER_BYTE * b.len() <= left {
+                g.is_complete(state) // end of generation
+            } else if dist.saturating_add(growth.saturating_mul(b.len())) <= left {
                 true
             } else {
-                let mut s = self.state;
-                s.feed(b) && s.distance() <= left
+                let mut s = *state;
+                g.feed(&mut s, b) && g.distance(&s) <= left
             };
             if ok {
                 tight.set(t);
@@ -319,20 +431,28 @@ impl JsonConstraint {
     /// Advance over token `id`; false if the grammar does not allow it (the state is then
     /// left unchanged).
     pub fn accept(&mut self, id: u32) -> bool {
-        if self.vocab.eog.contains(&id) {
-            return self.state.is_complete();
+        let vocab = &self.vocab;
+        match &mut self.mode {
+            Mode::Json(s) => accept_in(vocab, &Json, s, id),
+            Mode::Schema(g, s) => accept_in(vocab, &**g, s, id),
         }
-        let b = self.vocab.bytes(id);
-        if b.is_empty() {
-            return false;
-        }
-        let mut s = self.state;
-        if s.feed(b) {
-            self.state = s;
-            true
-        } else {
-            false
-        }
+    }
+}
+
+fn accept_in<G: Grammar>(vocab: &JsonVocab, g: &G, state: &mut G::State, id: u32) -> bool {
+    if vocab.eog.contains(&id) {
+        return g.is_complete(state);
+    }
+    let b = vocab.bytes(id);
+    if b.is_empty() {
+        return false;
+    }
+    let mut s = *state;
+    if g.feed(&mut s, b) {
+        *state = s;
+        true
+    } else {
+        false
     }
 }
 
@@ -415,7 +535,7 @@ mod tests {
         ] {
             let mut st = JsonState::new(Root::Object);
             assert!(st.feed(prefix.as_bytes()));
-            let m = v.walk(st, None);
+            let m = v.walk(&Json, st, None);
             for id in 0..tok.vocab_size() as u32 {
                 let want = if tok.is_eog(id) {
                     st.is_complete()
