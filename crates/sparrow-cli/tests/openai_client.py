@@ -1,11 +1,14 @@
 """Drives `sparrow serve` with the official openai package: chat completion, streaming,
-JSON mode, completions, models. Usage: openai_client.py BASE_URL API_KEY MAX_TOKENS"""
+JSON mode, JSON schemas (every completion validated by the `jsonschema` package),
+completions, models. Usage: openai_client.py BASE_URL API_KEY MAX_TOKENS [N_SCHEMA]"""
 import json
 import sys
 
+import jsonschema
 import openai
 
 base, key, max_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+n_schema = int(sys.argv[4]) if len(sys.argv) > 4 else 6
 client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=600)
 msgs = [{"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Name one bird."}]
@@ -59,6 +62,55 @@ for seed in range(3):
     v = json.loads(j.choices[0].message.content)
     assert isinstance(v, dict), v
     print("json:", j.choices[0].message.content)
+
+# JSON schemas: sampled (temperature 1, a seed each) under each schema's grammar; every
+# completion must parse and validate against its schema, whatever the model would say.
+SCHEMAS = [
+    {"type": "object", "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"},
+        "email": {"type": "string"}}, "required": ["name", "age"],
+     "additionalProperties": False},
+    {"type": "object", "properties": {
+        "kind": {"enum": ["bird", "fish", "insect"]},
+        "wingspan_cm": {"type": "number"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        "endangered": {"type": "boolean"},
+        "note": {"type": ["string", "null"]}},
+     "required": ["kind", "endangered", "tags"]},
+    {"type": "array", "minItems": 1, "maxItems": 4, "items": {
+        "type": "object", "properties": {
+            "x": {"type": "integer"}, "y": {"type": "integer"},
+            "label": {"const": "point"}},
+        "required": ["x", "y", "label"]}},
+    {"type": "object", "properties": {
+        "inner": {"type": "object", "properties": {
+            "ok": {"type": "boolean"}, "n": {"type": "null"}}, "required": ["ok", "n"]}},
+     "required": ["inner"]},
+]
+valid = 0
+for i in range(n_schema):
+    schema = SCHEMAS[i % len(SCHEMAS)]
+    r = client.chat.completions.create(
+        model="sparrow", max_tokens=max(96, max_tokens * 6), temperature=1.0, seed=100 + i,
+        messages=[{"role": "user", "content": "Reply with JSON."}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}})
+    text = r.choices[0].message.content
+    jsonschema.validate(json.loads(text), schema)
+    valid += 1
+print(f"json_schema: {valid}/{n_schema} completions valid")
+# Malformed or unsupported schemas are 400s naming the problem.
+for bad, needle in [
+        ({"type": "string", "pattern": "^a"}, "pattern"),
+        ({"type": "object", "properties": {"a": {"$ref": "#/x"}}}, "$ref"),
+        ({"type": "widget"}, "widget")]:
+    try:
+        client.chat.completions.create(
+            model="sparrow", max_tokens=8, messages=msgs,
+            response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}})
+        raise AssertionError(f"schema {bad} was accepted")
+    except openai.BadRequestError as e:
+        assert needle in str(e), (needle, str(e))
 
 # Log-probabilities: greedy picks each step's top alternative; one entry per token.
 lp = client.chat.completions.create(model="sparrow", messages=msgs, max_tokens=max_tokens,

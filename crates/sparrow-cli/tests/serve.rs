@@ -158,15 +158,19 @@ fn pip_openai() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let ok = Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "openai"])
+            .args(["-m", "pip", "install", "--quiet", "openai", "jsonschema"])
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
-        assert!(ok, "python3 -m pip install --quiet openai failed");
+        assert!(
+            ok,
+            "python3 -m pip install --quiet openai jsonschema failed"
+        );
     });
 }
 
-fn run_openai(server: &Server, key: &str, max_tokens: usize) {
+/// The openai-package script against `server`, with `n_schema` JSON-schema completions.
+fn run_openai(server: &Server, key: &str, max_tokens: usize, n_schema: usize) {
     pip_openai();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
     let out = Command::new("python3")
@@ -175,6 +179,7 @@ fn run_openai(server: &Server, key: &str, max_tokens: usize) {
             &format!("{}/v1", server.url()),
             key,
             &max_tokens.to_string(),
+            &n_schema.to_string(),
         ])
         .output()
         .unwrap();
@@ -196,7 +201,7 @@ fn openai_client_and_curl_on_synthetic_model() {
         &synthetic_model(),
         &["--api-key", "sekret", "--max-prompt-tokens", "200"],
     );
-    run_openai(&s, "sekret", 16);
+    run_openai(&s, "sekret", 16, 100);
 
     let url = |p: &str| format!("{}{p}", s.url());
     let auth = "Authorization: Bearer sekret";
@@ -448,7 +453,7 @@ fn load_test_synthetic() {
 #[test]
 fn openai_client_on_real_model() {
     let s = Server::start(&qwen(), &["--api-key", "k", "-c", "1024"]);
-    run_openai(&s, "k", 6);
+    run_openai(&s, "k", 6, 4);
 }
 
 // ---- The KV cache and attention flags (`KvArgs`) on `sparrow serve`. ----

@@ -349,6 +349,7 @@ async fn handle(
         max_tokens,
         stop: req.stop.clone(),
         json: req.json,
+        schema: req.schema.clone(),
         ignore_eos: req.ignore_eos,
         logprobs: req.logprobs,
         tx,

@@ -14,7 +14,7 @@
 
 use super::metrics::Metrics;
 use sparrow::attention::AttentionChoice;
-use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
+use sparrow::grammar::{JsonConstraint, JsonVocab, Root, Schema};
 use sparrow::tokenizer::Tokenizer;
 use sparrow::{
     Generation, Logits, Model, Next, Sampler, SamplerConfig, Session, SessionStep, StopReason,
@@ -32,8 +32,11 @@ pub struct Job {
     pub sampler: SamplerConfig,
     pub max_tokens: usize,
     pub stop: Vec<String>,
+    /// The output is a JSON object (`response_format: json_object`).
     pub json: bool,
-    /// Keep going past end-of-generation tokens (not with `json`).
+    /// The output is a JSON value valid against this schema (`json_schema`).
+    pub schema: Option<Arc<Schema>>,
+    /// Keep going past end-of-generation tokens (not under a grammar).
     pub ignore_eos: bool,
     /// Report each generated token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
@@ -404,9 +407,15 @@ impl Worker {
         let shared = self.slots[slot].session.reuse_prefix(&job.prompt);
         let mut sampler = Sampler::new(job.sampler.clone());
         sampler.accept(&job.prompt);
-        let mut gen = Generation::new(job.max_tokens, job.ignore_eos && !job.json)
-            .with_stops(job.stop.clone());
-        if job.json {
+        // A grammar ends at the end-of-generation token it allows once the value is
+        // complete, whatever `ignore_eos` says.
+        let mut gen = Generation::new(job.max_tokens, job.ignore_eos).with_stops(job.stop.clone());
+        if let Some(schema) = &job.schema {
+            gen = gen.with_constraint(JsonConstraint::with_schema(
+                self.json_vocab.clone(),
+                schema.clone(),
+            ));
+        } else if job.json {
             gen = gen.with_constraint(JsonConstraint::new(self.json_vocab.clone(), Root::Object));
         }
         if let Some(k) = job.logprobs {
