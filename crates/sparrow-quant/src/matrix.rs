@@ -433,8 +433,8 @@ fn matmul_with(
     Ok(())
 }
 
-/// Tokens a multi-token kernel takes per pass over a weight row (the x86 kernels' widest
-/// group), for sizing parallel tasks by the weight passes they make.
+/// Tokens a multi-token kernel takes per pass over a weight row, roughly (the x86 kernels
+/// take 2 to 8 by format and level), for sizing parallel tasks by the passes they make.
 const MULTI_WIDTH: usize = 4;
 
 /// `out[t * rows + r]` for every token `t` and row `r`, `f(row r, o)` writing row `r`'s

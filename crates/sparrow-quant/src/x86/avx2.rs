@@ -902,8 +902,8 @@ multi_entries! {
     features = "avx2,fma,f16c", vnni = false;
     q8_0, q8_0_multi [4, 3, 2, 1] = q8_0_body(Q8_0Slice<'_>);
     q5_0_packed, q5_0_packed_multi [4, 3, 2, 1] = q5_0_packed_body(Q8_0Slice<'_>);
-    q4_k, q4_k_multi [4, 3, 2, 1] = q4_k_body(Q8KSlice<'_>);
-    q6_k, q6_k_multi [4, 3, 2, 1] = q6_k_body(Q8KSlice<'_>);
+    q4_k, q4_k_multi [2, 1] = q4_k_body(Q8KSlice<'_>);
+    q6_k, q6_k_multi [2, 1] = q6_k_body(Q8KSlice<'_>);
 }
 
 // (The AVX-512 level's Q8_0 is `super::avx512::q8_0`, which runs this Q8_0 body for an odd
@@ -911,6 +911,6 @@ multi_entries! {
 multi_entries! {
     features = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", vnni = true;
     q5_0_packed_vnni, q5_0_packed_vnni_multi [4, 3, 2, 1] = q5_0_packed_body(Q8_0Slice<'_>);
-    q4_k_vnni, q4_k_vnni_multi [4, 3, 2, 1] = q4_k_body(Q8KSlice<'_>);
-    q6_k_vnni, q6_k_vnni_multi [4, 3, 2, 1] = q6_k_body(Q8KSlice<'_>);
+    q4_k_vnni, q4_k_vnni_multi [2, 1] = q4_k_body(Q8KSlice<'_>);
+    q6_k_vnni, q6_k_vnni_multi [2, 1] = q6_k_body(Q8KSlice<'_>);
 }

@@ -130,8 +130,8 @@ pub(crate) fn dot_dequant<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
 
 /// Q8_0 weights against `N` tokens, two blocks per iteration; an odd last block goes to
 /// the 256-bit kernel. The weights' `w + 128` and their two f16 scales are computed once
-/// per pair of blocks; per token, one `vpdpbusd` started at `-128 * sum(x)` per block, the
-/// scales `d_w * d_x` as a pair, and one FMA. `N = 1` is the single-token kernel; each
+/// per pair of blocks; per token, one `vpdpbusd` of them and one of `128` (the offset,
+/// removed exactly in integers), the scales `d_w * d_x` as a pair, and one FMA. `N = 1` is the single-token kernel; each
 /// token's result is the same for every `N`.
 ///
 /// # Safety
@@ -144,7 +144,6 @@ unsafe fn q8_0_body<const N: usize>(row: &[u8], xs: &[Q8_0Slice<'_>; N]) -> [f32
     let w = row.as_ptr();
     let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
     let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
-    let sum: [*const i32; N] = core::array::from_fn(|t| xs[t].sum.as_ptr());
     let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     let mut acc = [_mm512_setzero_ps(); N];
     for i in 0..pairs {
@@ -160,9 +159,12 @@ unsafe fn q8_0_body<const N: usize>(row: &[u8], xs: &[Q8_0Slice<'_>; N]) -> [f32
             | (core::ptr::read_unaligned(b.add(34).cast::<u16>()) as u32) << 16;
         let dw = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
         for t in 0..N {
-            let (s0, s1) = (*sum[t].add(2 * i), *sum[t].add(2 * i + 1));
-            let init = lanes_0_8(-128 * s0, -128 * s1);
-            let p = _mm512_dpbusd_epi32(init, u, _mm512_loadu_si512(q[t].add(64 * i).cast()));
+            let xq = _mm512_loadu_si512(q[t].add(64 * i).cast());
+            // `sum (w + 128) x - sum 128 x`, per four bytes
+            let p = _mm512_sub_epi32(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xq),
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, xq),
+            );
             // `d_w * d_x` of both blocks, spread to eight lanes each
             let s = _mm_mul_ps(
                 dw,
@@ -198,7 +200,7 @@ pub(crate) fn q8_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn q8_0_multi(row: &[u8], xs: &[Q8_0Slice<'_>], out: &mut [f32]) {
     // SAFETY: every feature the body needs is enabled here.
-    unsafe { avx2::run_groups!(q8_0_body, row, xs, out, [4, 3, 2, 1]) }
+    unsafe { avx2::run_groups!(q8_0_body, row, xs, out, [8, 4, 3, 2, 1]) }
 }
 
 /// Q5_0 weights, two blocks per iteration: both blocks' nibbles in one register, the 64
