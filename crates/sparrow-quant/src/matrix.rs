@@ -327,8 +327,9 @@ pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), Qua
 /// decoded 32 rows at a time and every token runs through the decoded panel (see
 /// [`crate::gemm`]): the integer sums equal [`crate::dot_q8`]'s, the per-group f32 scaling
 /// is ordered differently, so results agree with it to f32 rounding. Otherwise each weight
-/// row is dotted against every token while it sits in L1, and results equal
-/// [`crate::dot_q8`] exactly.
+/// row is dotted against every token while it sits in L1 (through the multi-token kernel,
+/// [`Kernels::dot_q8_multi`], where the level has one: each block unpacked once per group
+/// of tokens), and results equal [`crate::dot_q8`] exactly.
 pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
     matmul_with(m, xs, out, Acts::Int8, m.kernels()?)
 }

@@ -3,8 +3,10 @@
 //! * f32 activations: 512-bit FMA, F16 widened with `vcvtph2ps` on 16 lanes.
 //! * int8, Q8_0 and Q5_0 (the formats most of a Q4_K_M model is made of): two 32-element
 //!   blocks per 512-bit register and `vpdpbusd`. Q8_0's signed weights become unsigned
-//!   with `w ^ 0x80 = w + 128`; the `128 * sum(x)` this adds, like Q5_0's `-16` offset, is
-//!   removed exactly by starting the i32 accumulator at `-offset * sum(x)` per block.
+//!   with `w ^ 0x80 = w + 128`; the `128 * sum(x)` this adds is removed exactly by a second
+//!   `vpdpbusd` of `128` and the activations (per token, so the multi-token kernel shares
+//!   the weight work), Q5_0's `-16` offset by starting the i32 accumulator at `-16 * sum(x)`
+//!   per block.
 //! * int8, every other format: the AVX2 algorithms with 256-bit VNNI (`vpdpbusd`,
 //!   `vpdpwssd`), i.e. the `*_vnni` entry points of [`super::avx2`].
 
