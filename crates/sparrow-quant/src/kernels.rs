@@ -23,7 +23,7 @@
 use std::sync::OnceLock;
 
 use crate::formats::{float, kquants, legacy, BlockFormat};
-use crate::q8::{self, Q8Dot};
+use crate::q8::{self, Q8Dot, Q8DotMulti};
 use crate::{packed, GgmlType};
 
 /// An instruction-set level with its own kernel table.
@@ -130,6 +130,10 @@ pub struct Kernels {
     pub dot: fn(bytes: &[u8], x: &[f32]) -> f32,
     /// Dot of whole blocks with int8-quantized activations, if this format has one.
     pub dot_q8: Option<Q8Dot>,
+    /// The multi-token form of `dot_q8` (one weight row against several tokens, each
+    /// block unpacked once; bit-identical to `dot_q8` per token), where this level has one.
+    /// [`crate::matmul`] uses it for batches below the panel threshold.
+    pub dot_q8_multi: Option<Q8DotMulti>,
     /// Whether these kernels read rows in sparrow's packed layout (see [`crate::packed`])
     /// rather than ggml's.
     pub packed: bool,
@@ -142,6 +146,7 @@ const fn table_of<F: BlockFormat>() -> Kernels {
         dequantize: F::dequantize_row,
         dot: F::dot_row,
         dot_q8: None,
+        dot_q8_multi: None,
         packed: false,
     }
 }
@@ -177,6 +182,7 @@ static PACKED_SCALAR: &[Kernels] = &[Kernels {
     dequantize: packed::q5_0_dequantize,
     dot: packed::q5_0_dot,
     dot_q8: Some(Q8Dot::Q8_0(packed::q5_0_dot_q8)),
+    dot_q8_multi: None,
     packed: true,
 }];
 

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::q8::{Q8Dot, Q8KActs, Q8_0Acts};
+use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8_0Acts};
 use crate::{GgmlType, Kernels, QuantError, SimdLevel};
 
 /// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).
@@ -327,8 +327,9 @@ pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), Qua
 /// decoded 32 rows at a time and every token runs through the decoded panel (see
 /// [`crate::gemm`]): the integer sums equal [`crate::dot_q8`]'s, the per-group f32 scaling
 /// is ordered differently, so results agree with it to f32 rounding. Otherwise each weight
-/// row is dotted against every token while it sits in L1, and results equal
-/// [`crate::dot_q8`] exactly.
+/// row is dotted against every token while it sits in L1 (through the multi-token kernel,
+/// [`Kernels::dot_q8_multi`], where the level has one: each block unpacked once per group
+/// of tokens), and results equal [`crate::dot_q8`] exactly.
 pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
     matmul_with(m, xs, out, Acts::Int8, m.kernels()?)
 }
@@ -395,61 +396,98 @@ fn matmul_with(
         return Ok(());
     }
     let tokens = || xs.chunks_exact(m.cols).take(n_tokens);
-    match (acts, k.dot_q8) {
-        (Acts::Int8, Some(Q8Dot::Q8_0(f))) => {
+    // Below the panel threshold each weight row is dotted with every token while it sits in
+    // L1: through the multi-token kernel where the level has one (each block unpacked once
+    // for a group of tokens, results bit-identical to `dot_q8`), else once per token.
+    match (acts, k.dot_q8, k.dot_q8_multi) {
+        (Acts::Int8, Some(Q8Dot::Q8_0(f)), multi) => {
             let a: Vec<Q8_0Acts> = tokens().map(Q8_0Acts::new).collect();
             let a: Vec<_> = a.iter().map(|a| a.as_slice()).collect();
-            matmul_rows(m, n_tokens, out, |row, t| f(row, a[t]));
+            match multi {
+                Some(Q8DotMulti::Q8_0(g)) => {
+                    matmul_rows(m, n_tokens, MULTI_WIDTH, out, |row, o| g(row, &a, o))
+                }
+                _ => matmul_rows(m, n_tokens, 1, out, |row, o| {
+                    o.iter_mut().zip(&a).for_each(|(v, &x)| *v = f(row, x))
+                }),
+            }
         }
-        (Acts::Int8, Some(Q8Dot::Q8K(f))) => {
+        (Acts::Int8, Some(Q8Dot::Q8K(f)), multi) => {
             let a: Vec<Q8KActs> = tokens().map(Q8KActs::new).collect();
             let a: Vec<_> = a.iter().map(|a| a.as_slice()).collect();
-            matmul_rows(m, n_tokens, out, |row, t| f(row, a[t]));
+            match multi {
+                Some(Q8DotMulti::Q8K(g)) => {
+                    matmul_rows(m, n_tokens, MULTI_WIDTH, out, |row, o| g(row, &a, o))
+                }
+                _ => matmul_rows(m, n_tokens, 1, out, |row, o| {
+                    o.iter_mut().zip(&a).for_each(|(v, &x)| *v = f(row, x))
+                }),
+            }
         }
         _ => {
             let x: Vec<&[f32]> = tokens().collect();
-            matmul_rows(m, n_tokens, out, |row, t| (k.dot)(row, x[t]));
+            matmul_rows(m, n_tokens, 1, out, |row, o| {
+                o.iter_mut().zip(&x).for_each(|(v, x)| *v = (k.dot)(row, x))
+            });
         }
     }
     Ok(())
 }
 
-/// `out[t * rows + r] = f(row r, t)`, parallel over chunks of rows, each row walked for
-/// every token while it is in L1.
+/// Tokens a multi-token kernel takes per pass over a weight row, roughly (the x86 kernels
+/// take 2 to 8 by format and level), for sizing parallel tasks by the passes they make.
+const MULTI_WIDTH: usize = 4;
+
+/// `out[t * rows + r]` for every token `t` and row `r`, `f(row r, o)` writing row `r`'s
+/// value for every token into `o` (`n_tokens` long); parallel over chunks of rows, sized as
+/// `n_tokens / per_pass` passes over each row. Each task writes its rows of every token's
+/// output directly (the outputs are split into per-chunk, per-token slices up front), so
+/// nothing is allocated per task and nothing transposed afterwards.
 fn matmul_rows(
     m: &QMatrix<'_>,
     n_tokens: usize,
+    per_pass: usize,
     out: &mut [f32],
-    f: impl Fn(&[u8], usize) -> f32 + Sync,
+    f: impl Fn(&[u8], &mut [f32]) + Sync,
 ) {
-    // Computes rows [first, first + n) for all tokens, row-major by weight row.
-    let run = |first: usize, n: usize| -> Vec<f32> {
-        let mut local = Vec::with_capacity(n * n_tokens);
-        for r in first..first + n {
-            let row = &m.data[r * m.row_bytes..(r + 1) * m.row_bytes];
-            for t in 0..n_tokens {
-                local.push(f(row, t));
-            }
-        }
-        local
-    };
-    let chunk = m.rows_per_task(n_tokens);
+    let chunk = m.rows_per_task(n_tokens.div_ceil(per_pass));
     let n_chunks = m.rows.div_ceil(chunk);
-    let parts: Vec<Vec<f32>> = if n_chunks == 1 {
-        vec![run(0, m.rows)]
-    } else {
-        (0..n_chunks)
-            .into_par_iter()
-            .map(|c| run(c * chunk, chunk.min(m.rows - c * chunk)))
-            .collect()
-    };
-    // Transpose into token-major `out`; O(rows * n_tokens), negligible next to the dots.
-    for (c, part) in parts.iter().enumerate() {
-        for (j, per_token) in part.chunks_exact(n_tokens).enumerate() {
+    // Chunk-major: chunk `c`'s slice of token 0's outputs, of token 1's, ...
+    let mut per_token: Vec<_> = out
+        .chunks_exact_mut(m.rows)
+        .map(|o| o.chunks_mut(chunk))
+        .collect();
+    let mut parts: Vec<&mut [f32]> = Vec::with_capacity(n_chunks * n_tokens);
+    for _ in 0..n_chunks {
+        for it in per_token.iter_mut() {
+            parts.extend(it.next());
+        }
+    }
+    // Rows `c * chunk..` of every token, `outs[t]` token `t`'s slice of them.
+    let run = |c: usize, outs: &mut [&mut [f32]]| {
+        let mut stack = [0f32; 16];
+        let mut heap = Vec::new();
+        let vals: &mut [f32] = if n_tokens <= stack.len() {
+            &mut stack[..n_tokens]
+        } else {
+            heap.resize(n_tokens, 0.0);
+            &mut heap
+        };
+        let rows = outs.first().map_or(0, |o| o.len());
+        for j in 0..rows {
             let r = c * chunk + j;
-            for (t, &v) in per_token.iter().enumerate() {
-                out[t * m.rows + r] = v;
+            f(&m.data[r * m.row_bytes..(r + 1) * m.row_bytes], vals);
+            for (o, &v) in outs.iter_mut().zip(vals.iter()) {
+                o[j] = v;
             }
         }
+    };
+    if n_chunks == 1 {
+        run(0, &mut parts);
+    } else {
+        parts
+            .par_chunks_mut(n_tokens)
+            .enumerate()
+            .for_each(|(c, outs)| run(c, outs));
     }
 }

@@ -274,6 +274,20 @@ impl Q8Dot {
     }
 }
 
+/// A multi-token int8 kernel: one weight row against several tokens' activations at once,
+/// unpacking each weight block once and dotting it with every token. `out[t]` (for `t <
+/// xs.len()`, `out.len() == xs.len()`) is bit for bit what the same level's [`Q8Dot`]
+/// gives for `xs[t]`: the single-token kernel is the same body instantiated for one
+/// token, and every token sees the same integer sums and f32 operations in the same order.
+/// Any number of tokens is accepted; the kernel takes them in groups of its width.
+#[derive(Clone, Copy, Debug)]
+pub enum Q8DotMulti {
+    /// Takes Q8_0 activations (legacy 32-element formats).
+    Q8_0(fn(row: &[u8], xs: &[Q8_0Slice<'_>], out: &mut [f32])),
+    /// Takes Q8_K activations (k-quants).
+    Q8K(fn(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32])),
+}
+
 /// The bound on `|int8 dot - f32 dot|` due to quantizing `x` as the kernel for `ty` does,
 /// given the dequantized weights `w` (see the module docs). Per activation block of largest
 /// magnitude `a`, each activation moves by at most `d/2 = a/254` (rounding to the grid)

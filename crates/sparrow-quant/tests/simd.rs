@@ -609,3 +609,159 @@ fn packed_matrix_products_match_the_ggml_layout() {
     }
     assert!(QMatrix::new_packed(GgmlType::Q8_0, &[0u8; 34], 1, 32).is_err());
 }
+
+/// The multi-token kernels (`Kernels::dot_q8_multi`: one weight row against a group of
+/// tokens, each block unpacked once), which `matmul` runs below the panel threshold, give
+/// every token exactly what the same level's single-token `dot_q8` gives, to the bit: for
+/// every level and format that has one (on x86_64 at least Q8_0, Q4_K, Q6_K and packed
+/// Q5_0), 1..=9 tokens (whole groups and every remainder), rows with edge scales (see
+/// `edge_row`) and rows of all-extreme quants, row lengths with an odd last block (Q8_0's
+/// AVX-512 pairs) and, packed, a row shorter than a group, whole groups, and whole groups
+/// plus a partial trailing group in ggml's layout. Checked through `matmul_at_level`, the
+/// kernel called directly, and at the active level against `matvec` per token.
+#[test]
+fn multi_token_kernels_equal_the_single_token_kernel_bit_for_bit() {
+    use sparrow_quant::packed::pack_rows;
+    use sparrow_quant::q8::Q8DotMulti;
+    use sparrow_quant::{matmul, matmul_at_level, matvec, QMatrix};
+    let mut rng = Rng::new(29);
+    let mut tested = Vec::new();
+    for level in simd_levels() {
+        for &ty in SUPPORTED {
+            for packed in [false, true] {
+                let k = if packed {
+                    Kernels::packed_for_level(ty, level)
+                } else {
+                    Kernels::for_level(ty, level)
+                };
+                let Some(k) = k else { continue };
+                let (Some(single), Some(multi)) = (k.dot_q8, k.dot_q8_multi) else {
+                    continue;
+                };
+                tested.push((level, ty, packed));
+                let col_counts: &[usize] = match ty.block_elems() {
+                    32 if packed => &[32 * 3, 32 * 8, 32 * 11],
+                    32 => &[32 * 7, 32 * 8],
+                    _ => &[256, 256 * 3],
+                };
+                for &cols in col_counts {
+                    let rows = 13;
+                    let mut data = Vec::new();
+                    for r in 0..rows {
+                        let mut row = edge_row(&mut rng, ty, cols);
+                        if r == 5 {
+                            // every quant byte at its extreme, unit scales
+                            row.fill(0xFF);
+                            for b in row.chunks_exact_mut(ty.block_bytes()) {
+                                for &(off, is_f32) in scale_fields(ty) {
+                                    let one: &[u8] = if is_f32 {
+                                        &[0, 0, 0x80, 0x3F]
+                                    } else {
+                                        &[0, 0x3C]
+                                    };
+                                    b[off..off + one.len()].copy_from_slice(one);
+                                }
+                            }
+                        }
+                        data.extend(row);
+                    }
+                    if packed {
+                        let plain = data.clone();
+                        pack_rows(ty, &plain, plain.len() / rows, &mut data).unwrap();
+                    }
+                    let m = if packed {
+                        QMatrix::new_packed(ty, &data, rows, cols).unwrap()
+                    } else {
+                        QMatrix::new(ty, &data, rows, cols).unwrap()
+                    };
+                    for n_tokens in 1..=9 {
+                        let mut xs: Vec<f32> = (0..n_tokens)
+                            .flat_map(|_| activations(&mut rng, cols))
+                            .collect();
+                        if n_tokens == 3 {
+                            // one token of +-1 only: every activation quantizes to +-127
+                            for (i, v) in xs[..cols].iter_mut().enumerate() {
+                                *v = if i % 7 == 3 { -1.0 } else { 1.0 };
+                            }
+                        }
+                        let tokens: Vec<&[f32]> = xs.chunks_exact(cols).collect();
+                        let a0: Vec<Q8_0Acts> = tokens.iter().map(|x| Q8_0Acts::new(x)).collect();
+                        let ak: Vec<Q8KActs> = tokens
+                            .iter()
+                            .map(|x| match single.act_type() {
+                                GgmlType::Q8_K => Q8KActs::new(x),
+                                _ => Q8KActs::new(&[]),
+                            })
+                            .collect();
+                        let mut got = vec![f32::NAN; n_tokens * rows];
+                        matmul_at_level(level, &m, &xs, &mut got).unwrap();
+                        for r in 0..rows {
+                            let row = m.row(r);
+                            let mut direct = vec![f32::NAN; n_tokens];
+                            match multi {
+                                Q8DotMulti::Q8_0(f) => {
+                                    let s: Vec<_> = a0.iter().map(|a| a.as_slice()).collect();
+                                    f(row, &s, &mut direct)
+                                }
+                                Q8DotMulti::Q8K(f) => {
+                                    let s: Vec<_> = ak.iter().map(|a| a.as_slice()).collect();
+                                    f(row, &s, &mut direct)
+                                }
+                            }
+                            for t in 0..n_tokens {
+                                let want = run_q8(single, row, &a0[t], &ak[t]);
+                                let what = format!(
+                                    "{level:?} {ty} packed={packed} {rows}x{cols} \
+                                     n={n_tokens} row {r} token {t}"
+                                );
+                                assert_eq!(
+                                    got[t * rows + r].to_bits(),
+                                    want.to_bits(),
+                                    "{what}: matmul {:e} vs dot_q8 {want:e}",
+                                    got[t * rows + r]
+                                );
+                                assert_eq!(
+                                    direct[t].to_bits(),
+                                    want.to_bits(),
+                                    "{what}: multi kernel {:e} vs dot_q8 {want:e}",
+                                    direct[t]
+                                );
+                            }
+                        }
+                        if level == SimdLevel::active() {
+                            let mut all = vec![f32::NAN; n_tokens * rows];
+                            matmul(&m, &xs, &mut all).unwrap();
+                            for (t, x) in tokens.iter().enumerate() {
+                                let mut one = vec![f32::NAN; rows];
+                                matvec(&m, x, &mut one).unwrap();
+                                let bits =
+                                    |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                                assert_eq!(
+                                    bits(&all[t * rows..(t + 1) * rows]),
+                                    bits(&one),
+                                    "{level:?} {ty} packed={packed} cols={cols} n={n_tokens} \
+                                     token {t}: matmul vs matvec"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("multi-token kernels tested: {tested:?}");
+    #[cfg(target_arch = "x86_64")]
+    for level in simd_levels() {
+        for (ty, packed) in [
+            (GgmlType::Q8_0, false),
+            (GgmlType::Q4_K, false),
+            (GgmlType::Q6_K, false),
+            (GgmlType::Q5_0, true),
+        ] {
+            assert!(
+                tested.contains(&(level, ty, packed)),
+                "{level:?} {ty} packed={packed} has no multi-token kernel"
+            );
+        }
+    }
+}

@@ -34,6 +34,7 @@ const fn k(
         dequantize,
         dot,
         dot_q8,
+        dot_q8_multi: None,
         packed: false,
     }
 }
@@ -154,6 +155,7 @@ const fn packed(level: SimdLevel, dot_q8: fn(&[u8], Q8_0Slice<'_>) -> f32) -> Ke
         dequantize: crate::packed::q5_0_dequantize,
         dot: crate::packed::q5_0_dot,
         dot_q8: Some(Q8Dot::Q8_0(dot_q8)),
+        dot_q8_multi: None,
         packed: true,
     }
 }

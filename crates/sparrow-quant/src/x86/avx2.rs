@@ -259,47 +259,77 @@ unsafe fn f16_ptr(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
-/// One Q8_0 block times its activation block: the eight i32 partial sums as f32 lanes,
-/// and the combined scale `d_w * d_x`.
-///
-/// # Safety
-/// `w` must point to a whole 34-byte block and `q` to 32 readable quants; features as
-/// [`acc_u8i8`] plus F16C.
+/// Number of whole blocks a legacy-format row has in common with every token's
+/// activations (see [`common_blocks`]).
 #[inline(always)]
-unsafe fn q8_0_block<const V: bool>(w: *const u8, q: *const i8, dx: f32) -> (__m256, __m256) {
-    let wq = _mm256_loadu_si256(w.add(2).cast());
-    let xq = _mm256_loadu_si256(q.cast());
-    let p = acc_i8i8::<V>(_mm256_setzero_si256(), wq, xq);
-    (_mm256_set1_ps(f16_ptr(w) * dx), _mm256_cvtepi32_ps(p))
+pub(super) fn common_blocks_all<const N: usize>(
+    row: &[u8],
+    block_bytes: usize,
+    xs: &[Q8_0Slice<'_>; N],
+) -> usize {
+    xs.iter().fold(row.len() / block_bytes, |n, &x| {
+        n.min(common_blocks(row, block_bytes, x))
+    })
 }
 
-/// Q8_0 weights: signed bytes, two blocks per iteration into two accumulators (kept in
-/// registers: explicit pointers instead of an indexed accumulator array, which the
-/// compiler spilled to the stack and so chained every block through a store and a load).
+/// One Q8_0 block (`b`, block index `k` of the row) times block `k` of each token's
+/// activations, accumulated into `acc[t]`: `|w|` and the f16 scale are computed once, then
+/// per token `acc[t] += (d_w * d_x) * sum(w * x)`, the same operations as for one token.
+///
+/// # Safety
+/// `b` must point to a whole 34-byte block and each `q[t]`, `d[t]` to at least `k + 1`
+/// blocks of quants and scales; features as [`acc_u8i8`] plus FMA and F16C.
+#[inline(always)]
+unsafe fn q8_0_step<const V: bool, const N: usize>(
+    b: *const u8,
+    q: &[*const i8; N],
+    d: &[*const f32; N],
+    k: usize,
+    acc: &mut [__m256; N],
+) {
+    let wq = _mm256_loadu_si256(b.add(2).cast());
+    let aw = _mm256_sign_epi8(wq, wq);
+    let dw = f16_ptr(b);
+    for t in 0..N {
+        let xq = _mm256_loadu_si256(q[t].add(32 * k).cast());
+        let p = acc_u8i8::<V>(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xq, wq));
+        let s = _mm256_set1_ps(dw * *d[t].add(k));
+        acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[t]);
+    }
+}
+
+/// Q8_0 weights against `N` tokens: signed bytes, two blocks per iteration into two
+/// accumulators per token (even and odd blocks; kept in registers: explicit pointers and
+/// constant indices only, as an accumulator indexed by a run-time value was spilled to the
+/// stack, chaining every block through a store and a load). `N = 1` is the single-token
+/// kernel; each token's result is the same for every `N`.
 ///
 /// # Safety
 /// As [`acc_u8i8`], plus FMA and F16C.
 #[inline(always)]
-unsafe fn q8_0_body<const V: bool>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    let n = common_blocks(row, 34, x);
-    let (w, q, d) = (row.as_ptr(), x.qs.as_ptr(), x.d.as_ptr());
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+pub(super) unsafe fn q8_0_body<const V: bool, const N: usize>(
+    row: &[u8],
+    xs: &[Q8_0Slice<'_>; N],
+) -> [f32; N] {
+    let n = common_blocks_all(row, 34, xs);
+    let w = row.as_ptr();
+    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
+    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
+    let mut acc0 = [_mm256_setzero_ps(); N];
+    let mut acc1 = [_mm256_setzero_ps(); N];
     let mut k = 0;
     // SAFETY (all block reads below): `k < n` (or `k + 1 < n`), and `n` whole blocks of
-    // weights, quants and scales are in bounds by `common_blocks`.
+    // weights, and of every token's quants and scales, are in bounds by `common_blocks_all`.
     while k + 1 < n {
         prefetch_ahead(w.add(34 * k));
-        let (s0, p0) = q8_0_block::<V>(w.add(34 * k), q.add(32 * k), *d.add(k));
-        let (s1, p1) = q8_0_block::<V>(w.add(34 * k + 34), q.add(32 * k + 32), *d.add(k + 1));
-        acc0 = _mm256_fmadd_ps(s0, p0, acc0);
-        acc1 = _mm256_fmadd_ps(s1, p1, acc1);
+        q8_0_step::<V, N>(w.add(34 * k), &q, &d, k, &mut acc0);
+        q8_0_step::<V, N>(w.add(34 * k + 34), &q, &d, k + 1, &mut acc1);
         k += 2;
     }
     if k < n {
-        let (s0, p0) = q8_0_block::<V>(w.add(34 * k), q.add(32 * k), *d.add(k));
-        acc0 = _mm256_fmadd_ps(s0, p0, acc0);
+        q8_0_step::<V, N>(w.add(34 * k), &q, &d, k, &mut acc0);
     }
-    hsum_ps(_mm256_add_ps(acc0, acc1))
+    core::array::from_fn(|t| hsum_ps(_mm256_add_ps(acc0[t], acc1[t])))
 }
 
 /// Layout of a legacy format `TY`: Q4_0 (`TY = 0`), Q4_1 (1), Q5_0 (2), Q5_1 (3).
@@ -406,79 +436,88 @@ unsafe fn legacy_body<const TY: u8, const V: bool>(row: &[u8], x: Q8_0Slice<'_>)
     hsum_ps(_mm256_add_ps(acc0, acc1)) + macc
 }
 
-/// Q5_0 rows in the packed layout (see `crate::packed`): per group of four blocks, one
-/// conversion for the four scales, one shift for the transposed fifth bits, and per block
-/// a shift and a mask for its fifth bits and one or two operations for its nibbles. The
-/// integer sums (offset removed per block, as in [`legacy_body`]) equal the scalar
-/// reference's; blocks after the last whole group are in ggml's layout.
+/// Q5_0 rows in the packed layout (see `crate::packed`) against `N` tokens: per group of
+/// four blocks, one conversion for the four scales, one shift for the transposed fifth
+/// bits, and per block a shift and a mask for its fifth bits and one or two operations for
+/// its nibbles, all shared by the tokens; per block and token one multiply-accumulate, the
+/// offset removal and one FMA. The integer sums (offset removed per block, as in
+/// [`legacy_body`]) equal the scalar reference's; blocks after the last whole group are in
+/// ggml's layout. `N = 1` is the single-token kernel; each token's result is the same for
+/// every `N`.
 ///
 /// # Safety
 /// As [`acc_u8i8`], plus FMA and F16C.
 #[inline(always)]
-unsafe fn q5_0_packed_body<const V: bool>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
+unsafe fn q5_0_packed_body<const V: bool, const N: usize>(
+    row: &[u8],
+    xs: &[Q8_0Slice<'_>; N],
+) -> [f32; N] {
     use crate::packed::{GROUP_BLOCKS, GROUP_BYTES};
-    let n = common_blocks(row, 22, x);
+    let n = common_blocks_all(row, 22, xs);
     let groups = n / GROUP_BLOCKS;
-    let (w, q, d, sum) = (row.as_ptr(), x.qs.as_ptr(), x.d.as_ptr(), x.sum.as_ptr());
+    let w = row.as_ptr();
+    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
+    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
+    let sum: [*const i32; N] = core::array::from_fn(|t| xs[t].sum.as_ptr());
     let m4 = _mm256_set1_epi8(0x0F);
     let b4 = _mm256_set1_epi8(0x10);
     // Shifts the upper 128 bits' bytes right by 4, bringing elements 16..32's fifth bits
     // (bits 4..8 of each byte) down to bits 0..4, where elements 0..16's sit below.
     let upper_by_4 = _mm256_setr_epi64x(0, 0, 4, 4);
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut acc0 = [_mm256_setzero_ps(); N];
+    let mut acc1 = [_mm256_setzero_ps(); N];
     for g in 0..groups {
         // SAFETY: group `g < groups` lies within the row's first `n` blocks (22 bytes
-        // each, 88 per group), and its 4 blocks of quants, scales and sums within `x`'s
-        // first `n` (see `common_blocks`).
+        // each, 88 per group), and its 4 blocks of quants, scales and sums within every
+        // token's first `n` (see `common_blocks_all`).
         let gp = w.add(g * GROUP_BYTES);
         prefetch_ahead(gp);
         let k0 = g * GROUP_BLOCKS;
-        let scales = _mm_mul_ps(
-            _mm_cvtph_ps(_mm_loadl_epi64(gp.cast())),
-            _mm_loadu_ps(d.add(k0)),
-        );
-        let scales = _mm256_castps128_ps256(scales);
+        let wscales = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_loadl_epi64(gp.cast())));
         let hi = _mm256_srlv_epi64(
             _mm256_broadcastsi128_si256(_mm_loadu_si128(gp.add(8).cast())),
             upper_by_4,
         );
         let q01 = _mm256_loadu_si256(gp.add(24).cast());
         let q23 = _mm256_loadu_si256(gp.add(56).cast());
-        // Block k's fifth bits sit at bit k: shift them to bit 4.
-        let fifth = [
-            _mm256_slli_epi16(hi, 4),
-            _mm256_slli_epi16(hi, 3),
-            _mm256_slli_epi16(hi, 2),
-            _mm256_slli_epi16(hi, 1),
-        ];
-        let lows = [
-            q01,
-            _mm256_srli_epi16(q01, 4),
-            q23,
-            _mm256_srli_epi16(q23, 4),
-        ];
         for k in 0..GROUP_BLOCKS {
-            let u = _mm256_or_si256(
-                _mm256_and_si256(lows[k], m4),
-                _mm256_and_si256(fifth[k], b4),
-            );
-            let xq = _mm256_loadu_si256(q.add(32 * (k0 + k)).cast());
-            let p = acc_u8i8::<V>(_mm256_setzero_si256(), u, xq);
-            let p = _mm256_sub_epi32(p, lane0(16 * *sum.add(k0 + k)));
-            let s = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(k as i32));
-            if k % 2 == 0 {
-                acc0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc0);
-            } else {
-                acc1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc1);
+            // Block k's nibbles, and its fifth bits (at bit k of `hi`) shifted to bit 4.
+            let (lows, fifth) = match k {
+                0 => (q01, _mm256_slli_epi16(hi, 4)),
+                1 => (_mm256_srli_epi16(q01, 4), _mm256_slli_epi16(hi, 3)),
+                2 => (q23, _mm256_slli_epi16(hi, 2)),
+                _ => (_mm256_srli_epi16(q23, 4), _mm256_slli_epi16(hi, 1)),
+            };
+            let u = _mm256_or_si256(_mm256_and_si256(lows, m4), _mm256_and_si256(fifth, b4));
+            let dw = _mm256_permutevar8x32_ps(wscales, _mm256_set1_epi32(k as i32));
+            for t in 0..N {
+                let xq = _mm256_loadu_si256(q[t].add(32 * (k0 + k)).cast());
+                let p = acc_u8i8::<V>(_mm256_setzero_si256(), u, xq);
+                let p = _mm256_sub_epi32(p, lane0(16 * *sum[t].add(k0 + k)));
+                // `d_w * d_x` in every lane, as one lane of the four scales' product
+                let s = _mm256_mul_ps(dw, _mm256_set1_ps(*d[t].add(k0 + k)));
+                if k % 2 == 0 {
+                    acc0[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc0[t]);
+                } else {
+                    acc1[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc1[t]);
+                }
             }
         }
     }
     for k in groups * GROUP_BLOCKS..n {
-        // SAFETY: `k < n`: a whole ggml-layout block and its activations are in bounds.
-        let (s, p) = legacy_block::<2, V>(w.add(22 * k), q.add(32 * k), *d.add(k), *sum.add(k));
-        acc0 = _mm256_fmadd_ps(s, p, acc0);
+        for t in 0..N {
+            // SAFETY: `k < n`: a whole ggml-layout block and every token's activations
+            // for it are in bounds.
+            let (s, p) = legacy_block::<2, V>(
+                w.add(22 * k),
+                q[t].add(32 * k),
+                *d[t].add(k),
+                *sum[t].add(k),
+            );
+            acc0[t] = _mm256_fmadd_ps(s, p, acc0[t]);
+        }
     }
-    hsum_ps(_mm256_add_ps(acc0, acc1))
+    core::array::from_fn(|t| hsum_ps(_mm256_add_ps(acc0[t], acc1[t])))
 }
 
 // ---- int8 dots, k-quants (Q8_K activations) ---------------------------------------------
@@ -500,49 +539,71 @@ unsafe fn splat_i16_lane(j: usize) -> __m256i {
     _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16)
 }
 
-/// Q4_K: sub-blocks `2c`, `2c+1` are the low/high nibbles of `qs[32c..32c+32]`. The 6-bit
-/// scales are unpacked once per super-block into i16 lanes and broadcast per sub-block
-/// with one shuffle; the minimums meet the activation `bsums` in one `madd` (each minimum
-/// paired with its sub-block's two 16-element sums), accumulated in f32 lanes.
+/// Number of whole super-blocks (of `block_bytes`) a k-quant row has in common with every
+/// token's Q8_K activations (the shortest decides, as a zip of the blocks would).
+#[inline(always)]
+fn common_k_blocks<const N: usize>(
+    row: &[u8],
+    block_bytes: usize,
+    xs: &[Q8KSlice<'_>; N],
+) -> usize {
+    xs.iter().fold(row.len() / block_bytes, |n, x| {
+        n.min(x.d.len())
+            .min(x.qs.len() / Q8K_BLOCK)
+            .min(x.bsums.len() / 16)
+    })
+}
+
+/// Q4_K against `N` tokens: sub-blocks `2c`, `2c+1` are the low/high nibbles of
+/// `qs[32c..32c+32]`. The 6-bit scales are unpacked once per super-block into i16 lanes
+/// and broadcast per sub-block with one shuffle; the minimums meet the activation `bsums`
+/// in one `madd` (each minimum paired with its sub-block's two 16-element sums),
+/// accumulated in f32 lanes. Unpacking is shared by the tokens; `N = 1` is the
+/// single-token kernel, and each token's result is the same for every `N`.
 /// # Safety
 /// As [`acc_u8i8`], plus FMA and F16C.
 #[inline(always)]
-unsafe fn q4_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+unsafe fn q4_k_body<const V: bool, const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0x0F);
-    let mut acc = _mm256_setzero_ps();
-    let mut macc = _mm256_setzero_ps();
-    for (b, xq, dx, bs) in k_blocks!(row, 144, x) {
+    let nsb = common_k_blocks(row, 144, xs);
+    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
+    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
+    let bs: [*const i16; N] = core::array::from_fn(|t| xs[t].bsums.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut macc = [_mm256_setzero_ps(); N];
+    for (i, b) in row.chunks_exact(144).take(nsb).enumerate() {
         prefetch_ahead(b.as_ptr());
         let (sc8, m8) = scales_mins_k4(&b[4..16]);
         let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8 as i64)));
-        let mut sumi = _mm256_setzero_si256();
+        let mut sumi = [_mm256_setzero_si256(); N];
         for c in 0..4 {
-            let q = ld32(&b[16 + 32 * c..]);
-            let lo = _mm256_and_si256(q, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            let x0 = ld32i(&xq[64 * c..]);
-            let x1 = ld32i(&xq[64 * c + 32..]);
+            let qv = ld32(&b[16 + 32 * c..]);
+            let lo = _mm256_and_si256(qv, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
             let s0 = _mm256_shuffle_epi8(sc, splat_i16_lane(2 * c));
             let s1 = _mm256_shuffle_epi8(sc, splat_i16_lane(2 * c + 1));
-            sumi = acc_scaled::<V>(sumi, lo, x0, s0);
-            sumi = acc_scaled::<V>(sumi, hi, x1, s1);
+            for t in 0..N {
+                // SAFETY: super-block `i < nsb`: 256 quants of every token in bounds.
+                let xq = q[t].add(Q8K_BLOCK * i + 64 * c);
+                let x0 = _mm256_loadu_si256(xq.cast());
+                let x1 = _mm256_loadu_si256(xq.add(32).cast());
+                sumi[t] = acc_scaled::<V>(sumi[t], lo, x0, s0);
+                sumi[t] = acc_scaled::<V>(sumi[t], hi, x1, s1);
+            }
         }
         let m = _mm_cvtsi64_si128(m8 as i64);
         let m_pairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
-        let bsums = _mm256_loadu_si256(bs.first_chunk::<16>().expect("16 bsums").as_ptr().cast());
-        let msum = _mm256_madd_epi16(m_pairs, bsums);
-        acc = _mm256_fmadd_ps(
-            _mm256_set1_ps(dx * f16s(b, 0)),
-            _mm256_cvtepi32_ps(sumi),
-            acc,
-        );
-        macc = _mm256_fmadd_ps(
-            _mm256_set1_ps(dx * f16s(b, 2)),
-            _mm256_cvtepi32_ps(msum),
-            macc,
-        );
+        let (dw, dmin) = (f16s(b, 0), f16s(b, 2));
+        for t in 0..N {
+            // SAFETY: super-block `i < nsb`: its 16 bsums and scale are in bounds.
+            let bsums = _mm256_loadu_si256(bs[t].add(16 * i).cast());
+            let dx = *d[t].add(i);
+            let msum = _mm256_madd_epi16(m_pairs, bsums);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            macc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dmin), _mm256_cvtepi32_ps(msum), macc[t]);
+        }
     }
-    hsum_ps(acc) - hsum_ps(macc)
+    core::array::from_fn(|t| hsum_ps(acc[t]) - hsum_ps(macc[t]))
 }
 
 /// Q5_K: Q4_K plus bit `j` of `qh[l]` as bit 4 of element `32j + l`.
@@ -587,37 +648,47 @@ unsafe fn q5_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     hsum_ps(acc) - macc
 }
 
-/// Q6_K: unsigned 6-bit quants `ql | qh << 4`. The sixteen signed scales are widened to
-/// i16 once per super-block; each pair `(g, g+1)` (low and high 16 elements of a 32-byte
-/// step) is spread over the two halves with one shuffle and one widening; the `-32` bias
-/// is removed in integers as `32 * sum_g sc_g * bsum_g`, one `madd` of scales and bsums.
+/// Q6_K against `N` tokens: unsigned 6-bit quants `ql | qh << 4`. The sixteen signed
+/// scales are widened to i16 once per super-block; each pair `(g, g+1)` (low and high 16
+/// elements of a 32-byte step) is spread over the two halves with one shuffle and one
+/// widening; the `-32` bias is removed in integers as `32 * sum_g sc_g * bsum_g`, one
+/// `madd` of scales and bsums. Unpacking is shared by the tokens; `N = 1` is the
+/// single-token kernel, and each token's result is the same for every `N`.
 /// # Safety
 /// As [`acc_u8i8`], plus FMA and F16C.
 #[inline(always)]
-unsafe fn q6_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+unsafe fn q6_k_body<const V: bool, const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(0x03);
-    let mut acc = _mm256_setzero_ps();
-    for (b, xq, dx, bs) in k_blocks!(row, 210, x) {
+    let nsb = common_k_blocks(row, 210, xs);
+    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
+    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
+    let bs: [*const i16; N] = core::array::from_fn(|t| xs[t].bsums.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, b) in row.chunks_exact(210).take(nsb).enumerate() {
         prefetch_ahead(b.as_ptr());
         let sc = ld16(&b[192..]);
-        let bsums = _mm256_loadu_si256(bs.first_chunk::<16>().expect("16 bsums").as_ptr().cast());
-        let corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc), bsums);
-        let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+        let sc16 = _mm256_cvtepi8_epi16(sc);
+        let mut sumi: [__m256i; N] = core::array::from_fn(|t| {
+            // SAFETY: super-block `i < nsb`: its 16 bsums are in bounds.
+            let bsums = _mm256_loadu_si256(bs[t].add(16 * i).cast());
+            let corr = _mm256_madd_epi16(sc16, bsums);
+            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5))
+        });
         for h in 0..2 {
             let ql0 = ld32(&b[h * 64..]);
             let ql1 = ld32(&b[h * 64 + 32..]);
             let qh = ld32(&b[128 + h * 32..]);
-            let lows = [
-                _mm256_and_si256(ql0, m4),
-                _mm256_and_si256(ql1, m4),
-                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-            ];
-            for (s, lo) in lows.into_iter().enumerate() {
+            for s in 0..4 {
+                let lo = match s {
+                    0 => _mm256_and_si256(ql0, m4),
+                    1 => _mm256_and_si256(ql1, m4),
+                    2 => _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _ => _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                };
                 let hb =
                     _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s as i32)), m2);
-                let q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+                let qv = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
                 let g = (h * 8 + 2 * s) as i8;
                 let pair = _mm_setr_epi8(
                     g,
@@ -638,13 +709,21 @@ unsafe fn q6_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
                     g + 1,
                 );
                 let scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pair));
-                sumi = acc_scaled::<V>(sumi, q, ld32i(&xq[h * 128 + s * 32..]), scv);
+                for t in 0..N {
+                    // SAFETY: super-block `i < nsb`: 256 quants of every token in bounds.
+                    let xq = q[t].add(Q8K_BLOCK * i + h * 128 + s * 32);
+                    sumi[t] = acc_scaled::<V>(sumi[t], qv, _mm256_loadu_si256(xq.cast()), scv);
+                }
             }
         }
-        let d = _mm256_set1_ps(dx * f16s(b, 208));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        let dw = f16s(b, 208);
+        for t in 0..N {
+            // SAFETY: super-block `i < nsb`: its scale is in bounds.
+            let d = _mm256_set1_ps(*d[t].add(i) * dw);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        }
     }
-    hsum_ps(acc)
+    core::array::from_fn(|t| hsum_ps(acc[t]))
 }
 
 /// Q2_K: 2-bit quants laid out like Q6_K's high bits; scale and minimum per 16 elements.
@@ -758,12 +837,80 @@ entries! {
     q4_1, q4_1_vnni = legacy_body::<1,>(Q8_0Slice<'_>);
     q5_0, q5_0_vnni = legacy_body::<2,>(Q8_0Slice<'_>);
     q5_1, q5_1_vnni = legacy_body::<3,>(Q8_0Slice<'_>);
-    q8_0, q8_0_vnni = q8_0_body::<>(Q8_0Slice<'_>);
-    q5_0_packed, q5_0_packed_vnni = q5_0_packed_body::<>(Q8_0Slice<'_>);
     q2_k, q2_k_vnni = q2_k_body::<>(Q8KSlice<'_>);
     q3_k, q3_k_vnni = q3_k_body::<>(Q8KSlice<'_>);
-    q4_k, q4_k_vnni = q4_k_body::<>(Q8KSlice<'_>);
     q5_k, q5_k_vnni = q5_k_body::<>(Q8KSlice<'_>);
-    q6_k, q6_k_vnni = q6_k_body::<>(Q8KSlice<'_>);
     q8_k, q8_k_vnni = q8_k_body::<>(Q8KSlice<'_>);
+}
+
+/// Runs the tokens `xs` through `$body::<$v, W>` (or `$body::<W>` for a body without the
+/// VNNI parameter) in groups, the widest `W` of the list (widest first, ending with 1)
+/// that the remaining tokens fill, writing `out[t]`.
+macro_rules! run_groups {
+    ($body:ident::<$v:literal>, $row:expr, $xs:expr, $out:expr, [$($w:literal),*]) => {
+        $crate::x86::avx2::run_groups!(@run $row, $xs, $out, [$($w => $body::<$v, $w>),*])
+    };
+    ($body:ident, $row:expr, $xs:expr, $out:expr, [$($w:literal),*]) => {
+        $crate::x86::avx2::run_groups!(@run $row, $xs, $out, [$($w => $body::<$w>),*])
+    };
+    (@run $row:expr, $xs:expr, $out:expr, [$($w:literal => $f:expr),*]) => {{
+        let (mut xs, mut out) = ($xs, $out);
+        assert_eq!(xs.len(), out.len(), "one output per token");
+        while !xs.is_empty() {
+            let done = match xs.len() {
+                $(
+                    n if n >= $w => {
+                        let group: &[_; $w] = xs[..$w].try_into().expect("a whole group");
+                        out[..$w].copy_from_slice(&$f($row, group));
+                        $w
+                    }
+                )*
+                _ => unreachable!("the group widths end with 1"),
+            };
+            xs = &xs[done..];
+            out = &mut out[done..];
+        }
+    }};
+}
+pub(super) use run_groups;
+
+/// For each kernel body generic over the token count (`V`, then `N`): a single-token and a
+/// multi-token entry point with the given target features and `V`, the multi-token one
+/// taking tokens in groups of the listed widths (each level's own: AVX2 has 16 vector
+/// registers, AVX-512 VL 32).
+macro_rules! multi_entries {
+    (
+        features = $features:literal, vnni = $v:literal;
+        $($single:ident, $multi:ident [$($w:literal),*] = $body:ident($x:ty);)*
+    ) => {$(
+        #[target_feature(enable = $features)]
+        pub(crate) fn $single(row: &[u8], x: $x) -> f32 {
+            // SAFETY: the body needs AVX2, FMA and F16C, and with `V = true` AVX-512 VL +
+            // VNNI: the features enabled here.
+            unsafe { $body::<$v, 1>(row, &[x])[0] }
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) fn $multi(row: &[u8], xs: &[$x], out: &mut [f32]) {
+            // SAFETY: as for the single-token entry point above.
+            unsafe { run_groups!($body::<$v>, row, xs, out, [$($w),*]) }
+        }
+    )*};
+}
+
+multi_entries! {
+    features = "avx2,fma,f16c", vnni = false;
+    q8_0, q8_0_multi [4, 3, 2, 1] = q8_0_body(Q8_0Slice<'_>);
+    q5_0_packed, q5_0_packed_multi [4, 3, 2, 1] = q5_0_packed_body(Q8_0Slice<'_>);
+    q4_k, q4_k_multi [2, 1] = q4_k_body(Q8KSlice<'_>);
+    q6_k, q6_k_multi [2, 1] = q6_k_body(Q8KSlice<'_>);
+}
+
+// (The AVX-512 level's Q8_0 is `super::avx512::q8_0`, which runs this Q8_0 body for an odd
+// last block.)
+multi_entries! {
+    features = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", vnni = true;
+    q5_0_packed_vnni, q5_0_packed_vnni_multi [4, 3, 2, 1] = q5_0_packed_body(Q8_0Slice<'_>);
+    q4_k_vnni, q4_k_vnni_multi [2, 1] = q4_k_body(Q8KSlice<'_>);
+    q6_k_vnni, q6_k_vnni_multi [2, 1] = q6_k_body(Q8KSlice<'_>);
 }

@@ -3,8 +3,10 @@
 //! * f32 activations: 512-bit FMA, F16 widened with `vcvtph2ps` on 16 lanes.
 //! * int8, Q8_0 and Q5_0 (the formats most of a Q4_K_M model is made of): two 32-element
 //!   blocks per 512-bit register and `vpdpbusd`. Q8_0's signed weights become unsigned
-//!   with `w ^ 0x80 = w + 128`; the `128 * sum(x)` this adds, like Q5_0's `-16` offset, is
-//!   removed exactly by starting the i32 accumulator at `-offset * sum(x)` per block.
+//!   with `w ^ 0x80 = w + 128`; the `128 * sum(x)` this adds is removed exactly by a second
+//!   `vpdpbusd` of `128` and the activations (per token, so the multi-token kernel shares
+//!   the weight work), Q5_0's `-16` offset by starting the i32 accumulator at `-16 * sum(x)`
+//!   per block.
 //! * int8, every other format: the AVX2 algorithms with 256-bit VNNI (`vpdpbusd`,
 //!   `vpdpwssd`), i.e. the `*_vnni` entry points of [`super::avx2`].
 
@@ -128,35 +130,79 @@ pub(crate) fn dot_dequant<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
 
 // ---- int8: Q8_0 and Q5_0, two blocks per register ----------------------------------------
 
-/// Q8_0 weights, two blocks per iteration; an odd last block goes to the 256-bit kernel.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q8_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
+/// Q8_0 weights against `N` tokens, two blocks per iteration; an odd last block goes to
+/// the 256-bit kernel. The weights' `w + 128` and their two f16 scales are computed once
+/// per pair of blocks; per token, one `vpdpbusd` of them and one of `128` (the offset,
+/// removed exactly in integers), the scales `d_w * d_x` as a pair, and one FMA. `N = 1` is the single-token kernel; each
+/// token's result is the same for every `N`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
+#[inline(always)]
+unsafe fn q8_0_body<const N: usize>(row: &[u8], xs: &[Q8_0Slice<'_>; N]) -> [f32; N] {
     let flip = _mm512_set1_epi8(-128);
-    let mut acc = _mm512_setzero_ps();
-    let pairs = row.len() / 68;
-    for (((b, xq), d), s) in row
-        .chunks_exact(68)
-        .zip(x.qs.chunks_exact(2 * Q8_0_BLOCK))
-        .zip(x.d.chunks_exact(2))
-        .zip(x.sum.chunks_exact(2))
-    {
-        let w = join(ld32(&b[2..]), ld32(&b[36..]));
-        let u = _mm512_xor_si512(w, flip); // w + 128 as unsigned
-        let init = lanes_0_8(-128 * s[0], -128 * s[1]);
-        let p = _mm512_dpbusd_epi32(init, u, ld64i(xq));
-        let dv = scale_pair(b, 0, 34, d);
-        acc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(p), acc);
+    let n = avx2::common_blocks_all(row, 34, xs);
+    let pairs = n / 2;
+    let w = row.as_ptr();
+    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
+    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
+    let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let mut acc = [_mm512_setzero_ps(); N];
+    for i in 0..pairs {
+        // SAFETY: blocks `2i`, `2i + 1` < `n`: the 68 weight bytes and, for every token,
+        // 64 quants, two scales and two sums are in bounds (`common_blocks_all`).
+        let b = w.add(68 * i);
+        let wv = join(
+            _mm256_loadu_si256(b.add(2).cast()),
+            _mm256_loadu_si256(b.add(36).cast()),
+        );
+        let u = _mm512_xor_si512(wv, flip); // w + 128 as unsigned
+        let h = core::ptr::read_unaligned(b.cast::<u16>()) as u32
+            | (core::ptr::read_unaligned(b.add(34).cast::<u16>()) as u32) << 16;
+        let dw = _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32));
+        for t in 0..N {
+            let xq = _mm512_loadu_si512(q[t].add(64 * i).cast());
+            // `sum (w + 128) x - sum 128 x`, per four bytes
+            let p = _mm512_sub_epi32(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xq),
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, xq),
+            );
+            // `d_w * d_x` of both blocks, spread to eight lanes each
+            let s = _mm_mul_ps(
+                dw,
+                _mm_castsi128_ps(_mm_loadl_epi64(d[t].add(2 * i).cast())),
+            );
+            let dv = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s));
+            acc[t] = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(p), acc[t]);
+        }
     }
-    let mut s = _mm512_reduce_add_ps(acc);
-    if row.len() > pairs * 68 {
-        let tail = Q8_0Slice {
-            d: &x.d[2 * pairs..],
-            sum: &x.sum[2 * pairs..],
-            qs: &x.qs[64 * pairs..],
-        };
-        s += avx2::q8_0_vnni(&row[pairs * 68..], tail);
+    let mut s: [f32; N] = core::array::from_fn(|t| _mm512_reduce_add_ps(acc[t]));
+    if n > 2 * pairs {
+        let tails: [Q8_0Slice<'_>; N] = core::array::from_fn(|t| Q8_0Slice {
+            d: &xs[t].d[2 * pairs..],
+            sum: &xs[t].sum[2 * pairs..],
+            qs: &xs[t].qs[64 * pairs..],
+        });
+        let tail = avx2::q8_0_body::<true, N>(&row[pairs * 68..], &tails);
+        for t in 0..N {
+            s[t] += tail[t];
+        }
     }
     s
+}
+
+/// Q8_0 weights, one token (see [`q8_0_body`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q8_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { q8_0_body::<1>(row, &[x])[0] }
+}
+
+/// Q8_0 weights, any number of tokens, four at a time (see [`q8_0_body`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q8_0_multi(row: &[u8], xs: &[Q8_0Slice<'_>], out: &mut [f32]) {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { avx2::run_groups!(q8_0_body, row, xs, out, [8, 4, 3, 2, 1]) }
 }
 
 /// Q5_0 weights, two blocks per iteration: both blocks' nibbles in one register, the 64

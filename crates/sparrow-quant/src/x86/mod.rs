@@ -12,7 +12,7 @@ pub(crate) mod gemm;
 
 use crate::formats::{float, kquants, legacy};
 use crate::kernels::{Kernels, SimdLevel};
-use crate::q8::{Q8Dot, Q8KSlice, Q8_0Slice};
+use crate::q8::{Q8Dot, Q8DotMulti, Q8KSlice, Q8_0Slice};
 use crate::GgmlType;
 
 /// Whether the AVX2 kernels may run here.
@@ -29,6 +29,19 @@ pub(crate) fn has_avx512() -> bool {
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Defines plain-`fn` wrappers around `#[target_feature]` multi-token kernels.
+macro_rules! multi_wrappers {
+    ($( $name:ident = $imp:path : $x:ty ;)*) => {
+        $(
+            fn $name(r: &[u8], xs: &[$x], out: &mut [f32]) {
+                // SAFETY: as for `wrappers!`: only reachable through a kernel table handed
+                // out after the CPU was checked for every feature the kernel enables.
+                unsafe { $imp(r, xs, out) }
+            }
+        )*
+    };
 }
 
 /// Defines plain-`fn` wrappers around `#[target_feature]` kernels.
@@ -76,6 +89,12 @@ mod avx2_entries {
         i_q6_k = avx2::q6_k: (r: &[u8], x: Q8KSlice<'_>);
         i_q8_k = avx2::q8_k: (r: &[u8], x: Q8KSlice<'_>);
     }
+    multi_wrappers! {
+        m_q8_0 = avx2::q8_0_multi: Q8_0Slice<'_>;
+        m_q5_0_packed = avx2::q5_0_packed_multi: Q8_0Slice<'_>;
+        m_q4_k = avx2::q4_k_multi: Q8KSlice<'_>;
+        m_q6_k = avx2::q6_k_multi: Q8KSlice<'_>;
+    }
 
     const fn k(
         ty: GgmlType,
@@ -89,7 +108,15 @@ mod avx2_entries {
             dequantize,
             dot,
             dot_q8,
+            dot_q8_multi: None,
             packed: false,
+        }
+    }
+
+    const fn multi(k: Kernels, m: Q8DotMulti) -> Kernels {
+        Kernels {
+            dot_q8_multi: Some(m),
+            ..k
         }
     }
 
@@ -122,11 +149,14 @@ mod avx2_entries {
             f_q5_1,
             Some(Q8Dot::Q8_0(i_q5_1)),
         ),
-        k(
-            GgmlType::Q8_0,
-            legacy::Q8_0::dequantize_row,
-            f_q8_0,
-            Some(Q8Dot::Q8_0(i_q8_0)),
+        multi(
+            k(
+                GgmlType::Q8_0,
+                legacy::Q8_0::dequantize_row,
+                f_q8_0,
+                Some(Q8Dot::Q8_0(i_q8_0)),
+            ),
+            Q8DotMulti::Q8_0(m_q8_0),
         ),
         k(
             GgmlType::Q2_K,
@@ -140,11 +170,14 @@ mod avx2_entries {
             f_q3_k,
             Some(Q8Dot::Q8K(i_q3_k)),
         ),
-        k(
-            GgmlType::Q4_K,
-            kquants::Q4_K::dequantize_row,
-            f_q4_k,
-            Some(Q8Dot::Q8K(i_q4_k)),
+        multi(
+            k(
+                GgmlType::Q4_K,
+                kquants::Q4_K::dequantize_row,
+                f_q4_k,
+                Some(Q8Dot::Q8K(i_q4_k)),
+            ),
+            Q8DotMulti::Q8K(m_q4_k),
         ),
         k(
             GgmlType::Q5_K,
@@ -152,11 +185,14 @@ mod avx2_entries {
             f_q5_k,
             Some(Q8Dot::Q8K(i_q5_k)),
         ),
-        k(
-            GgmlType::Q6_K,
-            kquants::Q6_K::dequantize_row,
-            f_q6_k,
-            Some(Q8Dot::Q8K(i_q6_k)),
+        multi(
+            k(
+                GgmlType::Q6_K,
+                kquants::Q6_K::dequantize_row,
+                f_q6_k,
+                Some(Q8Dot::Q8K(i_q6_k)),
+            ),
+            Q8DotMulti::Q8K(m_q6_k),
         ),
         k(
             GgmlType::Q8_K,
@@ -173,6 +209,7 @@ mod avx2_entries {
         dequantize: crate::packed::q5_0_dequantize,
         dot: crate::packed::q5_0_dot,
         dot_q8: Some(Q8Dot::Q8_0(i_q5_0_packed)),
+        dot_q8_multi: Some(Q8DotMulti::Q8_0(m_q5_0_packed)),
         packed: true,
     }];
 }
@@ -210,6 +247,12 @@ mod avx512_entries {
         i_q6_k = avx2::q6_k_vnni: (r: &[u8], x: Q8KSlice<'_>);
         i_q8_k = avx2::q8_k_vnni: (r: &[u8], x: Q8KSlice<'_>);
     }
+    multi_wrappers! {
+        m_q8_0 = avx512::q8_0_multi: Q8_0Slice<'_>;
+        m_q5_0_packed = avx2::q5_0_packed_vnni_multi: Q8_0Slice<'_>;
+        m_q4_k = avx2::q4_k_vnni_multi: Q8KSlice<'_>;
+        m_q6_k = avx2::q6_k_vnni_multi: Q8KSlice<'_>;
+    }
     const fn k(
         ty: GgmlType,
         dequantize: fn(&[u8], &mut [f32]),
@@ -222,7 +265,15 @@ mod avx512_entries {
             dequantize,
             dot,
             dot_q8,
+            dot_q8_multi: None,
             packed: false,
+        }
+    }
+
+    const fn multi(k: Kernels, m: Q8DotMulti) -> Kernels {
+        Kernels {
+            dot_q8_multi: Some(m),
+            ..k
         }
     }
 
@@ -255,11 +306,14 @@ mod avx512_entries {
             f_q5_1,
             Some(Q8Dot::Q8_0(i_q5_1)),
         ),
-        k(
-            GgmlType::Q8_0,
-            legacy::Q8_0::dequantize_row,
-            f_q8_0,
-            Some(Q8Dot::Q8_0(i_q8_0)),
+        multi(
+            k(
+                GgmlType::Q8_0,
+                legacy::Q8_0::dequantize_row,
+                f_q8_0,
+                Some(Q8Dot::Q8_0(i_q8_0)),
+            ),
+            Q8DotMulti::Q8_0(m_q8_0),
         ),
         k(
             GgmlType::Q2_K,
@@ -273,11 +327,14 @@ mod avx512_entries {
             f_q3_k,
             Some(Q8Dot::Q8K(i_q3_k)),
         ),
-        k(
-            GgmlType::Q4_K,
-            kquants::Q4_K::dequantize_row,
-            f_q4_k,
-            Some(Q8Dot::Q8K(i_q4_k)),
+        multi(
+            k(
+                GgmlType::Q4_K,
+                kquants::Q4_K::dequantize_row,
+                f_q4_k,
+                Some(Q8Dot::Q8K(i_q4_k)),
+            ),
+            Q8DotMulti::Q8K(m_q4_k),
         ),
         k(
             GgmlType::Q5_K,
@@ -285,11 +342,14 @@ mod avx512_entries {
             f_q5_k,
             Some(Q8Dot::Q8K(i_q5_k)),
         ),
-        k(
-            GgmlType::Q6_K,
-            kquants::Q6_K::dequantize_row,
-            f_q6_k,
-            Some(Q8Dot::Q8K(i_q6_k)),
+        multi(
+            k(
+                GgmlType::Q6_K,
+                kquants::Q6_K::dequantize_row,
+                f_q6_k,
+                Some(Q8Dot::Q8K(i_q6_k)),
+            ),
+            Q8DotMulti::Q8K(m_q6_k),
         ),
         k(
             GgmlType::Q8_K,
@@ -306,6 +366,7 @@ mod avx512_entries {
         dequantize: crate::packed::q5_0_dequantize,
         dot: crate::packed::q5_0_dot,
         dot_q8: Some(Q8Dot::Q8_0(i_q5_0_packed)),
+        dot_q8_multi: Some(Q8DotMulti::Q8_0(m_q5_0_packed)),
         packed: true,
     }];
 }
