@@ -51,6 +51,10 @@ pub struct TrainArgs {
     /// Train on queries whose best key is at least this many tokens back.
     #[arg(long = "min-distance", default_value_t = TrainSettings::default().min_distance)]
     min_distance: usize,
+    /// Targets over the keys at least this many positions back only (those the decode
+    /// window does not read; 0: all keys past the sink).
+    #[arg(long = "target-window", default_value_t = TrainSettings::default().target_window)]
+    target_window: usize,
     /// Seed (k-means initialisation, sampling, MLP initialisation).
     #[arg(long = "seed", default_value_t = TrainSettings::default().seed)]
     seed: u64,
@@ -156,6 +160,7 @@ pub fn train(a: TrainArgs) -> Result<(), String> {
         batch: a.batch,
         learning_rate: a.lr,
         min_distance: a.min_distance,
+        target_window: a.target_window,
         seed: a.seed,
         threads,
         ..TrainSettings::default()

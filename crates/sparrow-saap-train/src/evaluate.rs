@@ -286,7 +286,7 @@ fn eval_head(
             &head.centroids,
             &head.centroid_bias,
         )?;
-        let mut targets = group_targets(r, layer, kv_head, &buckets, c, &rows)?;
+        let mut targets = group_targets(r, layer, kv_head, &buckets, c, &rows, 0)?;
         targets.sort_by_key(|t| t.position);
         // Keys per bucket among positions 1..=p, advanced with the rows.
         let (mut counts, mut upto) = (vec![0usize; c], 1);

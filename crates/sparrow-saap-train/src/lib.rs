@@ -46,6 +46,10 @@ pub struct TrainSettings {
     /// A query trains the Q-model only when its best key is at least this many tokens
     /// back (the paper's long-range queries).
     pub min_distance: usize,
+    /// The Q-model's targets count only the keys at least this many positions back: those
+    /// the decode policy's dense window (`--saap-window`) does not read, so the buckets
+    /// must. 0: every key past the sink (the paper's targets).
+    pub target_window: usize,
     /// A head with fewer long-range training queries than this trains on its
     /// `min_examples` longest-range ones instead (some heads almost never look far back;
     /// a model fitted to a handful of queries routes no better than chance).
@@ -71,6 +75,7 @@ impl Default for TrainSettings {
             batch: 256,
             learning_rate: 2e-3,
             min_distance: 1024,
+            target_window: 0,
             min_examples: 256,
             holdout: 0.1,
             seed: 0,

@@ -11,6 +11,11 @@
 //! The paper trains on long-range queries only, those whose best key lies at least
 //! `min_distance` tokens back ([`GroupTargets::long_range`]): the recent window is read
 //! densely, so short-range queries teach the Q-model nothing it needs.
+//!
+//! With a target window `W > 0`, the mass is the softmax over keys `1..=p - W` only: the
+//! keys the policy's dense window (the last `W` positions) does not hold, i.e. what the
+//! buckets must supply. Mass the window already reads then no longer pulls the target
+//! toward the buckets of recent keys.
 
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
@@ -45,8 +50,10 @@ impl GroupTargets {
     }
 }
 
-/// The targets of `rows` (row indices into the record's queries, each at a position ≥ 1)
-/// for KV head `kv_head` of `layer`, whose keys fall in `buckets` (per position, `< C`).
+/// The targets of `rows` (row indices into the record's queries, each at a position
+/// `> window`) for KV head `kv_head` of `layer`, whose keys fall in `buckets` (per
+/// position, `< C`): mass over the keys `1..=p - window` (all past the sink when `window`
+/// is 0), best key over all of `1..=p`.
 pub fn group_targets(
     record: &ContextRecord,
     layer: usize,
@@ -54,6 +61,7 @@ pub fn group_targets(
     buckets: &[u32],
     clusters: usize,
     rows: &[usize],
+    window: usize,
 ) -> candle_core::Result<Vec<GroupTargets>> {
     let m = &record.meta;
     let (d, g) = (m.head_dim, m.n_head / m.n_head_kv);
@@ -79,7 +87,10 @@ pub fn group_targets(
         let mut q = Vec::with_capacity(block.len() * g * d);
         for &i in block {
             let p = m.query_positions[i];
-            assert!(p >= 1, "a target query needs a key past the sink");
+            assert!(
+                p > window,
+                "a target query needs a key past the sink and the window"
+            );
             for h in 0..g {
                 let at = q.len();
                 q.extend(
@@ -104,8 +115,13 @@ pub fn group_targets(
                 let mut best = vec![0usize; g];
                 for h in 0..g {
                     let s = &scores[(r * g + h) * end..][1..=p];
-                    best[h] =
-                        1 + bucket_mass(s, &buckets[1..=p], &mut mass[h * clusters..][..clusters]);
+                    best[h] = 1 + argmax(s);
+                    let far = p - window;
+                    bucket_mass(
+                        &s[..far],
+                        &buckets[1..=far],
+                        &mut mass[h * clusters..][..clusters],
+                    );
                 }
                 GroupTargets {
                     row: i,
@@ -126,15 +142,20 @@ pub fn group_targets(
     Ok(out)
 }
 
-/// Softmax of `scores` summed per bucket into `mass`; returns the index of the highest
-/// score (the first, on ties).
-fn bucket_mass(scores: &[f32], buckets: &[u32], mass: &mut [f32]) -> usize {
+/// The index of the highest score (the first, on ties).
+fn argmax(scores: &[f32]) -> usize {
     let (mut best, mut mx) = (0, f32::NEG_INFINITY);
     for (j, &s) in scores.iter().enumerate() {
         if s > mx {
             (best, mx) = (j, s);
         }
     }
+    best
+}
+
+/// Softmax of `scores` summed per bucket into `mass`.
+fn bucket_mass(scores: &[f32], buckets: &[u32], mass: &mut [f32]) {
+    let mx = scores[argmax(scores)];
     let mut acc = vec![0f64; mass.len()];
     let mut z = 0f64;
     for (&s, &b) in scores.iter().zip(buckets) {
@@ -145,7 +166,6 @@ fn bucket_mass(scores: &[f32], buckets: &[u32], mass: &mut [f32]) -> usize {
     for (m, a) in mass.iter_mut().zip(&acc) {
         *m = (a / z) as f32;
     }
-    best
 }
 
 #[cfg(test)]
@@ -206,9 +226,9 @@ pub(crate) mod tests {
         out
     }
 
-    /// Per-bucket masses equal an f64 brute force (RoPE, softmax over keys `1..=p`, sums
-    /// per bucket), and the long-range filter keeps exactly the queries whose best key is
-    /// far enough back.
+    /// Per-bucket masses equal an f64 brute force (RoPE, softmax over keys `1..=p`, or
+    /// `1..=p - W` with a target window `W`, sums per bucket), and the long-range filter
+    /// keeps exactly the queries whose best key (over all of `1..=p`) is far enough back.
     #[test]
     fn masses_and_filter_match_f64_brute_force() {
         let (n_head, n_head_kv, d, c) = (4, 2, 8, 3);
@@ -218,10 +238,16 @@ pub(crate) mod tests {
         let g = n_head / n_head_kv;
         let min_distance = 6;
         let mut kept = 0;
-        for layer in 0..2 {
+        for (window, layer) in [0usize, 4]
+            .into_iter()
+            .flat_map(|w| (0..2).map(move |l| (w, l)))
+        {
             for kv in 0..n_head_kv {
-                let rows = [5, 0, 3, 1, 2, 4];
-                let got = group_targets(&rec, layer, kv, &buckets, c, &rows).unwrap();
+                let rows: Vec<usize> = [5, 0, 3, 1, 2, 4]
+                    .into_iter()
+                    .filter(|&i| positions[i] > window)
+                    .collect();
+                let got = group_targets(&rec, layer, kv, &buckets, c, &rows, window).unwrap();
                 assert_eq!(got.iter().map(|t| t.row).collect::<Vec<_>>(), rows);
                 for t in &got {
                     let p = positions[t.row];
@@ -235,12 +261,14 @@ pub(crate) mod tests {
                                     / (d as f64).sqrt()
                             })
                             .collect();
-                        let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                        let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+                        let far_keys = &s[..p - window];
+                        let fmx = far_keys.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        let z: f64 = far_keys.iter().map(|x| (x - fmx).exp()).sum();
                         let mut want = vec![0f64; c];
-                        for (j, x) in s.iter().enumerate() {
-                            want[buckets[j + 1] as usize] += (x - mx).exp() / z;
+                        for (j, x) in far_keys.iter().enumerate() {
+                            want[buckets[j + 1] as usize] += (x - fmx).exp() / z;
                         }
+                        let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                         for (a, b) in t.head_mass(h).iter().zip(&want) {
                             assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
                         }
@@ -259,6 +287,6 @@ pub(crate) mod tests {
             }
         }
         // The data exercises both sides of the filter.
-        assert!(kept > 3 && kept < 2 * 2 * 6 * g - 3, "kept {kept}");
+        assert!(kept > 3 && kept < 2 * 2 * 2 * 6 * g - 3, "kept {kept}");
     }
 }

@@ -169,8 +169,12 @@ fn examples(
         let keys = record_keys(r, layer, kv_head);
         let buckets = kmeans::assign(&keys, d, &part.centroids, &part.bias)?;
         let (train_rows, held_rows) = train_rows(r, s);
+        // Queries inside the first window have no key the buckets must supply.
+        let beyond = |i: &&usize| r.meta.query_positions[**i] > s.target_window;
+        let train_rows: Vec<usize> = train_rows.iter().filter(beyond).copied().collect();
+        let held_rows: Vec<usize> = held_rows.iter().filter(beyond).copied().collect();
         let rows: Vec<usize> = train_rows.iter().chain(&held_rows).copied().collect();
-        let targets = group_targets(r, layer, kv_head, &buckets, c, &rows)?;
+        let targets = group_targets(r, layer, kv_head, &buckets, c, &rows, s.target_window)?;
         for (k, t) in targets.iter().enumerate() {
             let is_train = k < train_rows.len();
             for h in 0..g {
