@@ -146,8 +146,6 @@ impl<W: std::io::Write> std::io::Write for Hashing<W> {
     }
 }
 
-pub use crate::session::common_prefix;
-
 /// Write the file image of the first `tokens.len()` positions of `state` (which must hold
 /// them) to `out`, checksum last, streaming the keys and values a run of rows at a time.
 fn write_image(

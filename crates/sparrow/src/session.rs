@@ -78,7 +78,8 @@ impl Session {
     /// Run `tokens` at the next positions ([`Model::forward`]) and remember them.
     pub fn feed(&mut self, model: &Model, tokens: &[u32], want: Logits) -> Result<&[f32]> {
         let done = model.forward(&mut self.state, tokens, want).map(|_| ());
-        self.settle(tokens, done)?;
+        self.settle(tokens, done.is_ok());
+        done?;
         Ok(self.state.logits())
     }
 
@@ -100,27 +101,21 @@ impl Session {
                 .collect();
             model.forward_many(ws, &mut seqs)
         };
-        let failed = done.is_err();
         for s in steps.iter_mut() {
-            let ok = if failed { Err(()) } else { Ok(()) };
-            let _ = s.session.settle(s.tokens, ok);
+            s.session.settle(s.tokens, done.is_ok());
         }
         done
     }
 
-    /// After a pass that ran `fed` (or failed): the tokens follow the state's position.
-    fn settle<E>(
-        &mut self,
-        fed: &[u32],
-        done: std::result::Result<(), E>,
-    ) -> std::result::Result<(), E> {
-        if done.is_ok() {
+    /// After a pass over `fed` that `ran` (or failed): the tokens follow the state's
+    /// position.
+    fn settle(&mut self, fed: &[u32], ran: bool) {
+        if ran {
             self.tokens.extend_from_slice(fed);
         }
         // A failed pass leaves the position where it was; positions past it are garbage.
         self.tokens.truncate(self.state.n_past());
         debug_assert_eq!(self.tokens.len(), self.state.n_past());
-        done
     }
 
     /// Generate from `prompt` (the whole prompt: the part the cache already holds is kept,

@@ -271,3 +271,27 @@ pub fn synthetic_saap_index(
         heads,
     }
 }
+
+/// A tokenizer of the 256 byte tokens, then `extra` (each a normal token spelling those
+/// bytes), then `<|endoftext|>` (control, end of generation): for grammar tests, where
+/// multi-byte tokens must cross the boundaries of JSON's lexemes.
+pub fn byte_tokenizer(extra: &[&str]) -> crate::tokenizer::Tokenizer {
+    use crate::tokenizer::{Tokenizer, TokenizerSpec};
+    let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_to_char(b).to_string()).collect();
+    for e in extra {
+        tokens.push(e.bytes().map(byte_to_char).collect());
+    }
+    let mut types = vec![1; tokens.len()];
+    tokens.push("<|endoftext|>".into());
+    types.push(3);
+    let eos = tokens.len() as u32 - 1;
+    Tokenizer::from_spec(TokenizerSpec {
+        model: "gpt2".into(),
+        pre: Some("qwen2".into()),
+        tokens,
+        token_types: types,
+        eos: Some(eos),
+        ..Default::default()
+    })
+    .expect("a byte vocabulary is a valid tokenizer")
+}

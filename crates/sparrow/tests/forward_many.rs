@@ -153,6 +153,24 @@ fn logits_rows_follow_each_sequences_want() {
     assert!(st[2].last_logits() == &want_c[8][..]);
 }
 
+/// The error of one pass of `a` on the first state and `b` on the second (which must fail).
+fn pass_two(model: &Model, ws: &mut Workspace, st: &mut [State], a: &[u32], b: &[u32]) -> Error {
+    let [s0, s1] = st else { unreachable!() };
+    let steps = &mut [
+        SeqStep {
+            state: s0,
+            tokens: a,
+            want: Logits::Last,
+        },
+        SeqStep {
+            state: s1,
+            tokens: b,
+            want: Logits::Last,
+        },
+    ];
+    model.forward_many(ws, steps).unwrap_err()
+}
+
 #[test]
 fn a_bad_step_is_refused_before_anything_runs() {
     let model = synthetic_model(&SyntheticSpec::default()).unwrap();
@@ -160,50 +178,12 @@ fn a_bad_step_is_refused_before_anything_runs() {
     let mut ws = Workspace::default();
     let ok = synthetic_tokens(4, 1);
     let bad = [3u32, model.config.vocab_size as u32];
-    let [s0, s1] = &mut st[..] else {
-        unreachable!()
-    };
-    let err = model
-        .forward_many(
-            &mut ws,
-            &mut [
-                SeqStep {
-                    state: s0,
-                    tokens: &ok,
-                    want: Logits::Last,
-                },
-                SeqStep {
-                    state: s1,
-                    tokens: &bad,
-                    want: Logits::Last,
-                },
-            ],
-        )
-        .unwrap_err();
+    let err = pass_two(&model, &mut ws, &mut st, &ok, &bad);
     assert!(matches!(err, Error::BadToken { .. }), "{err}");
     assert_eq!((st[0].n_past(), st[1].n_past()), (0, 0));
     // A step past a sequence's context is refused the same way.
     let long = synthetic_tokens(257, 2);
-    let [s0, s1] = &mut st[..] else {
-        unreachable!()
-    };
-    let err = model
-        .forward_many(
-            &mut ws,
-            &mut [
-                SeqStep {
-                    state: s0,
-                    tokens: &ok,
-                    want: Logits::Last,
-                },
-                SeqStep {
-                    state: s1,
-                    tokens: &long,
-                    want: Logits::Last,
-                },
-            ],
-        )
-        .unwrap_err();
+    let err = pass_two(&model, &mut ws, &mut st, &ok, &long);
     assert!(matches!(err, Error::ContextFull { .. }), "{err}");
     assert_eq!((st[0].n_past(), st[1].n_past()), (0, 0));
 }

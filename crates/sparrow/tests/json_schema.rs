@@ -9,8 +9,8 @@ mod common;
 use sparrow::grammar::{
     generate_json, Grammar, JsonConstraint, JsonVocab, OrderedValue, Schema, SchemaState,
 };
-use sparrow::tokenizer::bytes::byte_to_char;
-use sparrow::tokenizer::{Tokenizer, TokenizerSpec};
+use sparrow::synthetic::byte_tokenizer;
+use sparrow::tokenizer::Tokenizer;
 use sparrow::{Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -148,27 +148,6 @@ fn random_byte_walks_validate() {
         }
     }
     assert_all_valid(&cases);
-}
-
-/// A byte vocabulary plus some multi-byte tokens that cross token boundaries of JSON.
-fn byte_tokenizer(extra: &[&str]) -> Tokenizer {
-    let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_to_char(b).to_string()).collect();
-    for e in extra {
-        tokens.push(e.bytes().map(byte_to_char).collect());
-    }
-    let mut types = vec![1; tokens.len()];
-    tokens.push("<|endoftext|>".into());
-    types.push(3);
-    let eos = tokens.len() as u32 - 1;
-    Tokenizer::from_spec(TokenizerSpec {
-        model: "gpt2".into(),
-        pre: Some("qwen2".into()),
-        tokens,
-        token_types: types,
-        eos: Some(eos),
-        ..Default::default()
-    })
-    .unwrap()
 }
 
 /// Sample with random logits under the schema and a budget of `budget` tokens.

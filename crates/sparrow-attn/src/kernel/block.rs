@@ -13,7 +13,7 @@
 use super::level::Level;
 #[cfg(feature = "fp16")]
 use super::rows::QK8_0;
-use super::rows::{prefetch_head_rows, KvRows, KvSource};
+use super::rows::{for_each_run, prefetch_head_rows, KvRows, KvSource};
 #[cfg(feature = "fp16")]
 use super::tile::{convert_tile, dequant_q8_0_tile};
 use super::tile::{pv, scores, softmax_tile};
@@ -302,18 +302,10 @@ pub fn read_head_f32<S: KvSource + ?Sized>(
 ) {
     let (head_off, kv_dim) = (src.head_offset(kv_head, hd), src.kv_dim());
     let n = dst.len() / hd.max(1);
-    let mut done = 0;
-    while done < n {
-        let run = src.run_len(start + done, n - done).max(1);
-        let rows = if values {
-            src.value_rows(start + done, run)
-        } else {
-            src.key_rows(start + done, run)
-        };
+    for_each_run(src, values, start, n, |rows, done, run| {
         let d = &mut dst[done * hd..(done + run) * hd];
         head_rows_into(level, rows, head_off, kv_dim, hd, run, d);
-        done += run;
-    }
+    });
 }
 
 /// A gathered tile: the head rows of every piece `(start, n)` (rows `rows(start, n)`, in

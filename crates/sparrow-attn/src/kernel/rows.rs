@@ -167,11 +167,15 @@ pub fn prefetch_head_rows(rows: KvRows<'_>, head_off: usize, kv_dim: usize, hd: 
     }
 }
 
-/// Keys (or, with `values`, values) of positions `start..start + dst.len() / kv_dim` of `src`
-/// as f32, in runs as the source hands them out.
-pub fn read_f32<S: KvSource + ?Sized>(src: &S, values: bool, start: usize, dst: &mut [f32]) {
-    let kv_dim = src.kv_dim().max(1);
-    let n = dst.len() / kv_dim;
+/// The keys (or, with `values`, values) of positions `start..start + n` of `src`, in the
+/// runs the source hands them out: `f(rows, done, run)` for rows `start + done..` of each.
+pub(crate) fn for_each_run<S: KvSource + ?Sized>(
+    src: &S,
+    values: bool,
+    start: usize,
+    n: usize,
+    mut f: impl FnMut(KvRows<'_>, usize, usize),
+) {
     let mut done = 0;
     while done < n {
         let run = src.run_len(start + done, n - done).max(1);
@@ -180,9 +184,18 @@ pub fn read_f32<S: KvSource + ?Sized>(src: &S, values: bool, start: usize, dst: 
         } else {
             src.key_rows(start + done, run)
         };
-        rows.to_f32(&mut dst[done * kv_dim..(done + run) * kv_dim]);
+        f(rows, done, run);
         done += run;
     }
+}
+
+/// Keys (or, with `values`, values) of positions `start..start + dst.len() / kv_dim` of `src`
+/// as f32, in runs as the source hands them out.
+pub fn read_f32<S: KvSource + ?Sized>(src: &S, values: bool, start: usize, dst: &mut [f32]) {
+    let kv_dim = src.kv_dim().max(1);
+    for_each_run(src, values, start, dst.len() / kv_dim, |rows, done, run| {
+        rows.to_f32(&mut dst[done * kv_dim..(done + run) * kv_dim]);
+    });
 }
 
 /// f32 keys and values held in two row-major buffers (`rows × kv_dim` each): a policy's side

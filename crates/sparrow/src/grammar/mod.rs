@@ -486,34 +486,7 @@ pub fn generate_json(
 mod tests {
     use super::*;
     use crate::sampler::SamplerConfig;
-    use crate::tokenizer::TokenizerSpec;
-
-    fn byte_tokenizer(extra: &[&str]) -> Tokenizer {
-        let mut tokens: Vec<String> = (0..=255u8)
-            .map(|b| crate::tokenizer::bytes::byte_to_char(b).to_string())
-            .collect();
-        let mut types = vec![1; 256];
-        for e in extra {
-            tokens.push(
-                e.bytes()
-                    .map(crate::tokenizer::bytes::byte_to_char)
-                    .collect(),
-            );
-            types.push(1);
-        }
-        tokens.push("<|endoftext|>".into());
-        types.push(3);
-        let eos = tokens.len() as u32 - 1;
-        Tokenizer::from_spec(TokenizerSpec {
-            model: "gpt2".into(),
-            pre: Some("qwen2".into()),
-            tokens,
-            token_types: types,
-            eos: Some(eos),
-            ..Default::default()
-        })
-        .unwrap()
-    }
+    use crate::synthetic::byte_tokenizer;
 
     #[test]
     fn walk_equals_brute_force() {
