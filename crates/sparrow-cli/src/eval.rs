@@ -6,8 +6,12 @@ use crate::progress::PrefillProgress;
 use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
 use sparrow::attention::AttentionChoice;
-use sparrow::eval::attention::{capture, evaluate, text_tokens, Phase, PolicyReport, Summary};
-use sparrow::eval::needle::{load_haystack, run_cell_policies, NeedleFormat, NeedleResult};
+use sparrow::eval::attention::{
+    capture, evaluate, evaluate_steps, text_tokens, Phase, PolicyReport, Summary,
+};
+use sparrow::eval::needle::{
+    load_haystack, needle_prompt, run_cell_policies, NeedleFormat, NeedleResult,
+};
 use sparrow::Engine;
 
 // The heatmap writer lives beside this file; only `eval needle` uses it.
@@ -100,6 +104,18 @@ pub struct AttentionArgs {
     /// (xattention).
     #[arg(long = "prefill-rows", default_value_t = sparrow::eval::attention::DEFAULT_TAIL)]
     prefill_rows: usize,
+    /// Instead of plain text: a needle prompt of about -c tokens from --haystack with the
+    /// needle at this depth (as `eval needle` builds it), followed by the needle's number;
+    /// each decode policy is measured at every step of that answer (teacher-forced), with
+    /// the share of full attention's mass on the needle's sentence it reads.
+    #[arg(long = "needle-depth", requires = "haystack")]
+    needle_depth: Option<f64>,
+    /// The needle's seed (`eval needle` gives cell i of its grid seed + i).
+    #[arg(long = "seed", default_value_t = 1)]
+    seed: u64,
+    /// How the needle question is asked: `chat` or `primed` (as `eval needle --format`).
+    #[arg(long = "format", default_value = "chat")]
+    format: String,
     /// Also print one row per layer.
     #[arg(long = "per-layer")]
     per_layer: bool,
@@ -340,6 +356,9 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
     let model_path = a.model.resolve()?;
     let engine =
         Engine::load_with(&model_path, a.model.load_options()).map_err(|e| e.to_string())?;
+    if let Some(depth) = a.needle_depth {
+        return needle_steps(&a, &engine, &text, depth, &choices);
+    }
     let n = a.n_tokens;
     let max_ctx = engine.model.config.n_ctx_train;
     if n > max_ctx {
@@ -409,6 +428,110 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
         std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         eprintln!("results written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// `eval attention --needle-depth`: each decode policy at every step of the needle's
+/// answer, teacher-forced.
+fn needle_steps(
+    a: &AttentionArgs,
+    engine: &Engine,
+    haystack: &str,
+    depth: f64,
+    choices: &[AttentionChoice],
+) -> Result<(), String> {
+    if !(0.0..=1.0).contains(&depth) {
+        return Err(format!("--needle-depth: {depth} is outside [0, 1]"));
+    }
+    let format = NeedleFormat::named(&a.format)?;
+    let prompt = needle_prompt(engine, haystack, a.n_tokens, depth, a.seed, 0, format)
+        .map_err(|e| e.to_string())?;
+    let answer = engine.tokenizer.encode(&prompt.needle.value, false, false);
+    // The last prompt token's query writes the answer's first token; each answer token's
+    // query but the last writes the next one.
+    let mut tokens = prompt.ids.clone();
+    tokens.extend_from_slice(&answer[..answer.len() - 1]);
+    let started = std::time::Instant::now();
+    let mut progress = PrefillProgress::new("prefill");
+    let cap = capture(
+        &engine.model,
+        &tokens,
+        a.kv.types(),
+        a.batch_size,
+        answer.len(),
+        |done, total| progress.update(done, total),
+    )
+    .map_err(|e| e.to_string())?;
+    progress.finish();
+    eprintln!(
+        "prefilled {} tokens in {:.1} s",
+        tokens.len(),
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "needle {:?} (\"{}\") at positions {}..{} of a {}-token prompt; each answer step's query \
+         against exact attention (needle recall: the share of full attention's mass on the \
+         needle's sentence that the policy reads, over all layers and heads; worst layer: \
+         lowest share among layers giving the sentence ≥ 1% of their mass)",
+        prompt.needle.value,
+        prompt.needle.key,
+        prompt.span.start,
+        prompt.span.end,
+        prompt.ids.len()
+    );
+    let mut all = Vec::new();
+    for c in choices {
+        let steps = match evaluate_steps(&cap, c, prompt.span.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("{}: {e}", c.label());
+                continue;
+            }
+        };
+        println!("\n{}\n", describe_choice(c));
+        println!("| step | writes | selectivity | mass | needle mass (full) | needle recall | worst layer |");
+        println!("| ---: | :--- | ---: | ---: | ---: | ---: | :--- |");
+        for (i, st) in steps.iter().enumerate() {
+            let (sel, mass) = st.means();
+            let full =
+                st.layers.iter().map(|l| l.focus_full).sum::<f64>() / st.layers.len().max(1) as f64;
+            let worst = st
+                .worst_layer(0.01)
+                .map_or("-".into(), |(l, share)| format!("{l} ({share:.2})"));
+            println!(
+                "| {i} | {:?} | {sel:.4} | {mass:.4} | {full:.4} | {:.4} | {worst} |",
+                engine.tokenizer.decode(&answer[i..i + 1]),
+                st.focus_recall()
+            );
+            if a.per_layer {
+                for l in &st.layers {
+                    println!(
+                        "|   | layer {} | {:.4} | {:.4} | {:.4} | {:.4} | |",
+                        l.layer,
+                        l.selectivity,
+                        l.mass,
+                        l.focus_full,
+                        if l.focus_full > 0.0 {
+                            l.focus_read / l.focus_full
+                        } else {
+                            1.0
+                        }
+                    );
+                }
+            }
+        }
+        all.push(serde_json::json!({"policy": describe_choice(c), "steps": steps}));
+    }
+    if let Some(path) = &a.json {
+        let json = serde_json::json!({
+            "needle": prompt.needle,
+            "span": [prompt.span.start, prompt.span.end],
+            "prompt_tokens": prompt.ids.len(),
+            "policies": all,
+        });
+        let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(())
 }

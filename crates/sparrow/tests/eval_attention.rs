@@ -6,7 +6,9 @@ mod common;
 
 use sparrow::attention::AttentionChoice;
 use sparrow::attention::StreamingAttention;
-use sparrow::eval::attention::{capture, evaluate, text_tokens, Capture, Phase, PolicyReport};
+use sparrow::eval::attention::{
+    capture, evaluate, evaluate_steps, text_tokens, Capture, Phase, PolicyReport,
+};
 use sparrow::policy::QuestSettings;
 use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
 use sparrow::{Engine, KvType, Model};
@@ -66,6 +68,62 @@ fn full_attention_measures_exact_and_streaming_reads_its_window() {
     assert!((r.fraction_read - 0.13).abs() < 1e-12);
     let min = r.summary.min_mass.unwrap();
     assert!(min <= r.summary.mean_mass.unwrap() && min > 0.0);
+}
+
+#[test]
+fn each_recorded_row_is_measured_as_a_decode_step_at_its_own_position() {
+    let m = model();
+    let (n, tail) = (100, 8);
+    let cap = capture(&m, &tokens(n), KvType::F32, 32, tail, |_, _| {}).unwrap();
+    let streaming = AttentionChoice::named("streaming").with(StreamingAttention {
+        sinks: 3,
+        window: 10,
+    });
+    // Outside the window of every step, then the sinks: read never, then always.
+    for (focus, recall) in [(40..50, 0.0), (0..3, 1.0)] {
+        let steps = evaluate_steps(&cap, &streaming, focus.clone()).unwrap();
+        assert_eq!(steps.len(), tail);
+        for (r, st) in steps.iter().enumerate() {
+            assert_eq!(st.pos, n - tail + r);
+            assert_eq!(st.layers.len(), m.config.n_layer);
+            let seen = (st.pos + 1) as f64;
+            for l in &st.layers {
+                assert!((l.selectivity - 13.0 / seen).abs() < 1e-12, "{l:?}");
+                assert!(l.mass > 0.0 && l.mass < 1.0 - 1e-6, "{l:?}");
+                assert!(l.focus_full > 0.0 && l.focus_full < l.mass + 1.0, "{l:?}");
+            }
+            assert!(
+                (st.focus_recall() - recall).abs() < 1e-9,
+                "{focus:?}: {st:?}"
+            );
+        }
+    }
+    // Full attention reads everything at every step.
+    let steps = evaluate_steps(&cap, &AttentionChoice::named("full"), 40..50).unwrap();
+    for st in &steps {
+        assert!(st
+            .layers
+            .iter()
+            .all(|l| (l.mass - 1.0).abs() < 1e-9 && l.selectivity == 1.0));
+        assert!((st.focus_recall() - 1.0).abs() < 1e-9);
+        assert_eq!(st.worst_layer(0.0).map(|w| w.1 > 1.0 - 1e-9), Some(true));
+    }
+    // A focus partly ahead of the first step: it counts only what that step sees (85..=92,
+    // all in its window 81..=92); the last step's window (88..=99) has lost 85..88.
+    let window = AttentionChoice::named("streaming").with(StreamingAttention {
+        sinks: 0,
+        window: 12,
+    });
+    let steps = evaluate_steps(&cap, &window, 85..96).unwrap();
+    assert!(
+        (steps[0].focus_recall() - 1.0).abs() < 1e-9,
+        "{:?}",
+        steps[0]
+    );
+    let last = steps.last().unwrap().focus_recall();
+    assert!(last > 0.0 && last < 1.0 - 1e-6, "{last}");
+    let e = evaluate_steps(&cap, &AttentionChoice::named("xattention"), 0..1).unwrap_err();
+    assert!(e.to_string().contains("does not decode"), "{e}");
 }
 
 #[test]

@@ -445,6 +445,147 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
     })
 }
 
+/// One layer at one decode step (means over the layer's query heads).
+#[derive(Clone, Debug, Serialize)]
+pub struct StepLayer {
+    pub layer: usize,
+    /// Positions read over the positions the query sees.
+    pub selectivity: f64,
+    /// Exact softmax probability over the positions read.
+    pub mass: f64,
+    /// Exact softmax probability on the focus positions (what full attention gives them).
+    pub focus_full: f64,
+    /// The part of `focus_full` on focus positions the policy read.
+    pub focus_read: f64,
+}
+
+/// One decode step: the recorded query at `pos` attending to positions `0..=pos`.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepReport {
+    pub pos: usize,
+    pub layers: Vec<StepLayer>,
+}
+
+impl StepReport {
+    /// The share of full attention's focus mass the policy read, over every layer and head.
+    pub fn focus_recall(&self) -> f64 {
+        let full: f64 = self.layers.iter().map(|l| l.focus_full).sum();
+        let read: f64 = self.layers.iter().map(|l| l.focus_read).sum();
+        if full > 0.0 {
+            read / full
+        } else {
+            1.0
+        }
+    }
+
+    /// The layer whose heads keep the smallest share of their focus mass, among layers
+    /// that give the focus at least `min_full` (mean over heads): `(layer, share)`.
+    pub fn worst_layer(&self, min_full: f64) -> Option<(usize, f64)> {
+        self.layers
+            .iter()
+            .filter(|l| l.focus_full >= min_full)
+            .map(|l| (l.layer, l.focus_read / l.focus_full))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// Means over layers of selectivity and mass.
+    pub fn means(&self) -> (f64, f64) {
+        let n = self.layers.len().max(1) as f64;
+        (
+            self.layers.iter().map(|l| l.selectivity).sum::<f64>() / n,
+            self.layers.iter().map(|l| l.mass).sum::<f64>() / n,
+        )
+    }
+}
+
+/// Measure a decode policy at every recorded query row of `cap` as a decode step at its
+/// own position (a teacher-forced answer: each row sees the positions up to its own), and
+/// how much of full attention's mass on the `focus` positions (e.g. the needle's
+/// sentence) it reads.
+pub fn evaluate_steps(
+    cap: &Capture,
+    choice: &AttentionChoice,
+    focus: Range<usize>,
+) -> Result<Vec<StepReport>> {
+    let choice = AttentionChoice {
+        prefill: None,
+        decode: None,
+        ..choice.clone()
+    };
+    let (phase, mut backend) = build_policy(&choice, &cap.config)?;
+    if phase != Phase::Decode {
+        return Err(Error::Other(format!(
+            "{} does not decode: its steps cannot be measured",
+            choice.name
+        )));
+    }
+    let backend = backend.as_mut();
+    let shape = cap.shape;
+    let kv = cap.state.kv();
+    let n = cap.n_ctx;
+    let kv_dim = shape.n_head_kv * shape.head_dim;
+    let hd = shape.head_dim;
+    let group = shape.n_head / shape.n_head_kv;
+    let q_dim = shape.n_head * hd;
+    let first = n - cap.tail;
+    let mut steps: Vec<StepReport> = (first..n)
+        .map(|pos| StepReport {
+            pos,
+            layers: Vec::new(),
+        })
+        .collect();
+    let block_size = backend.block_size().unwrap_or(DEFAULT_BLOCK);
+    let mut blocks = BlockTable::new(block_size, cap.config.n_layer);
+    let mut keys = vec![0.0f32; n * kv_dim];
+    for layer in 0..cap.config.n_layer {
+        blocks.seal(shape, kv, layer, n, backend);
+        read_f32(&StoreLayer { store: kv, layer }, false, 0, &mut keys);
+        for (r, step) in steps.iter_mut().enumerate() {
+            let pos = step.pos;
+            let seen = pos + 1;
+            let q = &cap.queries[layer][r * q_dim..(r + 1) * q_dim];
+            let read = read_set(backend, shape, kv, layer, q, pos);
+            let mut sums = [0.0f64; 4];
+            for h in 0..shape.n_head {
+                let kv_head = h / group;
+                let ranges = read.get(kv_head).map(|r| r.as_slice()).unwrap_or(&[]);
+                let p = probabilities(&q[h * hd..(h + 1) * hd], &keys, kv_dim, kv_head, seen);
+                let clip = |r: &Range<usize>, within: &Range<usize>| {
+                    r.start.max(within.start).min(seen)..r.end.min(within.end).min(seen)
+                };
+                let sum = |r: Range<usize>| p[r.start..r.end.max(r.start)].iter().sum::<f64>();
+                let all = 0..seen;
+                sums[0] += count_read(ranges, seen) as f64 / seen as f64;
+                sums[1] += ranges.iter().map(|r| sum(clip(r, &all))).sum::<f64>();
+                sums[2] += sum(clip(&focus, &all));
+                // Overlapping ranges would count twice: mark what is read first.
+                let mut read_focus = vec![false; focus.len()];
+                for r in ranges {
+                    let c = clip(r, &focus);
+                    if c.start < c.end {
+                        read_focus[c.start - focus.start..c.end - focus.start].fill(true);
+                    }
+                }
+                sums[3] += read_focus
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, &hit)| hit && focus.start + i < seen)
+                    .map(|(i, _)| p[focus.start + i])
+                    .sum::<f64>();
+            }
+            let heads = shape.n_head as f64;
+            step.layers.push(StepLayer {
+                layer,
+                selectivity: sums[0] / heads,
+                mass: sums[1] / heads,
+                focus_full: sums[2] / heads,
+                focus_read: sums[3] / heads,
+            });
+        }
+    }
+    Ok(steps)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

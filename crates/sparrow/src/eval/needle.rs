@@ -289,6 +289,46 @@ impl NeedleFormat {
     }
 }
 
+/// One cell's prompt, tokenized.
+#[derive(Clone, Debug)]
+pub struct NeedlePrompt {
+    /// The prompt's token ids (special tokens of the chat template parsed).
+    pub ids: Vec<u32>,
+    /// The needle asked for.
+    pub needle: Needle,
+    /// Positions of the needle's sentence in `ids` (token boundaries may blur it by one).
+    pub span: std::ops::Range<usize>,
+}
+
+/// The prompt of one cell: the needle chosen by `seed` (and `distractors` others) hidden at
+/// `depth` of a `length`-token document, asked in `format`.
+pub fn needle_prompt(
+    engine: &Engine,
+    haystack: &str,
+    length: usize,
+    depth: f64,
+    seed: u64,
+    distractors: usize,
+    format: NeedleFormat,
+) -> Result<NeedlePrompt> {
+    let needle = Needle::new(seed);
+    let others = needle.distractors(seed, distractors)?;
+    let (doc, _) = build_document_with(engine, haystack, &needle, length, depth, &others)?;
+    let user = format!("{doc}\n\n{}", needle.question);
+    let prompt = format.prompt(engine, &user, &needle)?;
+    let tok = &engine.tokenizer;
+    let ids = tok.encode(&prompt, true, true);
+    // The sentence is unique in the prompt (its key is no distractor's); the question
+    // names the key but not the number.
+    let start = prompt
+        .find(&needle.sentence)
+        .ok_or_else(|| Error::Other("the needle's sentence is not in its own prompt".into()))?;
+    let end = start + needle.sentence.len();
+    let span = tok.encode(&prompt[..start], true, true).len()
+        ..tok.encode(&prompt[..end], true, true).len();
+    Ok(NeedlePrompt { ids, needle, span })
+}
+
 /// How the model runs each cell: the same for every cell of a grid.
 #[derive(Clone, Debug)]
 pub struct CellSettings {
@@ -350,12 +390,8 @@ pub fn run_cell_policies(
     choices: &[AttentionChoice],
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Vec<NeedleResult>> {
-    let needle = Needle::new(seed);
-    let others = needle.distractors(seed, distractors)?;
-    let (doc, _) = build_document_with(engine, haystack, &needle, length, depth, &others)?;
-    let user = format!("{doc}\n\n{}", needle.question);
-    let prompt = format.prompt(engine, &user, &needle)?;
-    let ids = engine.tokenizer.encode(&prompt, true, true);
+    let NeedlePrompt { ids, needle, .. } =
+        needle_prompt(engine, haystack, length, depth, seed, distractors, format)?;
     let (head, last) = ids.split_at(ids.len() - 1);
     let n_ctx = ids.len() + 32;
     if kv.cold.is_some() {
