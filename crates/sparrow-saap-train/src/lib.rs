@@ -66,7 +66,7 @@ pub struct TrainSettings {
 impl Default for TrainSettings {
     fn default() -> Self {
         TrainSettings {
-            clusters: 256,
+            clusters: 1024,
             hidden: 256,
             kmeans_iterations: 10,
             spherical: false,

@@ -75,14 +75,16 @@ pub struct SaapSettings {
 }
 
 impl Default for SaapSettings {
-    /// 6 of 256 buckets and a 1 + 63 dense part: about 3.5% of the keys from the buckets
-    /// (measured on held-out queries, `sparrow saap train`'s table) plus 0.8% dense at 8K —
-    /// under 5% of the KV read from 8K up. The paper's 1 + 2047 would alone be 25% at 8K;
-    /// it reports 1 + 63 performing about the same.
+    /// 32 of 1,024 buckets and a 1 + 63 dense part: about 3–4% of the keys at 8K and 16K
+    /// (buckets grow with the context, so ℓ = 32 reads about the same share at every
+    /// length), under 5% of the KV read. Finer buckets route better at equal keys read:
+    /// 32 of 1,024 found 5 of 6 needles at 8K/16K where 6 of 256 found 3
+    /// (docs/long-context.md, "Finer buckets"). The paper's 1 + 2047 window would alone be
+    /// 25% at 8K; it reports 1 + 63 performing about the same.
     fn default() -> Self {
         SaapSettings {
             index: None,
-            probes: 6,
+            probes: 32,
             window: 63,
             block: 16,
             dense_layers: vec![0],
