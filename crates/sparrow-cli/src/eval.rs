@@ -7,7 +7,7 @@ use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
 use sparrow::attention::AttentionChoice;
 use sparrow::eval::attention::{
-    capture, evaluate, evaluate_steps, text_tokens, Phase, PolicyReport, Summary,
+    capture, evaluate, evaluate_steps, text_tokens, Capture, Phase, PolicyReport, Summary,
 };
 use sparrow::eval::needle::{
     load_haystack, needle_prompt, run_cell_policies, NeedleFormat, NeedleResult,
@@ -367,22 +367,7 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
     let tokens = text_tokens(&engine.tokenizer, &text, n).map_err(|e| e.to_string())?;
     let tail = a.prefill_rows.min(n);
 
-    let started = std::time::Instant::now();
-    let mut progress = PrefillProgress::new("prefill");
-    let cap = capture(
-        &engine.model,
-        &tokens,
-        a.kv.types(),
-        a.batch_size,
-        tail,
-        |done, total| progress.update(done, total),
-    )
-    .map_err(|e| e.to_string())?;
-    progress.finish();
-    eprintln!(
-        "prefilled {n} tokens in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
+    let cap = capture_with_progress(&a, &engine, &tokens, tail)?;
 
     let mut reports = Vec::new();
     for c in &choices {
@@ -432,6 +417,34 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// [`capture`] of `tokens` (the last `tail` query rows recorded) with a prefill bar and
+/// the time taken.
+fn capture_with_progress(
+    a: &AttentionArgs,
+    engine: &Engine,
+    tokens: &[u32],
+    tail: usize,
+) -> Result<Capture, String> {
+    let started = std::time::Instant::now();
+    let mut progress = PrefillProgress::new("prefill");
+    let cap = capture(
+        &engine.model,
+        tokens,
+        a.kv.types(),
+        a.batch_size,
+        tail,
+        |done, total| progress.update(done, total),
+    )
+    .map_err(|e| e.to_string())?;
+    progress.finish();
+    eprintln!(
+        "prefilled {} tokens in {:.1} s",
+        tokens.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(cap)
+}
+
 /// `eval attention --needle-depth`: each decode policy at every step of the needle's
 /// answer, teacher-forced.
 fn needle_steps(
@@ -452,23 +465,7 @@ fn needle_steps(
     // query but the last writes the next one.
     let mut tokens = prompt.ids.clone();
     tokens.extend_from_slice(&answer[..answer.len() - 1]);
-    let started = std::time::Instant::now();
-    let mut progress = PrefillProgress::new("prefill");
-    let cap = capture(
-        &engine.model,
-        &tokens,
-        a.kv.types(),
-        a.batch_size,
-        answer.len(),
-        |done, total| progress.update(done, total),
-    )
-    .map_err(|e| e.to_string())?;
-    progress.finish();
-    eprintln!(
-        "prefilled {} tokens in {:.1} s",
-        tokens.len(),
-        started.elapsed().as_secs_f64()
-    );
+    let cap = capture_with_progress(a, engine, &tokens, answer.len())?;
     println!(
         "needle {:?} (\"{}\") at positions {}..{} of a {}-token prompt; each answer step's query \
          against exact attention (needle recall: the share of full attention's mass on the \

@@ -343,6 +343,12 @@ fn build_policy(
     choice: &AttentionChoice,
     model: &ModelConfig,
 ) -> Result<(Phase, Box<dyn SparsePolicy>)> {
+    // Its own name for both phases: `prefill`/`decode` overrides do not apply here.
+    let choice = &AttentionChoice {
+        prefill: None,
+        decode: None,
+        ..choice.clone()
+    };
     let (_, decode) = choice.phase_names().map_err(Error::Other)?;
     let phase = if decode == choice.name {
         Phase::Decode
@@ -358,12 +364,7 @@ fn build_policy(
 /// Measure `choice` (its `name` for both phases; `prefill`/`decode` overrides are ignored)
 /// against exact attention on `cap`.
 pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport> {
-    let choice = AttentionChoice {
-        prefill: None,
-        decode: None,
-        ..choice.clone()
-    };
-    let (phase, mut backend) = build_policy(&choice, &cap.config)?;
+    let (phase, mut backend) = build_policy(choice, &cap.config)?;
     let backend = backend.as_mut();
     let shape = cap.shape;
     let kv = cap.state.kv();
@@ -507,12 +508,7 @@ pub fn evaluate_steps(
     choice: &AttentionChoice,
     focus: Range<usize>,
 ) -> Result<Vec<StepReport>> {
-    let choice = AttentionChoice {
-        prefill: None,
-        decode: None,
-        ..choice.clone()
-    };
-    let (phase, mut backend) = build_policy(&choice, &cap.config)?;
+    let (phase, mut backend) = build_policy(choice, &cap.config)?;
     if phase != Phase::Decode {
         return Err(Error::Other(format!(
             "{} does not decode: its steps cannot be measured",
