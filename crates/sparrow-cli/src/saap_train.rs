@@ -33,6 +33,11 @@ pub struct TrainArgs {
     /// Q-model hidden width.
     #[arg(long = "hidden", default_value_t = TrainSettings::default().hidden)]
     hidden: usize,
+    /// The paper's plain Q-model: an MLP alone, instead of an MLP learning a correction
+    /// to the centroid router (logits starting from the query's scaled similarity to the
+    /// centroids, the default).
+    #[arg(long = "plain-qmodel")]
+    plain_qmodel: bool,
     /// k-means iterations.
     #[arg(long = "kmeans-iterations", default_value_t = TrainSettings::default().kmeans_iterations)]
     kmeans_iterations: usize,
@@ -154,6 +159,7 @@ pub fn train(a: TrainArgs) -> Result<(), String> {
     let settings = TrainSettings {
         clusters: a.clusters,
         hidden: a.hidden,
+        centroid_prior: !a.plain_qmodel,
         kmeans_iterations: a.kmeans_iterations,
         spherical: a.spherical,
         steps: a.steps,

@@ -332,6 +332,7 @@ mod tests {
                 b1: vec![0.0],
                 w2: vec![0.0; 10],
                 b2: vec![0.0; 10],
+                prior_scale: 0.0,
             };
             for (k, c) in part.centroids.chunks_exact(d).enumerate() {
                 let norm2 = dot64(c, c);

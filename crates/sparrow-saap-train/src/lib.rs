@@ -33,6 +33,9 @@ pub struct TrainSettings {
     pub clusters: usize,
     /// Q-model hidden width.
     pub hidden: usize,
+    /// The Q-model's logits start from the query's scaled similarity to the centroids
+    /// (the `kmeans` router), the MLP learning a correction; false: the paper's plain MLP.
+    pub centroid_prior: bool,
     /// Lloyd iterations.
     pub kmeans_iterations: usize,
     /// Spherical k-means (unit centroids, inner product) instead of standard (nearest).
@@ -67,7 +70,8 @@ impl Default for TrainSettings {
     fn default() -> Self {
         TrainSettings {
             clusters: 1024,
-            hidden: 256,
+            hidden: 64,
+            centroid_prior: true,
             kmeans_iterations: 10,
             spherical: false,
             points_per_centroid: 128,

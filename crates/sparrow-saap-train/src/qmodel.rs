@@ -1,7 +1,9 @@
 //! The Q-model: a small MLP mapping a de-roped query to a distribution over the buckets,
 //! trained to match where the query's attention mass lies (the paper's Eq. 1).
 //!
-//! `Linear(d→hidden) → BatchNorm1d → ReLU → Linear(hidden→C) → log_softmax`, loss
+//! `Linear(d→hidden) → BatchNorm1d → ReLU → Linear(hidden→C) → log_softmax`, optionally
+//! over a fixed prior (the query's similarity to the centroids scaled by `1/√d`, the
+//! `kmeans` router's logits: the MLP, starting at zero, learns a correction to it), loss
 //! `KL(target ‖ prediction) = Σ target·(log target − log pred)` averaged over the batch,
 //! Adam (candle-nn's `AdamW` with no weight decay) on shuffled mini-batches, learning rate
 //! decayed along a half cosine to a tenth (few steps need a large rate early and a small
@@ -29,6 +31,9 @@ pub struct QModelSettings {
     pub batch: usize,
     /// Adam's peak learning rate (decayed to a tenth along a half cosine).
     pub learning_rate: f64,
+    /// The centroids (`C × d`) whose scaled similarities to the query the logits start
+    /// from; `None`: the paper's plain MLP.
+    pub prior: Option<Vec<f32>>,
 }
 
 /// Batch normalisation's ε and running-statistics momentum (PyTorch's defaults).
@@ -46,6 +51,8 @@ pub struct QModel {
     pub w2: Var,
     pub b2: Var,
     bn: BatchNorm,
+    /// `centroidsᵀ / √d` (`d × C`), added to the logits; not trained.
+    prior: Option<Tensor>,
 }
 
 /// Uniform in `±1/√fan_in` (PyTorch's `Linear` initialisation), from `rng`.
@@ -66,19 +73,38 @@ fn uniform(
 
 impl QModel {
     /// A freshly initialised model for `d`-dimensional queries, `hidden` units and
-    /// `clusters` buckets, in `dtype` (f32 to train; f64 for gradient checks).
+    /// `clusters` buckets, in `dtype` (f32 to train; f64 for gradient checks). With a
+    /// `prior` (centroids, `clusters × d`) the second layer starts at zero, so the model
+    /// starts as the centroid router.
     pub fn new(
         d: usize,
         hidden: usize,
         clusters: usize,
+        prior: Option<&[f32]>,
         dtype: DType,
         rng: &mut impl Rng,
     ) -> candle_core::Result<QModel> {
         let dev = Device::Cpu;
         let w1 = uniform((hidden, d), d, dtype, rng)?;
         let b1 = uniform((1, hidden), d, dtype, rng)?;
-        let w2 = uniform((clusters, hidden), hidden, dtype, rng)?;
-        let b2 = uniform((1, clusters), hidden, dtype, rng)?;
+        let (w2, b2) = match prior {
+            None => (
+                uniform((clusters, hidden), hidden, dtype, rng)?,
+                uniform((1, clusters), hidden, dtype, rng)?,
+            ),
+            Some(_) => (
+                Var::zeros((clusters, hidden), dtype, &dev)?,
+                Var::zeros(clusters, dtype, &dev)?,
+            ),
+        };
+        let prior = match prior {
+            None => None,
+            Some(c) => {
+                let scale = sparrow::saap::prior_scale(d) as f64;
+                let t = Tensor::from_slice(c, (clusters, d), &dev)?.to_dtype(dtype)?;
+                Some((t.t()?.contiguous()? * scale)?)
+            }
+        };
         let gamma = Var::ones(hidden, dtype, &dev)?;
         let beta = Var::zeros(hidden, dtype, &dev)?;
         let bn = BatchNorm::new_with_momentum(
@@ -98,6 +124,7 @@ impl QModel {
             w2,
             b2,
             bn,
+            prior,
         })
     }
 
@@ -126,11 +153,14 @@ impl QModel {
     /// statistics when `train` (and the running ones updated), running ones otherwise.
     pub fn forward_t(&self, x: &Tensor, train: bool) -> candle_core::Result<Tensor> {
         let h = self.bn.forward_t(&self.pre_norm(x)?, train)?.relu()?;
-        let logits = Linear::new(
+        let mut logits = Linear::new(
             self.w2.as_tensor().clone(),
             Some(self.b2.as_tensor().clone()),
         )
         .forward(&h)?;
+        if let Some(p) = &self.prior {
+            logits = (logits + x.matmul(p)?)?;
+        }
         candle_nn::ops::log_softmax(&logits, D::Minus1)
     }
 
@@ -283,7 +313,14 @@ pub fn fit(
 ) -> candle_core::Result<Fit> {
     let n = train.len();
     assert!(n >= 2, "batch normalisation needs at least 2 examples");
-    let mut model = QModel::new(train.d, s.hidden, train.clusters, DType::F32, rng)?;
+    let mut model = QModel::new(
+        train.d,
+        s.hidden,
+        train.clusters,
+        s.prior.as_deref(),
+        DType::F32,
+        rng,
+    )?;
     let (x, t, ne) = train.tensors(DType::F32)?;
     let mut opt = AdamW::new(
         model.vars(),
@@ -375,12 +412,27 @@ mod tests {
     }
 
     /// The autograd gradient of the KL loss (training-mode batch normalisation) with
-    /// respect to every parameter equals central finite differences, in f64.
+    /// respect to every parameter equals central finite differences, in f64: the plain
+    /// MLP and the MLP over the centroid prior.
     #[test]
     fn kl_gradient_matches_finite_differences() {
+        kl_gradient_check(false);
+        kl_gradient_check(true);
+    }
+
+    fn kl_gradient_check(with_prior: bool) {
         let (d, h, c, rows) = (3, 5, 4, 6);
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let model = QModel::new(d, h, c, DType::F64, &mut rng).unwrap();
+        let centroids = random(c, d, &mut rng);
+        let prior = with_prior.then_some(centroids.as_slice());
+        let model = QModel::new(d, h, c, prior, DType::F64, &mut rng).unwrap();
+        // A non-zero second layer (the prior's starts at zero, where the first layer's
+        // gradients vanish).
+        let w2: Vec<f64> = (0..c * h).map(|_| rng.random_range(-1.0..1.0)).collect();
+        model
+            .w2
+            .set(&Tensor::from_vec(w2, (c, h), &Device::Cpu).unwrap())
+            .unwrap();
         // Non-trivial γ, β.
         model
             .gamma
@@ -434,13 +486,25 @@ mod tests {
     }
 
     /// The exported (normalisation folded) model's distribution is the candle model's
-    /// evaluation-mode softmax, on random inputs and random running statistics.
+    /// evaluation-mode softmax, on random inputs and random running statistics: the plain
+    /// MLP and the MLP over the centroid prior.
     #[test]
     fn folded_export_matches_eval_forward() {
+        folded_export_check(false);
+        folded_export_check(true);
+    }
+
+    fn folded_export_check(with_prior: bool) {
         let (d, h, c) = (6, 9, 5);
         let mut rng = ChaCha8Rng::seed_from_u64(2);
-        let mut model = QModel::new(d, h, c, DType::F32, &mut rng).unwrap();
+        let centroids = random(c, d, &mut rng);
+        let prior = with_prior.then_some(centroids.as_slice());
+        let mut model = QModel::new(d, h, c, prior, DType::F32, &mut rng).unwrap();
         let dev = Device::Cpu;
+        model
+            .w2
+            .set(&Tensor::from_vec(random(c, h, &mut rng), (c, h), &dev).unwrap())
+            .unwrap();
         model
             .gamma
             .set(&Tensor::from_vec(random(1, h, &mut rng), h, &dev).unwrap())
@@ -458,12 +522,17 @@ mod tests {
             .unwrap();
         let [w1, b1, w2, b2] = model.export().unwrap();
         let head = sparrow::saap::HeadModel {
-            centroids: vec![0.0; c * d],
+            centroids,
             centroid_bias: vec![0.0; c],
             w1,
             b1,
             w2,
             b2,
+            prior_scale: if with_prior {
+                sparrow::saap::prior_scale(d)
+            } else {
+                0.0
+            },
         };
         let rows = 7;
         let q = random(rows, d, &mut rng);
@@ -503,6 +572,39 @@ mod tests {
         assert!(diff > 1e-3);
     }
 
+    /// Over the centroid prior an untrained model is the centroid router: the softmax of
+    /// the query's inner products with the centroids over `√d`, against f64.
+    #[test]
+    fn untrained_over_the_prior_is_the_centroid_router() {
+        let (d, h, c, rows) = (5, 4, 6, 3);
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let centroids = random(c, d, &mut rng);
+        let model = QModel::new(d, h, c, Some(&centroids), DType::F32, &mut rng).unwrap();
+        let q = random(rows, d, &mut rng);
+        let x = Tensor::from_slice(&q, (rows, d), &Device::Cpu).unwrap();
+        let got: Vec<Vec<f32>> = model
+            .forward_t(&x, false)
+            .unwrap()
+            .exp()
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        for (r, row) in got.iter().enumerate() {
+            let logits: Vec<f64> = (0..c)
+                .map(|k| {
+                    (0..d)
+                        .map(|i| centroids[k * d + i] as f64 * q[r * d + i] as f64)
+                        .sum::<f64>()
+                        / (d as f64).sqrt()
+                })
+                .collect();
+            let z: f64 = logits.iter().map(|l| l.exp()).sum();
+            for (a, l) in row.iter().zip(&logits) {
+                assert!((*a as f64 - l.exp() / z).abs() < 1e-5, "row {r}: {a}");
+            }
+        }
+    }
+
     /// Fitting lowers the loss on a learnable mapping and calibrates the running
     /// statistics to the training set.
     #[test]
@@ -523,6 +625,7 @@ mod tests {
             steps: 300,
             batch: 64,
             learning_rate: 1e-2,
+            prior: None,
         };
         let mut losses = Vec::new();
         let fit = fit(&ex, &Examples::new(d, c), &s, &mut rng, &mut |_, l| {

@@ -103,6 +103,7 @@ pub fn train(
             head_dim: m.head_dim,
             clusters: settings.clusters,
             hidden: settings.hidden,
+            centroid_prior: settings.centroid_prior,
             training: TrainingInfo {
                 contexts: records.len(),
                 // Mean tokens per context.
@@ -278,6 +279,7 @@ fn train_head(
             steps: s.steps,
             batch: s.batch,
             learning_rate: s.learning_rate,
+            prior: s.centroid_prior.then(|| part.centroids.clone()),
         },
         &mut rng,
         &mut |step, loss| {
@@ -301,6 +303,11 @@ fn train_head(
         b1,
         w2,
         b2,
+        prior_scale: if s.centroid_prior {
+            sparrow::saap::prior_scale(d)
+        } else {
+            0.0
+        },
     })
 }
 

@@ -1,9 +1,11 @@
-//! The cost of Saap's routing per decode token: the Q-model (or the centroid router) run
-//! for every KV head group of every sparse layer, as the `saap` policy runs it.
+//! The cost of Saap's routing per decode token: each router (`--saap-router`: hedged,
+//! the Q-model alone, the centroids alone) run for every KV head group of every sparse
+//! layer, as the `saap` policy runs it.
 //!
 //! `cargo run --release -p sparrow --example saap_cost -- MODEL.gguf [INDEX]` (default
 //! index: the model's in the sparrow cache).
 
+use sparrow::policy::SaapRouter as Router;
 use sparrow::saap::{default_index_path, Level, SaapIndex, Scratch};
 use std::time::Instant;
 
@@ -30,27 +32,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut scratch = Scratch::default();
     let mut mass = vec![0f32; m.clusters];
     let sparse = (1..m.n_layer).flat_map(|l| (0..m.n_head_kv).map(move |h| (l, h)));
-    for (name, qmodel) in [("Q-model", true), ("centroids", false)] {
+    for router in [Router::Hedged, Router::Qmodel, Router::Centroids] {
         let mut best = f64::INFINITY;
         for _ in 0..20 {
             let t0 = Instant::now();
             for (l, h) in sparse.clone() {
-                let head = index.head(l, h);
-                if qmodel {
-                    head.add_bucket_mass(Level::active(), &q, &mut scratch, &mut mass);
-                } else {
-                    head.add_centroid_mass(Level::active(), &q, &mut scratch, &mut mass);
+                let (head, level) = (index.head(l, h), Level::active());
+                match router {
+                    Router::Hedged => head.add_hedged_mass(level, &q, &mut scratch, &mut mass),
+                    Router::Qmodel => head.add_bucket_mass(level, &q, &mut scratch, &mut mass),
+                    Router::Centroids => head.add_centroid_mass(level, &q, &mut scratch, &mut mass),
                 }
             }
             best = best.min(t0.elapsed().as_secs_f64());
         }
         println!(
-            "{name}: {:.3} ms per token ({} layers x {} KV heads, group of {group}, C = {}, hidden {}; best of 20, one thread)",
+            "{router:?}: {:.3} ms per token ({} layers x {} KV heads, group of {group}, C = {}, hidden {}, centroid prior {}; best of 20, one thread)",
             best * 1e3,
             m.n_layer - 1,
             m.n_head_kv,
             m.clusters,
-            m.hidden
+            m.hidden,
+            m.centroid_prior
         );
     }
     Ok(())

@@ -256,7 +256,7 @@ pub fn synthetic_saap_index(
     let d = model.head_dim;
     let mut v = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
     let heads = (0..model.n_layer * model.n_head_kv)
-        .map(|_| HeadModel::from_parts(c, h, d, &mut v))
+        .map(|_| HeadModel::from_parts(c, h, d, false, &mut v))
         .collect();
     SaapIndex {
         meta: IndexMeta {
@@ -265,6 +265,7 @@ pub fn synthetic_saap_index(
             head_dim: d,
             clusters: c,
             hidden: h,
+            centroid_prior: false,
             training: TrainingInfo::default(),
         },
         fingerprint: model.fingerprint,

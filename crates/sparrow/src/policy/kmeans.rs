@@ -5,7 +5,7 @@
 //! plain inverted-file index would. Everything else — sink, window, probes, dense layers,
 //! the index file — is `saap`'s, with `saap`'s flags, so the two compare at equal reads.
 
-use super::saap::{load_index, settings, Router, SaapAttention};
+use super::saap::{load_index, settings, Router, SaapAttention, SaapSettings};
 use super::{PolicyEntry, SettingsType};
 use crate::model::rope::Rope;
 
@@ -16,16 +16,24 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
     prefill: false,
     decode: true,
     build: |b| {
-        let s = settings(b.choice)?;
+        let s = SaapSettings {
+            router: Router::Centroids,
+            ..settings(b.choice)?
+        };
         let index = load_index(&s, b.model)?;
-        Ok(Box::new(SaapAttention::new(
-            s,
-            index,
-            Rope::of(b.model),
-            Router::Centroids,
-        )?))
+        Ok(Box::new(SaapAttention::new(s, index, Rope::of(b.model))?))
     },
-    check: |c| settings(c).map(|s| format!("{s:?}")),
+    check: |c| {
+        settings(c).map(|s| {
+            format!(
+                "{:?}",
+                SaapSettings {
+                    router: Router::Centroids,
+                    ..s
+                }
+            )
+        })
+    },
     settings: SettingsType::of::<KmeansSettings>(),
 };
 

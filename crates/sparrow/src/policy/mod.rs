@@ -29,7 +29,7 @@ pub use h2o::{H2oAttention, H2oSettings};
 pub use ladder::{LadderAttention, LadderSettings};
 pub use oracle::{OracleAttention, OracleSettings};
 pub use quest::{QuestAttention, QuestSettings};
-pub use saap::{SaapAttention, SaapSettings};
+pub use saap::{Router as SaapRouter, SaapAttention, SaapSettings};
 pub use settings::{NoSettings, PolicySettings, SettingsMap, SettingsType};
 pub use streaming::StreamingAttention;
 pub use xattention::{XAttention, XAttentionSettings};
@@ -505,8 +505,8 @@ mod registry_tests {
         assert_eq!(names.join(", "), policy_names());
         // Saap and kmeans read a trained index: a random one for these shapes.
         let model = shapes(2);
-        let index =
-            std::env::temp_dir().join(format!("sparrow-registry-{}.saap", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let index = dir.path().join("registry.saap");
         crate::synthetic::synthetic_saap_index(&model, 4, 4, 1)
             .save(&index)
             .unwrap();

@@ -37,7 +37,7 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
     build: |b| {
         let s = settings(b.choice)?;
         let index = load_index(&s, b.model)?;
-        Ok(Box::new(SaapAttention::new(s, index, Rope::of(b.model), Router::Qmodel)?))
+        Ok(Box::new(SaapAttention::new(s, index, Rope::of(b.model))?))
     },
     check: |c| settings(c).map(|s| format!("{s:?}")),
     settings: SettingsType::of::<SaapSettings>(),
@@ -45,10 +45,16 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
 
 /// How a query chooses its buckets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Router {
-    /// The trained Q-model (Saap).
+    /// The Q-model's distribution plus the centroid router's: the trained router hedged
+    /// by the geometric one for queries unlike its training text (a needle's digits in a
+    /// book-trained index: docs/long-context.md, "Hedged routing").
+    Hedged,
+    /// The trained Q-model alone (the paper).
     Qmodel,
-    /// The query's own similarity to the centroids (plain k-means; the paper's baseline).
+    /// The query's own similarity to the centroids (plain k-means; the paper's baseline,
+    /// and the `kmeans` policy).
     Centroids,
 }
 
@@ -63,6 +69,10 @@ pub struct SaapSettings {
     /// Saap: buckets each decode query visits per KV head (ℓ).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_PROBES", long = "saap-probes", default_value_t = SaapSettings::default().probes, help_heading = crate::policy::HELP_HEADING))]
     pub probes: usize,
+    /// Saap: how a query ranks the buckets: the Q-model hedged by the centroid router, the
+    /// Q-model alone (the paper), or the centroids alone (as `--attn kmeans`).
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_ROUTER", long = "saap-router", value_enum, default_value_t = SaapSettings::default().router, help_heading = crate::policy::HELP_HEADING))]
+    pub router: Router,
     /// Saap: recent positions always read (the dense window beside the sink, position 0).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_WINDOW", long = "saap-window", default_value_t = SaapSettings::default().window, help_heading = crate::policy::HELP_HEADING))]
     pub window: usize,
@@ -85,6 +95,7 @@ impl Default for SaapSettings {
         SaapSettings {
             index: None,
             probes: 32,
+            router: Router::Hedged,
             window: 63,
             block: 16,
             dense_layers: vec![0],
@@ -163,7 +174,6 @@ struct LayerLists {
 /// The Saap policy (one per sequence; the index is shared).
 pub struct SaapAttention {
     settings: SaapSettings,
-    router: Router,
     index: Arc<SaapIndex>,
     rope: Rope,
     layers: Vec<LayerLists>,
@@ -179,13 +189,8 @@ pub struct SaapAttention {
 }
 
 impl SaapAttention {
-    /// A policy over `index` for a model rotating by `rope`.
-    pub fn new(
-        settings: SaapSettings,
-        index: Arc<SaapIndex>,
-        rope: Rope,
-        router: Router,
-    ) -> Result<Self, String> {
+    /// A policy over `index` for a model rotating by `rope`, routing by `settings.router`.
+    pub fn new(settings: SaapSettings, index: Arc<SaapIndex>, rope: Rope) -> Result<Self, String> {
         settings.validate()?;
         let m = &index.meta;
         let layers = (0..m.n_layer)
@@ -201,7 +206,6 @@ impl SaapAttention {
             .collect();
         Ok(SaapAttention {
             settings,
-            router,
             index,
             rope,
             layers,
@@ -234,7 +238,10 @@ impl SaapAttention {
         self.mass.clear();
         self.mass.resize(c, 0.0);
         let level = Level::active();
-        match self.router {
+        match self.settings.router {
+            Router::Hedged => {
+                model.add_hedged_mass(level, &self.queries, &mut self.scratch, &mut self.mass)
+            }
             Router::Qmodel => {
                 model.add_bucket_mass(level, &self.queries, &mut self.scratch, &mut self.mass)
             }
@@ -277,8 +284,8 @@ impl SaapAttention {
 
 impl SparsePolicy for SaapAttention {
     fn name(&self) -> &str {
-        match self.router {
-            Router::Qmodel => "saap",
+        match self.settings.router {
+            Router::Hedged | Router::Qmodel => "saap",
             Router::Centroids => "kmeans",
         }
     }
@@ -443,8 +450,7 @@ mod tests {
     }
 
     fn policy(m: &crate::ModelConfig, s: SaapSettings, c: usize) -> SaapAttention {
-        SaapAttention::new(s, Arc::new(synthetic_saap_index(m, c, 8, 7)), Rope::of(m), Router::Qmodel)
-            .unwrap()
+        SaapAttention::new(s, Arc::new(synthetic_saap_index(m, c, 8, 7)), Rope::of(m)).unwrap()
     }
 
     /// The inverted lists equal a brute-force assignment of the de-roped keys, and a rewind
@@ -524,19 +530,45 @@ mod tests {
             attend(&mut DenseAttention, sh, &c, layer, &q, n - 1, &mut b);
             assert_eq!(a, b, "layer {layer}");
         }
-        let mut few = policy(&m, SaapSettings { probes: 2, ..s }, 6);
-        seal(&mut few, &m, &c, n);
+        for router in [Router::Hedged, Router::Qmodel, Router::Centroids] {
+            let s = SaapSettings {
+                probes: 2,
+                router,
+                ..s.clone()
+            };
+            reads_the_chosen_buckets(&m, &c, n, &q, s);
+        }
+    }
+
+    /// The positions `s` (2 of 6 buckets) reads in layer 1 for a decode query `q` at the
+    /// end of `c` (`n` positions): the sink, the window and the two buckets with the most mass under
+    /// its router, recomputed here.
+    fn reads_the_chosen_buckets(
+        m: &crate::ModelConfig,
+        c: &KvCache,
+        n: usize,
+        q: &[f32],
+        s: SaapSettings,
+    ) {
+        let (sh, router) = (shape(m), s.router);
+        let mut few = policy(m, s, 6);
+        seal(&mut few, m, c, n);
         let layer = 1;
-        let read = read_set(&mut few, sh, &c, layer, &q, n - 1);
+        let read = read_set(&mut few, sh, c, layer, q, n - 1);
         for (h, ranges) in read.iter().enumerate() {
             let got: Vec<usize> = ranges.iter().cloned().flatten().collect();
             // The two buckets with the most mass for this group, recomputed here.
             let model = few.index.head(layer, h);
             let group = sh.n_head / sh.n_head_kv;
             let mut qg = q[h * group * m.head_dim..(h + 1) * group * m.head_dim].to_vec();
-            Rope::of(&m).unrotate(&mut qg, m.head_dim, n - 1);
+            Rope::of(m).unrotate(&mut qg, m.head_dim, n - 1);
             let mut mass = vec![0f32; 6];
-            model.add_bucket_mass(Level::active(), &qg, &mut Scratch::default(), &mut mass);
+            let (level, scratch) = (Level::active(), &mut Scratch::default());
+            match router {
+                Router::Hedged => model.add_hedged_mass(level, &qg, scratch, &mut mass),
+                Router::Qmodel => model.add_bucket_mass(level, &qg, scratch, &mut mass),
+                Router::Centroids => model.add_centroid_mass(level, &qg, scratch, &mut mass),
+            }
             let mut order: Vec<usize> = (0..6).collect();
             order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
             let mut want: Vec<usize> = order[..2]
@@ -547,7 +579,7 @@ mod tests {
             want.push(0);
             want.extend(n - 32..n);
             want.sort_unstable();
-            assert_eq!(got, want, "head {h}");
+            assert_eq!(got, want, "{router:?}, head {h}");
             assert!(got.len() < n, "two of six buckets read less than everything");
         }
     }

@@ -21,7 +21,7 @@
 use crate::model::ModelConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use sparrow_attn::kernel::tile::scores;
+use sparrow_attn::kernel::tile::{scores, softmax_tile};
 use sparrow_attn::kernel::Level;
 use std::path::Path;
 
@@ -97,6 +97,12 @@ pub struct IndexMeta {
     pub clusters: usize,
     /// Q-model hidden width.
     pub hidden: usize,
+    /// Whether the Q-model's logits start from the query's scaled similarity to the
+    /// centroids (`c · q / √head_dim`, what the `kmeans` router ranks by), the MLP adding
+    /// a learned correction; false (and in files written before it existed): the paper's
+    /// plain MLP.
+    #[serde(default)]
+    pub centroid_prior: bool,
     pub training: TrainingInfo,
 }
 
@@ -143,7 +149,10 @@ impl IndexMeta {
 /// bias 0, the most similar one (spherical k-means).
 ///
 /// The Q-model maps a de-roped query `q` to a distribution over the buckets:
-/// `softmax(w2 · relu(w1 · q + b1) + b2)`, batch normalisation folded into `w1`/`b1`.
+/// `softmax(w2 · relu(w1 · q + b1) + b2 + prior_scale · centroids · q)`, batch
+/// normalisation folded into `w1`/`b1`; `prior_scale` is 0 for the paper's plain MLP and
+/// `1/√head_dim` when the MLP learns a correction to the centroid router
+/// ([`IndexMeta::centroid_prior`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HeadModel {
     /// `C × head_dim`.
@@ -158,6 +167,8 @@ pub struct HeadModel {
     pub w2: Vec<f32>,
     /// `C`.
     pub b2: Vec<f32>,
+    /// Weight of the centroid similarities in the logits (0: none).
+    pub prior_scale: f32,
 }
 
 /// Scratch for [`HeadModel`]'s products, kept between calls.
@@ -169,6 +180,10 @@ pub struct Scratch {
     hidden: Vec<f32>,
     /// Products of the second layer or the centroids (`C × rw`).
     out: Vec<f32>,
+    /// The centroid products under the Q-model's logits (`C × rw`).
+    prior: Vec<f32>,
+    /// Softmax statistics per row: maximum, sum, correction (`3 × rw`).
+    stats: Vec<f32>,
 }
 
 /// Rows of `x` (`rows × dim`) transposed into `xt[d * rw + r]`, `rw` the rows padded to a
@@ -190,11 +205,13 @@ fn transpose_rows(x: &[f32], dim: usize, xt: &mut Vec<f32>) -> usize {
 
 impl HeadModel {
     /// A head for `c` buckets, hidden width `h` and head size `d`, each array taken from
-    /// `next(len)` in the order the index file stores them.
+    /// `next(len)` in the order the index file stores them; the centroid similarities
+    /// enter the logits when `centroid_prior`.
     pub fn from_parts(
         c: usize,
         h: usize,
         d: usize,
+        centroid_prior: bool,
         mut next: impl FnMut(usize) -> Vec<f32>,
     ) -> HeadModel {
         HeadModel {
@@ -204,6 +221,7 @@ impl HeadModel {
             b1: next(h),
             w2: next(c * h),
             b2: next(c),
+            prior_scale: if centroid_prior { prior_scale(d) } else { 0.0 },
         }
     }
 
@@ -221,24 +239,19 @@ impl HeadModel {
         self.centroids.len() / self.clusters().max(1)
     }
 
-    /// `centroids[c] · x_r` for the rows of `x` (`rows × head_dim`), as `out[c * rw + r]`;
-    /// returns `rw`.
+    /// `scale · centroids[c] · x_r` for the rows of `x` (`rows × head_dim`), as
+    /// `out[c * rw + r]`; returns `rw`.
     fn centroid_products(&self, level: Level, x: &[f32], scratch: &mut Scratch) -> usize {
-        let (c, d) = (self.clusters(), self.head_dim());
-        let rw = transpose_rows(x, d, &mut scratch.xt);
-        scratch.out.resize(c * rw, 0.0);
-        scores(
-            level,
-            &self.centroids,
-            d,
-            c,
-            d,
-            &scratch.xt,
-            rw,
-            1.0,
-            &mut scratch.out,
-        );
+        let rw = transpose_rows(x, self.head_dim(), &mut scratch.xt);
+        self.centroid_scores(level, &scratch.xt, rw, 1.0, &mut scratch.out);
         rw
+    }
+
+    /// `scale · centroids · xt` into `out` (`C × rw`), `xt` the transposed rows.
+    fn centroid_scores(&self, level: Level, xt: &[f32], rw: usize, scale: f32, out: &mut Vec<f32>) {
+        let (c, d) = (self.clusters(), self.head_dim());
+        out.resize(c * rw, 0.0);
+        scores(level, &self.centroids, d, c, d, xt, rw, scale, out);
     }
 
     /// Writes to `buckets` the bucket of each de-roped key row of `keys` (`rows ×
@@ -290,8 +303,12 @@ impl HeadModel {
             1.0,
             &mut scratch.hidden,
         );
+        // ReLU that keeps NaN (`max` would turn a broken query into a valid-looking one).
         for (row, &b) in scratch.hidden.chunks_exact_mut(rw).zip(&self.b1) {
-            row.iter_mut().for_each(|x| *x = (*x + b).max(0.0));
+            row.iter_mut().for_each(|x| {
+                let v = *x + b;
+                *x = if v < 0.0 { 0.0 } else { v };
+            });
         }
         scratch.out.resize(c * rw, 0.0);
         scores(
@@ -305,7 +322,42 @@ impl HeadModel {
             1.0,
             &mut scratch.out,
         );
-        add_softmaxes(&mut scratch.out, Some(&self.b2), rw, rows, 1.0, mass);
+        if self.prior_scale != 0.0 {
+            let mut prior = std::mem::take(&mut scratch.prior);
+            self.centroid_scores(level, &scratch.xt, rw, self.prior_scale, &mut prior);
+            scratch
+                .out
+                .iter_mut()
+                .zip(&prior)
+                .for_each(|(o, p)| *o += p);
+            scratch.prior = prior;
+        }
+        add_softmaxes(level, scratch, Some(&self.b2), rw, rows, 1.0, mass);
+    }
+
+    /// Adds to `mass` both the Q-model's distribution ([`Self::add_bucket_mass`]) and the
+    /// centroid router's ([`Self::add_centroid_mass`]) for each query row: the trained
+    /// router hedged by the geometric one, which needs no training text like the query.
+    /// Over a centroid prior the centroid products are computed once for both.
+    pub fn add_hedged_mass(
+        &self,
+        level: Level,
+        queries: &[f32],
+        scratch: &mut Scratch,
+        mass: &mut [f32],
+    ) {
+        self.add_bucket_mass(level, queries, scratch, mass);
+        let d = self.head_dim();
+        if self.prior_scale != prior_scale(d) {
+            self.add_centroid_mass(level, queries, scratch, mass);
+            return;
+        }
+        // `scratch.prior` holds the centroid router's logits, already scaled.
+        let rows = queries.len() / d.max(1);
+        let rw = rows.div_ceil(8).max(1) * 8;
+        std::mem::swap(&mut scratch.out, &mut scratch.prior);
+        add_softmaxes(level, scratch, None, rw, rows, 1.0, mass);
+        std::mem::swap(&mut scratch.out, &mut scratch.prior);
     }
 
     /// Adds to `mass` each query row's softmax over its scaled inner products with the
@@ -321,41 +373,44 @@ impl HeadModel {
         let d = self.head_dim();
         let rows = queries.len() / d.max(1);
         let rw = self.centroid_products(level, queries, scratch);
-        add_softmaxes(
-            &mut scratch.out,
-            None,
-            rw,
-            rows,
-            1.0 / (d as f32).sqrt(),
-            mass,
-        );
+        add_softmaxes(level, scratch, None, rw, rows, prior_scale(d), mass);
     }
 }
 
-/// For each row `r < rows` of `logits` (`C × rw`, column `r`): adds
+/// The scale of the centroid similarities, as the attention scores' (`1/√head_dim`).
+pub fn prior_scale(head_dim: usize) -> f32 {
+    1.0 / (head_dim as f32).sqrt()
+}
+
+/// For each row `r < rows` of the logits in `scratch.out` (`C × rw`, column `r`): adds
 /// `softmax(scale · logits[·, r] + bias)` to `mass` (no bias: zero). A row that is not
-/// finite adds nothing.
+/// finite adds nothing. The exponentials are the attention kernel's softmax tile (one
+/// tile of `C` scores for `rw` rows), vectorised where it is.
 fn add_softmaxes(
-    logits: &mut [f32],
+    level: Level,
+    scratch: &mut Scratch,
     bias: Option<&[f32]>,
     rw: usize,
     rows: usize,
     scale: f32,
     mass: &mut [f32],
 ) {
-    for (c, row) in logits.chunks_exact_mut(rw).enumerate() {
-        let b = bias.map_or(0.0, |b| b[c]);
+    let (logits, stats) = (&mut scratch.out, &mut scratch.stats);
+    let c = logits.len() / rw.max(1);
+    for (k, row) in logits.chunks_exact_mut(rw).enumerate() {
+        let b = bias.map_or(0.0, |b| b[k]);
         row.iter_mut().for_each(|x| *x = *x * scale + b);
     }
-    for r in 0..rows {
-        let col = || logits.chunks_exact(rw).map(|row| row[r]);
-        let mx = col().fold(f32::NEG_INFINITY, f32::max);
-        if !mx.is_finite() {
-            continue;
-        }
-        let z: f32 = col().map(|x| (x - mx).exp()).sum();
-        for (m, x) in mass.iter_mut().zip(col()) {
-            *m += (x - mx).exp() / z;
+    stats.clear();
+    stats.resize(3 * rw, 0.0);
+    let (m, rest) = stats.split_at_mut(rw);
+    let (l, corr) = rest.split_at_mut(rw);
+    m.fill(f32::NEG_INFINITY);
+    softmax_tile(level, logits, c, rw, m, l, corr);
+    for r in (0..rows).filter(|&r| l[r].is_finite() && l[r] > 0.0) {
+        let inv = 1.0 / l[r];
+        for (acc, row) in mass.iter_mut().zip(logits.chunks_exact(rw)) {
+            *acc += row[r] * inv;
         }
     }
 }
@@ -453,7 +508,7 @@ impl SaapIndex {
         let mut take = |n: usize| -> Vec<f32> { floats.by_ref().take(n).collect() };
         let mut heads = Vec::with_capacity(meta.n_heads());
         for i in 0..meta.n_heads() {
-            let head = HeadModel::from_parts(c, h, d, &mut take);
+            let head = HeadModel::from_parts(c, h, d, meta.centroid_prior, &mut take);
             let finite = [
                 &head.centroids,
                 &head.centroid_bias,
@@ -539,7 +594,13 @@ mod tests {
     #[test]
     fn round_trips() {
         let m = model();
-        let idx = synthetic_saap_index(&m, 8, 6, 1);
+        let mut idx = synthetic_saap_index(&m, 8, 6, 1);
+        assert_eq!(SaapIndex::decode(&idx.encode(), &m).unwrap(), idx);
+        // With the centroid prior, the heads' scale follows the metadata.
+        idx.meta.centroid_prior = true;
+        for h in &mut idx.heads {
+            h.prior_scale = prior_scale(m.head_dim);
+        }
         assert_eq!(SaapIndex::decode(&idx.encode(), &m).unwrap(), idx);
     }
 
@@ -611,16 +672,22 @@ mod tests {
         );
     }
 
-    /// The Q-model forward and the assignment against an f64 reference written here.
+    /// The Q-model forward (plain and over the centroid prior) and the assignment against
+    /// an f64 reference written here.
     #[test]
     fn forward_and_assignment_match_f64() {
         let m = model();
         let idx = synthetic_saap_index(&m, 11, 9, 5);
-        let head = &idx.heads[0];
         let d = m.head_dim;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
         let q: Vec<f32> = (0..3 * d).map(|_| rng.random_range(-2.0..2.0)).collect();
-        for level in Level::supported() {
+        for (level, prior) in Level::supported()
+            .into_iter()
+            .flat_map(|l| [(l, false), (l, true)])
+        {
+            let mut head = idx.heads[0].clone();
+            head.prior_scale = if prior { prior_scale(d) } else { 0.0 };
+            let head = &head;
             let mut mass = vec![0f32; 11];
             head.add_bucket_mass(level, &q, &mut Scratch::default(), &mut mass);
             let mut want = vec![0f64; 11];
@@ -639,6 +706,10 @@ mod tests {
                             .map(|j| head.w2[k * 9 + j] as f64 * hid[j])
                             .sum::<f64>()
                             + head.b2[k] as f64
+                            + (0..d)
+                                .map(|i| head.centroids[k * d + i] as f64 * row[i] as f64)
+                                .sum::<f64>()
+                                * head.prior_scale as f64
                     })
                     .collect();
                 let mx = logit.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -700,6 +771,58 @@ mod tests {
             head.add_centroid_mass(level, &q, &mut Scratch::default(), &mut mass);
             for (a, b) in mass.iter().zip(&want) {
                 assert!((*a as f64 - b).abs() < 1e-5, "{level:?}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// Hedged routing adds the Q-model's and the centroid router's distributions, with the
+    /// centroid products shared (over a prior) or computed apart (plain Q-model); one
+    /// scratch reused across calls of either kind.
+    #[test]
+    fn hedged_mass_is_the_sum_of_both_routers() {
+        let m = model();
+        let idx = synthetic_saap_index(&m, 13, 6, 11);
+        let d = m.head_dim;
+        let q: Vec<f32> = (0..5 * d).map(|i| (i as f32 * 0.61).cos() * 1.5).collect();
+        let mut scratch = Scratch::default();
+        for level in Level::supported() {
+            for prior in [true, false, true] {
+                let mut head = idx.heads[3].clone();
+                head.prior_scale = if prior { prior_scale(d) } else { 0.0 };
+                let mut hedged = vec![0f32; 13];
+                head.add_hedged_mass(level, &q, &mut scratch, &mut hedged);
+                let mut want = vec![0f32; 13];
+                head.add_bucket_mass(level, &q, &mut Scratch::default(), &mut want);
+                head.add_centroid_mass(level, &q, &mut Scratch::default(), &mut want);
+                for (a, b) in hedged.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-5, "{level:?}, prior {prior}: {a} vs {b}");
+                }
+                assert!((hedged.iter().sum::<f32>() - 10.0).abs() < 1e-4);
+            }
+        }
+    }
+
+    /// A query row that is not finite (a broken activation) adds nothing; the others
+    /// still add their distribution.
+    #[test]
+    fn a_non_finite_query_adds_nothing() {
+        let m = model();
+        let idx = synthetic_saap_index(&m, 9, 4, 10);
+        let d = m.head_dim;
+        let mut q: Vec<f32> = (0..3 * d).map(|i| (i as f32 * 0.37).sin()).collect();
+        q[d + 2] = f32::NAN;
+        q[2 * d + 1] = f32::NAN;
+        for level in Level::supported() {
+            for router in 0..2 {
+                let mut mass = vec![0f32; 9];
+                let head = &idx.heads[1];
+                if router == 0 {
+                    head.add_bucket_mass(level, &q, &mut Scratch::default(), &mut mass);
+                } else {
+                    head.add_centroid_mass(level, &q, &mut Scratch::default(), &mut mass);
+                }
+                assert!(mass.iter().all(|x| x.is_finite()), "{level:?}: {mass:?}");
+                assert!((mass.iter().sum::<f32>() - 1.0).abs() < 1e-5, "{level:?}");
             }
         }
     }
