@@ -186,13 +186,18 @@ pub struct Scratch {
     stats: Vec<f32>,
 }
 
+/// `rows` padded to a multiple of 8 (at least 8): the width of a transposed tile.
+fn padded_rows(rows: usize) -> usize {
+    rows.div_ceil(8).max(1) * 8
+}
+
 /// Rows of `x` (`rows × dim`) transposed into `xt[d * rw + r]`, `rw` the rows padded to a
 /// multiple of 8 with zeros: the layout of the attention kernel's query tile, whose
 /// `scores` product ([`sparrow_attn::kernel::tile::scores`], an AVX2 twin under a scalar
 /// reference) computes every matrix product here.
 fn transpose_rows(x: &[f32], dim: usize, xt: &mut Vec<f32>) -> usize {
     let rows = x.len() / dim.max(1);
-    let rw = rows.div_ceil(8).max(1) * 8;
+    let rw = padded_rows(rows);
     xt.clear();
     xt.resize(dim * rw, 0.0);
     for (r, row) in x.chunks_exact(dim).enumerate() {
@@ -354,7 +359,7 @@ impl HeadModel {
         }
         // `scratch.prior` holds the centroid router's logits, already scaled.
         let rows = queries.len() / d.max(1);
-        let rw = rows.div_ceil(8).max(1) * 8;
+        let rw = padded_rows(rows);
         std::mem::swap(&mut scratch.out, &mut scratch.prior);
         add_softmaxes(level, scratch, None, rw, rows, 1.0, mass);
         std::mem::swap(&mut scratch.out, &mut scratch.prior);
