@@ -59,7 +59,7 @@ pub enum Router {
 }
 
 /// Saap's settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct SaapSettings {
     /// Saap: the trained index (`sparrow saap train`) [default: the model's index in the
@@ -69,6 +69,13 @@ pub struct SaapSettings {
     /// Saap: buckets each decode query visits per KV head (ℓ).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_PROBES", long = "saap-probes", default_value_t = SaapSettings::default().probes, help_heading = crate::policy::HELP_HEADING))]
     pub probes: usize,
+    /// Saap: instead of a fixed `--saap-probes`, visit the top buckets in rank order that
+    /// fit in this share of the context, sink and window included (at least one bucket;
+    /// 0..=1; 0: off). A
+    /// fixed count reads a shrinking share as the context grows (buckets grow with it); a
+    /// share keeps the read constant.
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_BUDGET", long = "saap-budget", default_value_t = SaapSettings::default().budget, help_heading = crate::policy::HELP_HEADING))]
+    pub budget: f64,
     /// Saap: how a query ranks the buckets: the Q-model hedged by the centroid router, the
     /// Q-model alone (the paper), or the centroids alone (as `--attn kmeans`).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_ROUTER", long = "saap-router", value_enum, default_value_t = SaapSettings::default().router, help_heading = crate::policy::HELP_HEADING))]
@@ -95,6 +102,7 @@ impl Default for SaapSettings {
         SaapSettings {
             index: None,
             probes: 32,
+            budget: 0.0,
             router: Router::Hedged,
             window: 63,
             block: 16,
@@ -111,6 +119,12 @@ impl SaapSettings {
     pub fn validate(&self) -> Result<(), String> {
         if self.probes == 0 {
             return Err("saap probes 0 is out of range (at least 1 bucket)".into());
+        }
+        if !(0.0..=1.0).contains(&self.budget) {
+            return Err(format!(
+                "saap budget {} is out of range (a share of the positions, 0..=1; 0: off)",
+                self.budget
+            ));
         }
         if self.block == 0 || self.block > 4096 {
             return Err(format!(
@@ -230,9 +244,16 @@ impl SaapAttention {
     }
 
     /// Positions of the buckets chosen for the group of `kv_head` in `layer` (its de-roped
-    /// query rows in `self.queries`), below `end` and from the sinks on, ascending, as
-    /// ranges; written to `self.positions` on the way.
-    fn bucket_ranges(&mut self, layer: usize, kv_head: usize, end: usize) -> Vec<Range<usize>> {
+    /// query rows in `self.queries`), below `end` (the window's start) and from the sinks
+    /// on, ascending, as ranges, for a step that sees `n` positions; written to
+    /// `self.positions` on the way.
+    fn bucket_ranges(
+        &mut self,
+        layer: usize,
+        kv_head: usize,
+        end: usize,
+        n: usize,
+    ) -> Vec<Range<usize>> {
         let model = self.index.head(layer, kv_head);
         let c = model.clusters();
         self.mass.clear();
@@ -250,32 +271,52 @@ impl SaapAttention {
             }
         }
         let lists = &self.layers[layer].heads[kv_head].buckets;
-        let probes = self.settings.probes.min(c);
+        // A bucket's positions from the sinks on and below `end`.
+        let readable = |b: u32| {
+            let list = &lists[b as usize];
+            let from = list.partition_point(|&p| (p as usize) < SINKS);
+            from..list.partition_point(|&p| (p as usize) < end).max(from)
+        };
+        let mass = &self.mass;
+        // Most mass first; NaN (a broken activation) ranks last.
+        let key = |b: u32| {
+            let m = mass[b as usize];
+            if m.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                m
+            }
+        };
         self.order.clear();
         self.order.extend(0..c as u32);
-        if probes < c {
-            let mass = &self.mass;
-            // Most mass first; NaN (a broken activation) ranks last.
-            let key = |b: u32| {
-                let m = mass[b as usize];
-                if m.is_nan() {
-                    f32::NEG_INFINITY
-                } else {
-                    m
+        if self.settings.budget > 0.0 {
+            // Positions the step may read from buckets: the budget less the dense part.
+            let dense = SINKS + (n - end);
+            let target = ((self.settings.budget * n as f64).ceil() as usize).saturating_sub(dense);
+            self.order.sort_unstable_by(|&a, &b| key(b).total_cmp(&key(a)));
+            // The top buckets that fit (at least one).
+            let (mut got, mut take) = (0, 0);
+            while take < c {
+                let len = readable(self.order[take]).len();
+                if take > 0 && got + len > target {
+                    break;
                 }
-            };
-            self.order
-                .select_nth_unstable_by(probes - 1, |&a, &b| key(b).total_cmp(&key(a)));
-            self.order.truncate(probes);
+                got += len;
+                take += 1;
+            }
+            self.order.truncate(take);
+        } else {
+            let probes = self.settings.probes.min(c);
+            if probes < c {
+                self.order
+                    .select_nth_unstable_by(probes - 1, |&a, &b| key(b).total_cmp(&key(a)));
+                self.order.truncate(probes);
+            }
         }
         self.positions.clear();
         for &b in &self.order {
-            let list = &lists[b as usize];
-            let from = list.partition_point(|&p| (p as usize) < SINKS);
-            let to = list.partition_point(|&p| (p as usize) < end);
-            if from < to {
-                self.positions.extend_from_slice(&list[from..to]);
-            }
+            self.positions
+                .extend_from_slice(&lists[b as usize][readable(b)]);
         }
         self.positions.sort_unstable();
         runs(self.positions.iter().map(|&p| p as usize))
@@ -375,7 +416,7 @@ impl SparsePolicy for SaapAttention {
                 let mut q = std::mem::take(&mut self.queries);
                 self.rope.unrotate(&mut q, hd, ctx.pos0);
                 self.queries = q;
-                let mut ranges = self.bucket_ranges(ctx.layer, h, window_start);
+                let mut ranges = self.bucket_ranges(ctx.layer, h, window_start, n);
                 ranges.push(0..SINKS);
                 ranges.push(window_start..n);
                 PlanEntry {
@@ -397,7 +438,11 @@ impl SparsePolicy for SaapAttention {
         }
         let dense = (SINKS + self.settings.window).min(n_ctx);
         let c = self.index.meta.clusters.max(1);
-        let probed = (n_ctx - dense) as f64 * self.settings.probes.min(c) as f64 / c as f64;
+        if self.settings.budget > 0.0 {
+            return self.settings.budget.max(dense as f64 / n_ctx as f64);
+        }
+        let share = self.settings.probes.min(c) as f64 / c as f64;
+        let probed = (n_ctx - dense) as f64 * share;
         (dense as f64 + probed) / n_ctx as f64
     }
 }
@@ -584,12 +629,83 @@ mod tests {
         }
     }
 
+    /// With a budget, the step reads the top buckets in rank order that fit in that share
+    /// of the context (sink and window included), at least one: no more, no fewer.
+    #[test]
+    fn a_budget_reads_the_fewest_top_buckets_that_reach_it() {
+        let m = model();
+        let sh = shape(&m);
+        let n = 300;
+        let c = cache(&m, n);
+        let q: Vec<f32> = (0..sh.q_dim()).map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0).collect();
+        for budget in [0.05, 0.3, 0.7, 1.0] {
+            let s = SaapSettings {
+                window: 32,
+                budget,
+                ..Default::default()
+            };
+            let mut p = policy(&m, s, 6);
+            seal(&mut p, &m, &c, n);
+            let layer = 1;
+            let read = read_set(&mut p, sh, &c, layer, &q, n - 1);
+            let window_start = n - 32;
+            let dense = 1 + (n - window_start);
+            let target = ((budget * n as f64).ceil() as usize).saturating_sub(dense);
+            for (h, ranges) in read.iter().enumerate() {
+                let got: Vec<usize> = ranges
+                    .iter()
+                    .cloned()
+                    .flatten()
+                    .filter(|&p| p >= 1 && p < window_start)
+                    .collect();
+                let model = p.index.head(layer, h);
+                let group = sh.n_head / sh.n_head_kv;
+                let mut qg = q[h * group * m.head_dim..(h + 1) * group * m.head_dim].to_vec();
+                Rope::of(&m).unrotate(&mut qg, m.head_dim, n - 1);
+                let mut mass = vec![0f32; 6];
+                model.add_hedged_mass(Level::active(), &qg, &mut Scratch::default(), &mut mass);
+                let mut order: Vec<usize> = (0..6).collect();
+                order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
+                let bucket = |b: usize| -> Vec<usize> {
+                    p.layers[layer].heads[h].buckets[b]
+                        .iter()
+                        .map(|&x| x as usize)
+                        .filter(|&x| x >= 1 && x < window_start)
+                        .collect()
+                };
+                // The top buckets that fit in the target, at least one.
+                let (mut want, mut k) = (Vec::new(), 0);
+                while k < 6 && (k == 0 || want.len() + bucket(order[k]).len() <= target) {
+                    want.extend(bucket(order[k]));
+                    k += 1;
+                }
+                want.sort_unstable();
+                assert_eq!(got, want, "budget {budget}, head {h}");
+                assert!(k == 1 || got.len() <= target, "budget {budget}");
+                if k < 6 {
+                    let next = bucket(order[k]).len();
+                    assert!(k == 1 || got.len() + next > target, "the next one would fit");
+                }
+                if budget == 1.0 {
+                    assert_eq!(got.len(), window_start - 1, "everything before the window");
+                }
+            }
+        }
+    }
+
     #[test]
     fn settings_are_checked() {
         let mut s = SaapSettings::default();
         assert!(s.validate().is_ok());
         s.probes = 0;
         assert!(s.validate().unwrap_err().contains("probes"));
+        for budget in [-0.1, 1.5, f64::NAN] {
+            let s = SaapSettings {
+                budget,
+                ..Default::default()
+            };
+            assert!(s.validate().unwrap_err().contains("budget"), "{budget}");
+        }
         let s = SaapSettings {
             window: 8,
             ..Default::default()
