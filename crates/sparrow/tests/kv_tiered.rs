@@ -52,7 +52,7 @@ fn saap(m: &Model, dir: &std::path::Path) -> AttentionChoice {
         .unwrap();
     AttentionChoice::named("saap").with(SaapSettings {
         index: Some(index),
-        probes: 2,
+        probes: Some(2),
         window: 31,
         ..Default::default()
     })

@@ -66,14 +66,15 @@ pub struct SaapSettings {
     /// sparrow cache, where `sparrow saap train` puts it].
     #[cfg_attr(feature = "cli", arg(id = "SAAP_INDEX", long = "saap-index", help_heading = crate::policy::HELP_HEADING))]
     pub index: Option<PathBuf>,
-    /// Saap: buckets each decode query visits per KV head (ℓ).
-    #[cfg_attr(feature = "cli", arg(id = "SAAP_PROBES", long = "saap-probes", default_value_t = SaapSettings::default().probes, help_heading = crate::policy::HELP_HEADING))]
-    pub probes: usize,
-    /// Saap: instead of a fixed `--saap-probes`, visit the top buckets in rank order that
-    /// fit in this share of the context, sink and window included (at least one bucket;
-    /// 0..=1; 0: off). A
-    /// fixed count reads a shrinking share as the context grows (buckets grow with it); a
-    /// share keeps the read constant.
+    /// Saap: a fixed number of buckets each decode query visits per KV head (ℓ), instead
+    /// of `--saap-budget`.
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_PROBES", long = "saap-probes", help_heading = crate::policy::HELP_HEADING))]
+    pub probes: Option<usize>,
+    /// Saap: each decode query visits the top buckets, in rank order, that fit in this
+    /// share of the context (⌈F·n⌉ positions of `n`, sink and window included; at least
+    /// one bucket; 0 < F ≤ 1).
+    /// A fixed count of buckets reads a shrinking share as the context grows (buckets grow
+    /// with it); a share keeps the read constant.
     #[cfg_attr(feature = "cli", arg(id = "SAAP_BUDGET", long = "saap-budget", default_value_t = SaapSettings::default().budget, help_heading = crate::policy::HELP_HEADING))]
     pub budget: f64,
     /// Saap: how a query ranks the buckets: the Q-model hedged by the centroid router, the
@@ -92,17 +93,16 @@ pub struct SaapSettings {
 }
 
 impl Default for SaapSettings {
-    /// 32 of 1,024 buckets and a 1 + 63 dense part: about 3–4% of the keys at 8K and 16K
-    /// (buckets grow with the context, so ℓ = 32 reads about the same share at every
-    /// length), under 5% of the KV read. Finer buckets route better at equal keys read:
-    /// 32 of 1,024 found 5 of 6 needles at 8K/16K where 6 of 256 found 3
-    /// (docs/long-context.md, "Finer buckets"). The paper's 1 + 2047 window would alone be
+    /// 5% of the context per sparse layer (sink, 63 recent positions, and the top buckets
+    /// that fit), hedged routing: every needle of the 8K/16K/32K grid full attention
+    /// answers (docs/long-context.md, "A key budget"); a fixed 32 of 1,024 buckets read
+    /// ~4% at 8K but ~2.2% at 32K and lost one. The paper's 1 + 2047 window would alone be
     /// 25% at 8K; it reports 1 + 63 performing about the same.
     fn default() -> Self {
         SaapSettings {
             index: None,
-            probes: 32,
-            budget: 0.0,
+            probes: None,
+            budget: 0.05,
             router: Router::Hedged,
             window: 63,
             block: 16,
@@ -117,12 +117,12 @@ const SINKS: usize = 1;
 impl SaapSettings {
     /// Checks the settings, naming the bad one.
     pub fn validate(&self) -> Result<(), String> {
-        if self.probes == 0 {
+        if self.probes == Some(0) {
             return Err("saap probes 0 is out of range (at least 1 bucket)".into());
         }
-        if !(0.0..=1.0).contains(&self.budget) {
+        if !(self.budget > 0.0 && self.budget <= 1.0) {
             return Err(format!(
-                "saap budget {} is out of range (a share of the positions, 0..=1; 0: off)",
+                "saap budget {} is out of range (a share of the context, 0 < F ≤ 1)",
                 self.budget
             ));
         }
@@ -289,7 +289,14 @@ impl SaapAttention {
         };
         self.order.clear();
         self.order.extend(0..c as u32);
-        if self.settings.budget > 0.0 {
+        if let Some(probes) = self.settings.probes {
+            let probes = probes.min(c);
+            if probes < c {
+                self.order
+                    .select_nth_unstable_by(probes - 1, |&a, &b| key(b).total_cmp(&key(a)));
+                self.order.truncate(probes);
+            }
+        } else {
             // Positions the step may read from buckets: the budget less the dense part.
             let dense = SINKS + (n - end);
             let target = ((self.settings.budget * n as f64).ceil() as usize).saturating_sub(dense);
@@ -305,13 +312,6 @@ impl SaapAttention {
                 take += 1;
             }
             self.order.truncate(take);
-        } else {
-            let probes = self.settings.probes.min(c);
-            if probes < c {
-                self.order
-                    .select_nth_unstable_by(probes - 1, |&a, &b| key(b).total_cmp(&key(a)));
-                self.order.truncate(probes);
-            }
         }
         self.positions.clear();
         for &b in &self.order {
@@ -438,10 +438,10 @@ impl SparsePolicy for SaapAttention {
         }
         let dense = (SINKS + self.settings.window).min(n_ctx);
         let c = self.index.meta.clusters.max(1);
-        if self.settings.budget > 0.0 {
+        let Some(probes) = self.settings.probes else {
             return self.settings.budget.max(dense as f64 / n_ctx as f64);
-        }
-        let share = self.settings.probes.min(c) as f64 / c as f64;
+        };
+        let share = probes.min(c) as f64 / c as f64;
         let probed = (n_ctx - dense) as f64 * share;
         (dense as f64 + probed) / n_ctx as f64
     }
@@ -564,7 +564,7 @@ mod tests {
         let q: Vec<f32> = (0..sh.q_dim()).map(|i| ((i * 13 % 7) as f32 - 3.0) / 2.0).collect();
         let s = SaapSettings {
             window: 32,
-            probes: 6,
+            probes: Some(6),
             ..Default::default()
         };
         let mut all = policy(&m, s.clone(), 6);
@@ -577,7 +577,7 @@ mod tests {
         }
         for router in [Router::Hedged, Router::Qmodel, Router::Centroids] {
             let s = SaapSettings {
-                probes: 2,
+                probes: Some(2),
                 router,
                 ..s.clone()
             };
@@ -697,9 +697,9 @@ mod tests {
     fn settings_are_checked() {
         let mut s = SaapSettings::default();
         assert!(s.validate().is_ok());
-        s.probes = 0;
+        s.probes = Some(0);
         assert!(s.validate().unwrap_err().contains("probes"));
-        for budget in [-0.1, 1.5, f64::NAN] {
+        for budget in [0.0, -0.1, 1.5, f64::NAN] {
             let s = SaapSettings {
                 budget,
                 ..Default::default()
