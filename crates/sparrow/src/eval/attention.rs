@@ -336,6 +336,26 @@ fn probabilities(
     s
 }
 
+/// Query head `h`'s KV head and its exact probabilities over the first `seen` keys of
+/// `keys` (`n × kv_dim`), `q` one token's query rows.
+fn head_probabilities(
+    shape: AttnShape,
+    q: &[f32],
+    keys: &[f32],
+    h: usize,
+    seen: usize,
+) -> (usize, Vec<f64>) {
+    let (hd, kv_head) = (shape.head_dim, h / shape.group());
+    let p = probabilities(
+        &q[h * hd..(h + 1) * hd],
+        keys,
+        shape.kv_dim(),
+        kv_head,
+        seen,
+    );
+    (kv_head, p)
+}
+
 /// Build `choice`'s policy by itself (not wrapped with `full` for the phase it does not
 /// run, so its own `fraction_read` shows), and the phase it is measured in: decode when it
 /// decodes, otherwise prefill.
@@ -366,17 +386,10 @@ fn build_policy(
 pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport> {
     let (phase, mut backend) = build_policy(choice, &cap.config)?;
     let backend = backend.as_mut();
-    let shape = cap.shape;
-    let kv = cap.state.kv();
-    let n = cap.n_ctx;
-    let kv_dim = shape.n_head_kv * shape.head_dim;
-    let hd = shape.head_dim;
-    let group = shape.n_head / shape.n_head_kv;
-    let q_dim = shape.n_head * hd;
-
+    let (shape, kv, n) = (cap.shape, cap.state.kv(), cap.n_ctx);
     let block_size = backend.block_size().unwrap_or(DEFAULT_BLOCK);
     let mut blocks = BlockTable::new(block_size, cap.config.n_layer);
-    let mut keys = vec![0.0f32; n * kv_dim];
+    let mut keys = vec![0.0f32; n * shape.kv_dim()];
     let mut layers = Vec::with_capacity(cap.config.n_layer);
     for layer in 0..cap.config.n_layer {
         blocks.seal(shape, kv, layer, n, backend);
@@ -397,9 +410,8 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
             read_f32(&StoreLayer { store: kv, layer }, false, 0, &mut keys);
             (0..shape.n_head)
                 .map(|h| {
-                    let kv_head = h / group;
+                    let (kv_head, p) = head_probabilities(shape, q, &keys, h, n);
                     let ranges = read.get(kv_head).map(|r| r.as_slice()).unwrap_or(&[]);
-                    let p = probabilities(&q[h * hd..(h + 1) * hd], &keys, kv_dim, kv_head, n);
                     let mass: f64 = ranges
                         .iter()
                         .map(|r| p[r.start.min(n)..r.end.min(n)].iter().sum::<f64>())
@@ -417,7 +429,7 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
             (0..shape.n_head)
                 .map(|h| HeadStats {
                     head: h,
-                    kv_head: h / group,
+                    kv_head: h / shape.group(),
                     selectivity: None,
                     rel_l2: errors[h],
                     mass: None,
@@ -437,7 +449,7 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
         n_ctx: n,
         rows: match phase {
             Phase::Decode => 1,
-            Phase::Prefill => cap.queries.first().map_or(0, |q| q.len() / q_dim),
+            Phase::Prefill => cap.queries.first().map_or(0, |q| q.len() / shape.q_dim()),
         },
         block_size,
         fraction_read: backend.fraction_read(n),
@@ -516,13 +528,8 @@ pub fn evaluate_steps(
         )));
     }
     let backend = backend.as_mut();
-    let shape = cap.shape;
-    let kv = cap.state.kv();
-    let n = cap.n_ctx;
-    let kv_dim = shape.n_head_kv * shape.head_dim;
-    let hd = shape.head_dim;
-    let group = shape.n_head / shape.n_head_kv;
-    let q_dim = shape.n_head * hd;
+    let (shape, kv, n) = (cap.shape, cap.state.kv(), cap.n_ctx);
+    let q_dim = shape.q_dim();
     let first = n - cap.tail;
     let mut steps: Vec<StepReport> = (first..n)
         .map(|pos| StepReport {
@@ -532,7 +539,7 @@ pub fn evaluate_steps(
         .collect();
     let block_size = backend.block_size().unwrap_or(DEFAULT_BLOCK);
     let mut blocks = BlockTable::new(block_size, cap.config.n_layer);
-    let mut keys = vec![0.0f32; n * kv_dim];
+    let mut keys = vec![0.0f32; n * shape.kv_dim()];
     for layer in 0..cap.config.n_layer {
         blocks.seal(shape, kv, layer, n, backend);
         read_f32(&StoreLayer { store: kv, layer }, false, 0, &mut keys);
@@ -543,9 +550,8 @@ pub fn evaluate_steps(
             let read = read_set(backend, shape, kv, layer, q, pos);
             let mut sums = [0.0f64; 4];
             for h in 0..shape.n_head {
-                let kv_head = h / group;
+                let (kv_head, p) = head_probabilities(shape, q, &keys, h, seen);
                 let ranges = read.get(kv_head).map(|r| r.as_slice()).unwrap_or(&[]);
-                let p = probabilities(&q[h * hd..(h + 1) * hd], &keys, kv_dim, kv_head, seen);
                 let clip = |r: &Range<usize>, within: &Range<usize>| {
                     r.start.max(within.start).min(seen)..r.end.min(within.end).min(seen)
                 };

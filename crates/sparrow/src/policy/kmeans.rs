@@ -16,26 +16,21 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
     prefill: false,
     decode: true,
     build: |b| {
-        let s = SaapSettings {
-            router: Router::Centroids,
-            ..settings(b.choice)?
-        };
+        let s = kmeans_settings(b.choice)?;
         let index = load_index(&s, b.model)?;
         Ok(Box::new(SaapAttention::new(s, index, Rope::of(b.model))?))
     },
-    check: |c| {
-        settings(c).map(|s| {
-            format!(
-                "{:?}",
-                SaapSettings {
-                    router: Router::Centroids,
-                    ..s
-                }
-            )
-        })
-    },
+    check: |c| kmeans_settings(c).map(|s| format!("{s:?}")),
     settings: SettingsType::of::<KmeansSettings>(),
 };
+
+/// `saap`'s settings with the centroid router.
+fn kmeans_settings(c: &super::AttentionChoice) -> Result<SaapSettings, String> {
+    Ok(SaapSettings {
+        router: Router::Centroids,
+        ..settings(c)?
+    })
+}
 
 /// `kmeans` has no flags of its own (it reads `saap`'s).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

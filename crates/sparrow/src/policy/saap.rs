@@ -114,6 +114,9 @@ impl Default for SaapSettings {
 /// Positions always read at the start (the attention sink).
 const SINKS: usize = 1;
 
+/// Buckets ranked before a budgeted step starts taking them (more only when all fit).
+const RANKED: usize = 128;
+
 impl SaapSettings {
     /// Checks the settings, naming the bad one.
     pub fn validate(&self) -> Result<(), String> {
@@ -300,10 +303,21 @@ impl SaapAttention {
             // Positions the step may read from buckets: the budget less the dense part.
             let dense = SINKS + (n - end);
             let target = ((self.settings.budget * n as f64).ceil() as usize).saturating_sub(dense);
-            self.order.sort_unstable_by(|&a, &b| key(b).total_cmp(&key(a)));
+            // Rank only as far as a budget usually reaches: the top `RANKED` first, the
+            // rest only if all of those fit.
+            let by_mass = |a: &u32, b: &u32| key(*b).total_cmp(&key(*a));
+            let mut sorted = c.min(RANKED);
+            if sorted < c {
+                self.order.select_nth_unstable_by(sorted - 1, by_mass);
+            }
+            self.order[..sorted].sort_unstable_by(by_mass);
             // The top buckets that fit (at least one).
             let (mut got, mut take) = (0, 0);
             while take < c {
+                if take == sorted {
+                    self.order[sorted..].sort_unstable_by(by_mass);
+                    sorted = c;
+                }
                 let len = readable(self.order[take]).len();
                 if take > 0 && got + len > target {
                     break;
@@ -553,15 +567,51 @@ mod tests {
         }
     }
 
+    /// The synthetic model, its shape, a cache of `n` positions and one decode query whose
+    /// `i`-th value is `value(i)`.
+    fn decode_case(
+        n: usize,
+        value: impl Fn(usize) -> f32,
+    ) -> (crate::ModelConfig, AttnShape, KvCache, Vec<f32>) {
+        let m = model();
+        let sh = shape(&m);
+        let c = cache(&m, n);
+        let q = (0..sh.q_dim()).map(value).collect();
+        (m, sh, c, q)
+    }
+
+    /// The buckets of `p`'s KV head `h` in `layer`, most mass first under its router for
+    /// the decode query `q` at position `n - 1`, recomputed here.
+    fn ranked_buckets(
+        p: &SaapAttention,
+        m: &crate::ModelConfig,
+        q: &[f32],
+        layer: usize,
+        h: usize,
+        n: usize,
+    ) -> Vec<usize> {
+        let model = p.index.head(layer, h);
+        let group = m.n_head / m.n_head_kv;
+        let mut qg = q[h * group * m.head_dim..(h + 1) * group * m.head_dim].to_vec();
+        Rope::of(m).unrotate(&mut qg, m.head_dim, n - 1);
+        let mut mass = vec![0f32; model.clusters()];
+        let (level, scratch) = (Level::active(), &mut Scratch::default());
+        match p.settings.router {
+            Router::Hedged => model.add_hedged_mass(level, &qg, scratch, &mut mass),
+            Router::Qmodel => model.add_bucket_mass(level, &qg, scratch, &mut mass),
+            Router::Centroids => model.add_centroid_mass(level, &qg, scratch, &mut mass),
+        }
+        let mut order: Vec<usize> = (0..mass.len()).collect();
+        order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
+        order
+    }
+
     /// Probing every bucket reads everything: exact attention, bit for bit. Fewer probes
     /// read the sink, the window and the chosen buckets' positions — and nothing else.
     #[test]
     fn all_probes_equal_full_and_fewer_read_the_chosen_buckets() {
-        let m = model();
-        let sh = shape(&m);
         let n = 300;
-        let c = cache(&m, n);
-        let q: Vec<f32> = (0..sh.q_dim()).map(|i| ((i * 13 % 7) as f32 - 3.0) / 2.0).collect();
+        let (m, sh, c, q) = decode_case(n, |i| ((i * 13 % 7) as f32 - 3.0) / 2.0);
         let s = SaapSettings {
             window: 32,
             probes: Some(6),
@@ -602,20 +652,7 @@ mod tests {
         let read = read_set(&mut few, sh, c, layer, q, n - 1);
         for (h, ranges) in read.iter().enumerate() {
             let got: Vec<usize> = ranges.iter().cloned().flatten().collect();
-            // The two buckets with the most mass for this group, recomputed here.
-            let model = few.index.head(layer, h);
-            let group = sh.n_head / sh.n_head_kv;
-            let mut qg = q[h * group * m.head_dim..(h + 1) * group * m.head_dim].to_vec();
-            Rope::of(m).unrotate(&mut qg, m.head_dim, n - 1);
-            let mut mass = vec![0f32; 6];
-            let (level, scratch) = (Level::active(), &mut Scratch::default());
-            match router {
-                Router::Hedged => model.add_hedged_mass(level, &qg, scratch, &mut mass),
-                Router::Qmodel => model.add_bucket_mass(level, &qg, scratch, &mut mass),
-                Router::Centroids => model.add_centroid_mass(level, &qg, scratch, &mut mass),
-            }
-            let mut order: Vec<usize> = (0..6).collect();
-            order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
+            let order = ranked_buckets(&few, m, q, layer, h, n);
             let mut want: Vec<usize> = order[..2]
                 .iter()
                 .flat_map(|&b| few.layers[layer].heads[h].buckets[b].iter().map(|&p| p as usize))
@@ -630,21 +667,20 @@ mod tests {
     }
 
     /// With a budget, the step reads the top buckets in rank order that fit in that share
-    /// of the context (sink and window included), at least one: no more, no fewer.
+    /// of the context (sink and window included), at least one: no more, no fewer — with
+    /// few buckets, and with more than are ranked up front ([`RANKED`]).
     #[test]
-    fn a_budget_reads_the_fewest_top_buckets_that_reach_it() {
-        let m = model();
-        let sh = shape(&m);
+    fn a_budget_reads_the_top_buckets_that_fit() {
         let n = 300;
-        let c = cache(&m, n);
-        let q: Vec<f32> = (0..sh.q_dim()).map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0).collect();
-        for budget in [0.05, 0.3, 0.7, 1.0] {
+        let (m, sh, c, q) = decode_case(n, |i| ((i * 7 % 11) as f32 - 5.0) / 3.0);
+        let cases = [0.05, 0.3, 0.7, 1.0].map(|b| (b, 6)).into_iter();
+        for (budget, clusters) in cases.chain([(0.7, RANKED + 72), (1.0, RANKED + 72)]) {
             let s = SaapSettings {
                 window: 32,
                 budget,
                 ..Default::default()
             };
-            let mut p = policy(&m, s, 6);
+            let mut p = policy(&m, s, clusters);
             seal(&mut p, &m, &c, n);
             let layer = 1;
             let read = read_set(&mut p, sh, &c, layer, &q, n - 1);
@@ -658,14 +694,7 @@ mod tests {
                     .flatten()
                     .filter(|&p| p >= 1 && p < window_start)
                     .collect();
-                let model = p.index.head(layer, h);
-                let group = sh.n_head / sh.n_head_kv;
-                let mut qg = q[h * group * m.head_dim..(h + 1) * group * m.head_dim].to_vec();
-                Rope::of(&m).unrotate(&mut qg, m.head_dim, n - 1);
-                let mut mass = vec![0f32; 6];
-                model.add_hedged_mass(Level::active(), &qg, &mut Scratch::default(), &mut mass);
-                let mut order: Vec<usize> = (0..6).collect();
-                order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
+                let order = ranked_buckets(&p, &m, &q, layer, h, n);
                 let bucket = |b: usize| -> Vec<usize> {
                     p.layers[layer].heads[h].buckets[b]
                         .iter()
@@ -675,14 +704,14 @@ mod tests {
                 };
                 // The top buckets that fit in the target, at least one.
                 let (mut want, mut k) = (Vec::new(), 0);
-                while k < 6 && (k == 0 || want.len() + bucket(order[k]).len() <= target) {
+                while k < clusters && (k == 0 || want.len() + bucket(order[k]).len() <= target) {
                     want.extend(bucket(order[k]));
                     k += 1;
                 }
                 want.sort_unstable();
                 assert_eq!(got, want, "budget {budget}, head {h}");
                 assert!(k == 1 || got.len() <= target, "budget {budget}");
-                if k < 6 {
+                if k < clusters {
                     let next = bucket(order[k]).len();
                     assert!(k == 1 || got.len() + next > target, "the next one would fit");
                 }
