@@ -149,7 +149,7 @@ impl SparseAttention {
                 visible: blocks,
             });
             plan.side.push(SideTable {
-                rows: landmarks,
+                rows: landmarks.into(),
                 positions: None,
             });
         }

@@ -94,7 +94,7 @@ impl SparsePolicy for Emulated {
         let mut plan = ReadPlan::causal(ctx.shape, ctx.pos0, ctx.n_tokens());
         plan.entries[0].source = Source::Side(0);
         plan.side.push(SideTable {
-            rows: F32Rows::all_heads(&self.k, &self.v, w),
+            rows: F32Rows::all_heads(&self.k, &self.v, w).into(),
             positions: None,
         });
         plan

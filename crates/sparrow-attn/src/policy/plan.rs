@@ -12,8 +12,8 @@
 //! token's position.
 
 use crate::kernel::{
-    split_keys, union, write_merged, AttnShape, BlockPartial, F32Rows, KvSource, Level, Unit,
-    BLOCK_ROWS, MIN_PIECE,
+    split_keys, union, write_merged, AttnShape, BlockPartial, F32Rows, KvRows, KvSource, Level,
+    Unit, BLOCK_ROWS, MIN_PIECE,
 };
 use std::ops::Range;
 
@@ -38,16 +38,74 @@ pub struct PlanEntry {
     pub visible: Vec<Vec<Range<usize>>>,
 }
 
-/// A small f32 key/value table a policy owns and a plan reads: summaries (landmarks,
-/// centroids), or copies of store rows (H2O's kept rows), whose store positions `positions`
-/// then lists row by row — so evaluation counts them as positions read, and a tiered store
-/// knows it need not fetch them.
+/// A key/value table a policy owns and a plan reads: summaries (landmarks, centroids), or
+/// copies of store rows (H2O's kept rows, Saap's rows grouped by bucket), whose store
+/// positions `positions` then lists row by row — so evaluation counts them as positions
+/// read, and a tiered store knows it need not fetch them.
 #[derive(Clone, Copy, Debug)]
 pub struct SideTable<'p> {
     /// The rows.
-    pub rows: F32Rows<'p>,
+    pub rows: SideRows<'p>,
     /// For a copy of store rows: the store position of each row.
     pub positions: Option<&'p [usize]>,
+}
+
+/// A side table's rows: small f32 tables, or any source the policy keeps (rows in the
+/// store's own element type, read as the store's are).
+#[derive(Clone, Copy)]
+pub enum SideRows<'p> {
+    /// f32 rows.
+    F32(F32Rows<'p>),
+    /// A source of the policy's.
+    Source(&'p dyn KvSource),
+}
+
+impl<'p> From<F32Rows<'p>> for SideRows<'p> {
+    fn from(rows: F32Rows<'p>) -> Self {
+        SideRows::F32(rows)
+    }
+}
+
+impl std::fmt::Debug for SideRows<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SideRows::F32(r) => r.fmt(f),
+            SideRows::Source(s) => write!(f, "Source(kv_dim {})", s.kv_dim()),
+        }
+    }
+}
+
+impl KvSource for SideRows<'_> {
+    fn kv_dim(&self) -> usize {
+        match self {
+            SideRows::F32(r) => r.kv_dim(),
+            SideRows::Source(s) => s.kv_dim(),
+        }
+    }
+    fn key_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+        match self {
+            SideRows::F32(r) => r.key_rows(start, n),
+            SideRows::Source(s) => s.key_rows(start, n),
+        }
+    }
+    fn value_rows(&self, start: usize, n: usize) -> KvRows<'_> {
+        match self {
+            SideRows::F32(r) => r.value_rows(start, n),
+            SideRows::Source(s) => s.value_rows(start, n),
+        }
+    }
+    fn run_len(&self, start: usize, max: usize) -> usize {
+        match self {
+            SideRows::F32(r) => r.run_len(start, max),
+            SideRows::Source(s) => s.run_len(start, max),
+        }
+    }
+    fn head_offset(&self, kv_head: usize, head_dim: usize) -> usize {
+        match self {
+            SideRows::F32(r) => r.head_offset(kv_head, head_dim),
+            SideRows::Source(s) => s.head_offset(kv_head, head_dim),
+        }
+    }
 }
 
 /// What one layer reads for one batch. Side tables are borrowed from the policy (`'p`).

@@ -346,7 +346,8 @@ impl SparsePolicy for H2oAttention {
                         values: &head.v,
                         kv_dim: hd,
                         first_head: h,
-                    },
+                    }
+                    .into(),
                     positions: Some(&head.pos),
                 })
                 .collect(),

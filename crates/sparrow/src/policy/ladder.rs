@@ -298,7 +298,8 @@ impl SparsePolicy for LadderAttention {
                     &lm.key_means[..need * kv_dim],
                     &lm.value_means[..need * kv_dim],
                     kv_dim,
-                ),
+                )
+                .into(),
                 positions: None,
             }],
         }

@@ -29,7 +29,7 @@ pub use h2o::{H2oAttention, H2oSettings};
 pub use ladder::{LadderAttention, LadderSettings};
 pub use oracle::{OracleAttention, OracleSettings};
 pub use quest::{QuestAttention, QuestSettings};
-pub use saap::{Router as SaapRouter, SaapAttention, SaapSettings};
+pub use saap::{Layout as SaapLayout, Router as SaapRouter, SaapAttention, SaapSettings};
 pub use settings::{NoSettings, PolicySettings, SettingsMap, SettingsType};
 pub use streaming::StreamingAttention;
 pub use xattention::{XAttention, XAttentionSettings};

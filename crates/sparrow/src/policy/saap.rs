@@ -20,10 +20,14 @@
 
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use crate::model::rope::Rope;
-use crate::saap::index::Scratch;
+use crate::saap::buckets::BucketRows;
+use crate::saap::index::{HeadModel, Scratch};
+use rayon::prelude::*;
 use crate::saap::{default_index_path, SaapIndex};
-use sparrow_attn::kernel::{runs, union, Level};
-use sparrow_attn::policy::{KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
+use sparrow_attn::kernel::{runs, union, KvSource, Level};
+use sparrow_attn::policy::{
+    KeysView, PlanContext, PlanEntry, ReadPlan, SideRows, SideTable, Source, SparsePolicy,
+};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,6 +62,18 @@ pub enum Router {
     Centroids,
 }
 
+/// Where a decode step reads the chosen buckets' rows from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum Layout {
+    /// A copy of every sparse layer's keys and values grouped by bucket (the paper's
+    /// inverted file): a bucket is read as a few contiguous runs. Costs a second copy of the
+    /// sparse layers' KV rows in RAM.
+    Buckets,
+    /// The store's rows where they lie, one scattered row per position: no extra memory.
+    Positions,
+}
+
 /// Saap's settings.
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
@@ -81,6 +97,10 @@ pub struct SaapSettings {
     /// Q-model alone (the paper), or the centroids alone (as `--attn kmeans`).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_ROUTER", long = "saap-router", value_enum, default_value_t = SaapSettings::default().router, help_heading = crate::policy::HELP_HEADING))]
     pub router: Router,
+    /// Saap: where the chosen buckets' rows are read from: a copy grouped by bucket
+    /// (contiguous reads, the sparse layers' KV held twice) or the store's scattered rows.
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_LAYOUT", long = "saap-layout", value_enum, default_value_t = SaapSettings::default().layout, help_heading = crate::policy::HELP_HEADING))]
+    pub layout: Layout,
     /// Saap: recent positions always read (the dense window beside the sink, position 0).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_WINDOW", long = "saap-window", default_value_t = SaapSettings::default().window, help_heading = crate::policy::HELP_HEADING))]
     pub window: usize,
@@ -104,6 +124,7 @@ impl Default for SaapSettings {
             probes: None,
             budget: 0.05,
             router: Router::Hedged,
+            layout: Layout::Buckets,
             window: 63,
             block: 16,
             dense_layers: vec![0],
@@ -174,10 +195,16 @@ pub(super) fn load_index(s: &SaapSettings, model: &crate::ModelConfig) -> Result
 }
 
 /// The inverted lists of one (layer, KV head): per bucket, the positions whose key it
-/// holds, ascending.
+/// holds, ascending; with [`Layout::Buckets`], their rows too.
 #[derive(Clone, Default)]
 struct Lists {
     buckets: Vec<Vec<u32>>,
+    /// The rows of `buckets`' positions `0..filed`, grouped by bucket.
+    rows: Option<BucketRows>,
+    /// The buckets of positions `filed..assigned`, whose rows are not copied yet (a sealed
+    /// block's keys come without its values: rows are copied from the store at the next
+    /// plan).
+    unfiled: Vec<u32>,
 }
 
 /// One layer's lists and how far its keys are assigned.
@@ -186,6 +213,34 @@ struct LayerLists {
     heads: Vec<Lists>,
     /// Positions `0..assigned` are in the lists.
     assigned: usize,
+    /// Positions `0..filed` have their rows in [`Lists::rows`].
+    filed: usize,
+}
+
+impl LayerLists {
+    /// Copy the rows of positions `filed..assigned` from `store` into each head's bucket
+    /// rows.
+    fn file_rows(&mut self, store: &dyn KvSource, head_dim: usize) {
+        let (kv_dim, end) = (store.kv_dim(), self.assigned);
+        let mut at = self.filed;
+        while at < end {
+            let run = store.run_len(at, end - at).max(1);
+            let (k, v) = (store.key_rows(at, run), store.value_rows(at, run));
+            for (h, head) in self.heads.iter_mut().enumerate() {
+                let off = store.head_offset(h, head_dim);
+                let Some(rows) = head.rows.as_mut() else {
+                    continue;
+                };
+                for t in 0..run {
+                    let bucket = head.unfiled[at - self.filed + t] as usize;
+                    rows.file(bucket, at + t, &k, &v, t, off, kv_dim);
+                }
+            }
+            at += run;
+        }
+        self.heads.iter_mut().for_each(|h| h.unfiled.clear());
+        self.filed = end;
+    }
 }
 
 /// The Saap policy (one per sequence; the index is shared).
@@ -198,11 +253,24 @@ pub struct SaapAttention {
     keys: Vec<f32>,
     head_keys: Vec<f32>,
     buckets: Vec<u32>,
+    scratch: Scratch,
+    /// One per KV head: a decode step routes the KV heads in parallel.
+    work: Vec<HeadWork>,
+}
+
+/// Scratch of one KV head's routing, kept between calls.
+#[derive(Clone, Default)]
+struct HeadWork {
+    /// The group's de-roped query rows.
     queries: Vec<f32>,
     scratch: Scratch,
+    /// Router mass per bucket.
     mass: Vec<f32>,
+    /// Bucket ids, most mass first once ranked.
     order: Vec<u32>,
-    positions: Vec<u32>,
+    /// One bit per position read: the chosen buckets' positions, the sink and the window,
+    /// turned into ascending ranges without sorting positions.
+    marks: Vec<u64>,
 }
 
 impl SaapAttention {
@@ -210,17 +278,23 @@ impl SaapAttention {
     pub fn new(settings: SaapSettings, index: Arc<SaapIndex>, rope: Rope) -> Result<Self, String> {
         settings.validate()?;
         let m = &index.meta;
+        let copy = settings.layout == Layout::Buckets;
         let layers = (0..m.n_layer)
-            .map(|_| LayerLists {
+            .map(|l| LayerLists {
                 heads: vec![
                     Lists {
-                        buckets: vec![Vec::new(); m.clusters]
+                        buckets: vec![Vec::new(); m.clusters],
+                        rows: (copy && !settings.dense_layers.contains(&l))
+                            .then(|| BucketRows::new(m.clusters, m.head_dim)),
+                        unfiled: Vec::new(),
                     };
                     m.n_head_kv
                 ],
                 assigned: 0,
+                filed: 0,
             })
             .collect();
+        let work = vec![HeadWork::default(); m.n_head_kv];
         Ok(SaapAttention {
             settings,
             index,
@@ -229,11 +303,8 @@ impl SaapAttention {
             keys: Vec::new(),
             head_keys: Vec::new(),
             buckets: Vec::new(),
-            queries: Vec::new(),
             scratch: Scratch::default(),
-            mass: Vec::new(),
-            order: Vec::new(),
-            positions: Vec::new(),
+            work,
         })
     }
 
@@ -245,41 +316,91 @@ impl SaapAttention {
     fn is_dense(&self, layer: usize) -> bool {
         self.settings.dense_layers.contains(&layer) || layer >= self.layers.len()
     }
+}
 
-    /// Positions of the buckets chosen for the group of `kv_head` in `layer` (its de-roped
-    /// query rows in `self.queries`), below `end` (the window's start) and from the sinks
-    /// on, ascending, as ranges, for a step that sees `n` positions; written to
-    /// `self.positions` on the way.
-    fn bucket_ranges(
+/// What a KV head's group reads: ascending disjoint ranges of store positions, and of
+/// rows of its [`BucketRows`] (empty with [`Layout::Positions`]).
+struct HeadReads {
+    store: Vec<Range<usize>>,
+    rows: Vec<Range<usize>>,
+}
+
+impl HeadWork {
+    /// What the group of a KV head reads for a step that sees `n` positions, the window
+    /// starting at `end`: the sink, the buckets `model` ranks first for the de-roped query
+    /// rows in `self.queries` (their positions from the sink on and below `end`, listed in
+    /// `lists`) and the window. Where every bucket is chosen, everything is read from the
+    /// store in order (exactly full attention).
+    fn reads(
         &mut self,
-        layer: usize,
-        kv_head: usize,
+        settings: &SaapSettings,
+        model: &HeadModel,
+        lists: &Lists,
         end: usize,
         n: usize,
-    ) -> Vec<Range<usize>> {
-        let model = self.index.head(layer, kv_head);
+    ) -> HeadReads {
+        let chosen = self.choose(settings, model, lists, end, n);
+        let buckets = &lists.buckets;
+        // A bucket's list entries from the sinks on and below `end`.
+        let readable = |b: u32| readable(&buckets[b as usize], end);
+        if chosen == end.saturating_sub(SINKS) {
+            return HeadReads {
+                store: std::iter::once(0..n).collect(),
+                rows: Vec::new(),
+            };
+        }
+        let dense = || (0..SINKS.min(n)).chain(end..n);
+        match &lists.rows {
+            Some(rows) => {
+                let mut read = Vec::new();
+                for &b in &self.order {
+                    rows.rows_of(b as usize, readable(b), &mut read);
+                }
+                HeadReads {
+                    store: runs(dense()),
+                    rows: union(read),
+                }
+            }
+            None => {
+                self.marks.clear();
+                self.marks.resize(n.div_ceil(64), 0);
+                let mut mark = |p: usize| self.marks[p / 64] |= 1 << (p % 64);
+                for &b in &self.order {
+                    buckets[b as usize][readable(b)]
+                        .iter()
+                        .for_each(|&p| mark(p as usize));
+                }
+                dense().for_each(&mut mark);
+                HeadReads {
+                    store: runs(set_bits(&self.marks)),
+                    rows: Vec::new(),
+                }
+            }
+        }
+    }
+
+    /// Ranks the buckets by `model`'s router for the query rows in `self.queries` and
+    /// leaves in `self.order` those the step reads (a fixed count, or the top ones that fit
+    /// the budget); returns how many positions they hold below `end`.
+    fn choose(
+        &mut self,
+        settings: &SaapSettings,
+        model: &HeadModel,
+        lists: &Lists,
+        end: usize,
+        n: usize,
+    ) -> usize {
         let c = model.clusters();
         self.mass.clear();
         self.mass.resize(c, 0.0);
         let level = Level::active();
-        match self.settings.router {
-            Router::Hedged => {
-                model.add_hedged_mass(level, &self.queries, &mut self.scratch, &mut self.mass)
-            }
-            Router::Qmodel => {
-                model.add_bucket_mass(level, &self.queries, &mut self.scratch, &mut self.mass)
-            }
-            Router::Centroids => {
-                model.add_centroid_mass(level, &self.queries, &mut self.scratch, &mut self.mass)
-            }
+        let (q, scratch, mass) = (&self.queries, &mut self.scratch, &mut self.mass);
+        match settings.router {
+            Router::Hedged => model.add_hedged_mass(level, q, scratch, mass),
+            Router::Qmodel => model.add_bucket_mass(level, q, scratch, mass),
+            Router::Centroids => model.add_centroid_mass(level, q, scratch, mass),
         }
-        let lists = &self.layers[layer].heads[kv_head].buckets;
-        // A bucket's positions from the sinks on and below `end`.
-        let readable = |b: u32| {
-            let list = &lists[b as usize];
-            let from = list.partition_point(|&p| (p as usize) < SINKS);
-            from..list.partition_point(|&p| (p as usize) < end).max(from)
-        };
+        let size = |b: u32| readable(&lists.buckets[b as usize], end).len();
         let mass = &self.mass;
         // Most mass first; NaN (a broken activation) ranks last.
         let key = |b: u32| {
@@ -292,49 +413,64 @@ impl SaapAttention {
         };
         self.order.clear();
         self.order.extend(0..c as u32);
-        if let Some(probes) = self.settings.probes {
+        if let Some(probes) = settings.probes {
             let probes = probes.min(c);
             if probes < c {
                 self.order
                     .select_nth_unstable_by(probes - 1, |&a, &b| key(b).total_cmp(&key(a)));
                 self.order.truncate(probes);
             }
-        } else {
-            // Positions the step may read from buckets: the budget less the dense part.
-            let dense = SINKS + (n - end);
-            let target = ((self.settings.budget * n as f64).ceil() as usize).saturating_sub(dense);
-            // Rank only as far as a budget usually reaches: the top `RANKED` first, the
-            // rest only if all of those fit.
-            let by_mass = |a: &u32, b: &u32| key(*b).total_cmp(&key(*a));
-            let mut sorted = c.min(RANKED);
-            if sorted < c {
-                self.order.select_nth_unstable_by(sorted - 1, by_mass);
-            }
-            self.order[..sorted].sort_unstable_by(by_mass);
-            // The top buckets that fit (at least one).
-            let (mut got, mut take) = (0, 0);
-            while take < c {
-                if take == sorted {
-                    self.order[sorted..].sort_unstable_by(by_mass);
-                    sorted = c;
-                }
-                let len = readable(self.order[take]).len();
-                if take > 0 && got + len > target {
-                    break;
-                }
-                got += len;
-                take += 1;
-            }
-            self.order.truncate(take);
+            return self.order.iter().map(|&b| size(b)).sum();
         }
-        self.positions.clear();
-        for &b in &self.order {
-            self.positions
-                .extend_from_slice(&lists[b as usize][readable(b)]);
+        // Positions the step may read from buckets: the budget less the dense part.
+        let dense = SINKS + (n - end);
+        let target = ((settings.budget * n as f64).ceil() as usize).saturating_sub(dense);
+        // Rank only as far as a budget usually reaches: the top `RANKED` first, the rest
+        // only if all of those fit.
+        let by_mass = |a: &u32, b: &u32| key(*b).total_cmp(&key(*a));
+        let mut sorted = c.min(RANKED);
+        if sorted < c {
+            self.order.select_nth_unstable_by(sorted - 1, by_mass);
         }
-        self.positions.sort_unstable();
-        runs(self.positions.iter().map(|&p| p as usize))
+        self.order[..sorted].sort_unstable_by(by_mass);
+        // The top buckets that fit (at least one).
+        let (mut got, mut take) = (0, 0);
+        while take < c {
+            if take == sorted {
+                self.order[sorted..].sort_unstable_by(by_mass);
+                sorted = c;
+            }
+            let len = size(self.order[take]);
+            if take > 0 && got + len > target {
+                break;
+            }
+            got += len;
+            take += 1;
+        }
+        self.order.truncate(take);
+        got
     }
+}
+
+/// The entries of a bucket's `list` (ascending positions) from the sinks on and below
+/// `end`.
+fn readable(list: &[u32], end: usize) -> Range<usize> {
+    let from = list.partition_point(|&p| (p as usize) < SINKS);
+    from..list.partition_point(|&p| (p as usize) < end).max(from)
+}
+
+/// The positions of the set bits of `marks` (bit `p % 64` of word `p / 64`), ascending.
+fn set_bits(marks: &[u64]) -> impl Iterator<Item = usize> + '_ {
+    marks.iter().enumerate().flat_map(|(i, &word)| {
+        let mut w = word;
+        std::iter::from_fn(move || {
+            (w != 0).then(|| {
+                let bit = w.trailing_zeros() as usize;
+                w &= w - 1;
+                i * 64 + bit
+            })
+        })
+    })
 }
 
 impl SparsePolicy for SaapAttention {
@@ -391,9 +527,12 @@ impl SparsePolicy for SaapAttention {
                 &mut self.scratch,
                 &mut self.buckets,
             );
-            let lists = &mut self.layers[layer].heads[h].buckets;
+            let head = &mut self.layers[layer].heads[h];
             for (row, &b) in self.buckets.iter().enumerate() {
-                lists[b as usize].push((start + row) as u32);
+                head.buckets[b as usize].push((start + row) as u32);
+            }
+            if head.rows.is_some() {
+                head.unfiled.extend_from_slice(&self.buckets);
             }
         }
         self.layers[layer].assigned = start + keys.rows();
@@ -406,44 +545,92 @@ impl SparsePolicy for SaapAttention {
             if layer.assigned <= from {
                 continue;
             }
-            for list in layer.heads.iter_mut().flat_map(|h| &mut h.buckets) {
-                let keep = list.partition_point(|&p| (p as usize) < from);
-                list.truncate(keep);
+            for head in &mut layer.heads {
+                for (b, list) in head.buckets.iter_mut().enumerate() {
+                    let keep = list.partition_point(|&p| (p as usize) < from);
+                    list.truncate(keep);
+                    if let Some(rows) = head.rows.as_mut() {
+                        rows.truncate(b, keep);
+                    }
+                }
+                head.unfiled.truncate(from.saturating_sub(layer.filed));
             }
+            layer.filed = layer.filed.min(from);
             layer.assigned = from;
         }
     }
 
     fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
         let (shape, n) = (ctx.shape, ctx.pos0 + 1);
+        if self.is_dense(ctx.layer) {
+            return ReadPlan::causal(shape, ctx.pos0, ctx.n_tokens());
+        }
+        let hd = shape.head_dim;
+        // Rows are copied while prefill plans too, so the first decode step does not copy
+        // the whole prompt's.
+        self.layers[ctx.layer].file_rows(ctx.store, hd);
         let window_start = n.saturating_sub(self.settings.window);
-        if ctx.n_tokens() != 1 || self.is_dense(ctx.layer) || window_start <= SINKS {
+        if ctx.n_tokens() != 1 || window_start <= SINKS {
             return ReadPlan::causal(shape, ctx.pos0, ctx.n_tokens());
         }
         // Positions the lists do not hold yet (not sealed) must lie in the window.
         debug_assert!(self.layers[ctx.layer].assigned >= window_start);
-        let hd = shape.head_dim;
-        let entries = (0..shape.n_head_kv)
-            .map(|h| {
-                self.queries.clear();
-                self.queries.extend_from_slice(ctx.group_queries(0, h));
-                let mut q = std::mem::take(&mut self.queries);
-                self.rope.unrotate(&mut q, hd, ctx.pos0);
-                self.queries = q;
-                let mut ranges = self.bucket_ranges(ctx.layer, h, window_start, n);
-                ranges.push(0..SINKS);
-                ranges.push(window_start..n);
-                PlanEntry {
-                    kv_heads: h..h + 1,
-                    source: Source::Store,
-                    visible: vec![union(ranges)],
-                }
+        let SaapAttention {
+            settings,
+            index,
+            rope,
+            layers,
+            work,
+            ..
+        } = self;
+        let lists: &'p LayerLists = &layers[ctx.layer];
+        work.resize(shape.n_head_kv, HeadWork::default());
+        // Routing (the Q-model's weights, 0.5 MiB per KV head at 1,024 buckets) is most of
+        // the plan's cost: the KV heads route in parallel.
+        let reads: Vec<HeadReads> = work
+            .par_iter_mut()
+            .enumerate()
+            .map(|(h, w)| {
+                w.queries.clear();
+                w.queries.extend_from_slice(ctx.group_queries(0, h));
+                rope.unrotate(&mut w.queries, hd, ctx.pos0);
+                let model = index.head(ctx.layer, h);
+                w.reads(settings, model, &lists.heads[h], window_start, n)
             })
             .collect();
-        ReadPlan {
-            entries,
-            side: Vec::new(),
+        let mut plan = ReadPlan::default();
+        for (h, r) in reads.into_iter().enumerate() {
+            plan.entries.push(PlanEntry {
+                kv_heads: h..h + 1,
+                source: Source::Store,
+                visible: vec![r.store],
+            });
+            if let (Some(rows), false) = (&lists.heads[h].rows, r.rows.is_empty()) {
+                plan.entries.push(PlanEntry {
+                    kv_heads: h..h + 1,
+                    source: Source::Side(plan.side.len()),
+                    visible: vec![r.rows],
+                });
+                plan.side.push(SideTable {
+                    rows: SideRows::Source(rows),
+                    positions: Some(rows.positions()),
+                });
+            }
         }
+        plan
+    }
+
+    /// The bucket lists (4 bytes per position, KV head and sparse layer) and, with
+    /// [`Layout::Buckets`], the copied rows (estimated at f16: keys and values, 2 bytes a
+    /// value, and each row's 8-byte position).
+    fn summary_bytes(&self, n_ctx: usize, kv_dim: usize) -> usize {
+        let sparse = (0..self.layers.len()).filter(|&l| !self.is_dense(l)).count();
+        let heads = self.index.meta.n_head_kv;
+        let rows = match self.settings.layout {
+            Layout::Buckets => kv_dim * 2 * 2 + 8 * heads,
+            Layout::Positions => 0,
+        };
+        sparse * n_ctx * (4 * heads + rows)
     }
 
     fn fraction_read(&self, n_ctx: usize) -> f64 {
@@ -719,6 +906,55 @@ mod tests {
                     assert_eq!(got.len(), window_start - 1, "everything before the window");
                 }
             }
+        }
+    }
+
+    /// Read from the bucket-grouped copy, a step reads the same positions as from the
+    /// store's rows and gets the same attention (to rounding: the keys come in another
+    /// order) — after a rewind too, which prunes the copy.
+    #[test]
+    fn bucket_rows_read_what_the_store_rows_do() {
+        let n = 300;
+        let (m, sh, c, q) = decode_case(n, |i| ((i * 5 % 9) as f32 - 4.0) / 3.0);
+        let layouts = |probes, budget| {
+            [Layout::Buckets, Layout::Positions].map(|layout| {
+                let s = SaapSettings {
+                    window: 32,
+                    probes,
+                    budget,
+                    layout,
+                    ..Default::default()
+                };
+                let mut p = policy(&m, s, 6);
+                seal(&mut p, &m, &c, n);
+                p
+            })
+        };
+        for (probes, budget) in [(Some(1), 0.05), (Some(3), 0.05), (None, 0.3)] {
+            let [mut copy, mut store] = layouts(probes, budget);
+            for rewind in [None, Some(150)] {
+                if let Some(at) = rewind {
+                    // Plan once so rows are copied, then rewind and seal again.
+                    read_set(&mut copy, sh, &c, 1, &q, n - 1);
+                    for p in [&mut copy, &mut store] {
+                        p.forget_from(at);
+                        seal(p, &m, &c, n);
+                    }
+                }
+                for layer in 1..m.n_layer {
+                    let a = read_set(&mut copy, sh, &c, layer, &q, n - 1);
+                    let b = read_set(&mut store, sh, &c, layer, &q, n - 1);
+                    assert_eq!(a, b, "{probes:?} {budget} layer {layer}");
+                    assert!(a.iter().all(|r| r.iter().map(|r| r.len()).sum::<usize>() < n));
+                    let (mut x, mut y) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+                    attend(&mut copy, sh, &c, layer, &q, n - 1, &mut x);
+                    attend(&mut store, sh, &c, layer, &q, n - 1, &mut y);
+                    for (i, (x, y)) in x.iter().zip(&y).enumerate() {
+                        assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{i}: {x} vs {y}");
+                    }
+                }
+            }
+            assert!(copy.summary_bytes(n, m.kv_dim()) > store.summary_bytes(n, m.kv_dim()));
         }
     }
 
