@@ -30,7 +30,7 @@ pub enum Error {
     )]
     PromptTooLong { n_prompt: usize, n_ctx: usize },
     #[error(
-        "a context of {n_ctx} positions needs {} (KV cache and RoPE table), more than this machine's {} of memory (RAM and swap): use a smaller -c/--ctx-size",
+        "a context of {n_ctx} positions needs {} (KV cache, RoPE table and the attention policy's summaries), more than this machine's {} of memory (RAM and swap): use a smaller -c/--ctx-size",
         crate::memory::human_bytes(*.need),
         crate::memory::human_bytes(*.have)
     )]

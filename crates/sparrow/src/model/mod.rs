@@ -354,9 +354,9 @@ impl Model {
     ) -> Result<State> {
         let mut kv = kv.into();
         let policy = choice.build(&self.config).map_err(Error::Other)?;
-        if kv.cold.is_some() {
-            kv.reserved += policy.summary_bytes(n_ctx, self.config.kv_dim());
-        }
+        // Under a cold tier the summaries come off the RAM budget; either way they must fit
+        // the machine with the cache (Saap's bucket copy is as big as the sparse layers' KV).
+        kv.reserved += policy.summary_bytes(n_ctx, self.config.kv_dim());
         let mut state = self.new_state(n_ctx, kv)?;
         state.set_attention(policy);
         Ok(state)
@@ -379,7 +379,7 @@ impl Model {
         }
         let c = &self.config;
         let kv_types = kv.types;
-        self.check_state_fits(n_ctx, kv_types, kv.cold.is_some())?;
+        self.check_state_fits(n_ctx, kv_types, kv.cold.is_some(), kv.reserved)?;
         let ropes = self.rope_tables(n_ctx);
         let windows: Vec<Option<usize>> = c
             .layers
@@ -463,13 +463,21 @@ impl Model {
 
     /// Refuse a state whose KV cache and RoPE table alone pass the machine's memory (a
     /// context size from a hostile file, or a `-c` typed with one zero too many).
-    /// The KV cache (unless `cold`: a tiered store keeps its budget, checked as it is made)
-    /// and RoPE tables of `n_ctx` positions must fit the machine's memory.
-    fn check_state_fits(&self, n_ctx: usize, kv_types: KvTypes, cold: bool) -> Result<()> {
+    /// The KV cache (unless `cold`: a tiered store keeps its budget, checked as it is made),
+    /// the policy's `summaries` and RoPE tables of `n_ctx` positions must fit the machine's
+    /// memory.
+    fn check_state_fits(
+        &self,
+        n_ctx: usize,
+        kv_types: KvTypes,
+        cold: bool,
+        summaries: usize,
+    ) -> Result<()> {
         let c = &self.config;
         let row = (kv_types.k.row_bytes(c.kv_dim()) + kv_types.v.row_bytes(c.kv_dim())) as u128;
-        let mut need =
-            (4 * c.n_rot as u128 * self.n_rope_tables() as u128).saturating_mul(n_ctx as u128);
+        let mut need = (4 * c.n_rot as u128 * self.n_rope_tables() as u128)
+            .saturating_mul(n_ctx as u128)
+            .saturating_add(summaries as u128);
         for l in &c.layers {
             let rows = match l.attention {
                 LayerAttention::Sliding { window } => ring_rows(window, n_ctx),
