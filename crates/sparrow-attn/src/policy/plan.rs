@@ -12,8 +12,8 @@
 //! token's position.
 
 use crate::kernel::{
-    split_keys, union, write_merged, AttnShape, BlockPartial, F32Rows, KvRows, KvSource, Level,
-    Unit, BLOCK_ROWS, MIN_PIECE,
+    split_keys, union, write_merged, AttnShape, BlockPartial, F32Rows, KvSource, Level, Unit,
+    BLOCK_ROWS, MIN_PIECE,
 };
 use std::ops::Range;
 
@@ -75,35 +75,12 @@ impl std::fmt::Debug for SideRows<'_> {
     }
 }
 
-impl KvSource for SideRows<'_> {
-    fn kv_dim(&self) -> usize {
+impl SideRows<'_> {
+    /// The rows as a source the kernel reads.
+    pub fn source(&self) -> &dyn KvSource {
         match self {
-            SideRows::F32(r) => r.kv_dim(),
-            SideRows::Source(s) => s.kv_dim(),
-        }
-    }
-    fn key_rows(&self, start: usize, n: usize) -> KvRows<'_> {
-        match self {
-            SideRows::F32(r) => r.key_rows(start, n),
-            SideRows::Source(s) => s.key_rows(start, n),
-        }
-    }
-    fn value_rows(&self, start: usize, n: usize) -> KvRows<'_> {
-        match self {
-            SideRows::F32(r) => r.value_rows(start, n),
-            SideRows::Source(s) => s.value_rows(start, n),
-        }
-    }
-    fn run_len(&self, start: usize, max: usize) -> usize {
-        match self {
-            SideRows::F32(r) => r.run_len(start, max),
-            SideRows::Source(s) => s.run_len(start, max),
-        }
-    }
-    fn head_offset(&self, kv_head: usize, head_dim: usize) -> usize {
-        match self {
-            SideRows::F32(r) => r.head_offset(kv_head, head_dim),
-            SideRows::Source(s) => s.head_offset(kv_head, head_dim),
+            SideRows::F32(r) => r,
+            SideRows::Source(s) => *s,
         }
     }
 }
@@ -260,9 +237,14 @@ pub fn execute<S: KvSource + ?Sized>(
         let e = &plan.entries[*ei];
         match e.source {
             Source::Store => crate::kernel::attend_block(level, shape, store, q, u, &e.visible),
-            Source::Side(i) => {
-                crate::kernel::attend_block(level, shape, &plan.side[i].rows, q, u, &e.visible)
-            }
+            Source::Side(i) => crate::kernel::attend_block(
+                level,
+                shape,
+                plan.side[i].rows.source(),
+                q,
+                u,
+                &e.visible,
+            ),
         }
     };
     #[cfg(feature = "parallel")]
