@@ -1,12 +1,12 @@
 //! The cost of Saap's routing per decode token: each router (`--saap-router`: hedged,
-//! the Q-model alone, the centroids alone) run for every KV head group of every sparse
-//! layer, as the `saap` policy runs it.
+//! the Q-model alone, the centroids alone), with Q8_0 and f32 weights
+//! (`--saap-router-weights`), run for every KV head group of every sparse layer, as the
+//! `saap` policy runs it.
 //!
 //! `cargo run --release -p sparrow --example saap_cost -- MODEL.gguf [INDEX]` (default
 //! index: the model's in the sparrow cache).
 
-use sparrow::policy::SaapRouter as Router;
-use sparrow::saap::{default_index_path, Level, SaapIndex, Scratch};
+use sparrow::saap::{default_index_path, Level, Router, RouterCopy, SaapIndex, Scratch};
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,22 +32,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut scratch = Scratch::default();
     let mut mass = vec![0f32; m.clusters];
     let sparse = (1..m.n_layer).flat_map(|l| (0..m.n_head_kv).map(move |h| (l, h)));
-    for router in [Router::Hedged, Router::Qmodel, Router::Centroids] {
+    let q8: Vec<RouterCopy> = index.heads.iter().map(RouterCopy::of).collect();
+    let runs = [Router::Hedged, Router::Qmodel, Router::Centroids]
+        .into_iter()
+        .flat_map(|r| [(r, Some(&q8)), (r, None)]);
+    for (router, copies) in runs {
         let mut best = f64::INFINITY;
         for _ in 0..20 {
             let t0 = Instant::now();
             for (l, h) in sparse.clone() {
                 let (head, level) = (index.head(l, h), Level::active());
-                match router {
-                    Router::Hedged => head.add_hedged_mass(level, &q, &mut scratch, &mut mass),
-                    Router::Qmodel => head.add_bucket_mass(level, &q, &mut scratch, &mut mass),
-                    Router::Centroids => head.add_centroid_mass(level, &q, &mut scratch, &mut mass),
-                }
+                let weights = match &copies {
+                    Some(c) => c[l * m.n_head_kv + h].weights(head),
+                    None => head.weights(),
+                };
+                head.add_mass(router, weights, level, &q, &mut scratch, &mut mass);
             }
             best = best.min(t0.elapsed().as_secs_f64());
         }
         println!(
-            "{router:?}: {:.3} ms per token ({} layers x {} KV heads, group of {group}, C = {}, hidden {}, centroid prior {}; best of 20, one thread)",
+            "{router:?}, {} weights: {:.3} ms per token ({} layers x {} KV heads, group of {group}, C = {}, hidden {}, centroid prior {}; best of 20, one thread)",
+            if copies.is_some() { "Q8_0" } else { "f32" },
             best * 1e3,
             m.n_layer - 1,
             m.n_head_kv,

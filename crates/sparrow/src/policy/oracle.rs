@@ -83,28 +83,7 @@ impl OracleAttention {
         if self.settings.budget >= n {
             return std::iter::once(0..n).collect();
         }
-        let scale = 1.0 / (hd as f64).sqrt();
-        let mut mass = vec![0f64; n];
-        let mut s = vec![0f64; n];
-        for q in q_group.chunks_exact(hd) {
-            for (t, st) in s.iter_mut().enumerate() {
-                let k = &keys[t * kv_dim + kv_head * hd..][..hd];
-                *st = q
-                    .iter()
-                    .zip(k)
-                    .map(|(&a, &b)| a as f64 * b as f64)
-                    .sum::<f64>()
-                    * scale;
-            }
-            let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = s.iter().map(|&x| (x - mx).exp()).sum();
-            for (m, &x) in mass.iter_mut().zip(&s) {
-                let p = (x - mx).exp() / z;
-                if p.is_finite() {
-                    *m += p;
-                }
-            }
-        }
+        let mass = group_key_mass(q_group, keys, kv_dim, hd, kv_head);
         let mut order: Vec<usize> = (0..n).collect();
         let k = self.settings.budget;
         // Most mass first; ties to the later position (recent keys are the safer guess).
@@ -113,6 +92,42 @@ impl OracleAttention {
         chosen.sort_unstable();
         runs(chosen)
     }
+}
+
+/// Exact attention mass of each key for a GQA group: `Σ_queries softmax(q · k / √hd)`
+/// in f64 over the `keys` of KV head `kv_head` (rows of `kv_dim`, f32), the queries of
+/// `q_group` (rows of `hd`). A query whose scores are not finite adds nothing.
+pub(crate) fn group_key_mass(
+    q_group: &[f32],
+    keys: &[f32],
+    kv_dim: usize,
+    hd: usize,
+    kv_head: usize,
+) -> Vec<f64> {
+    let n = keys.len() / kv_dim;
+        let scale = 1.0 / (hd as f64).sqrt();
+    let mut mass = vec![0f64; n];
+    let mut s = vec![0f64; n];
+    for q in q_group.chunks_exact(hd) {
+        for (t, st) in s.iter_mut().enumerate() {
+            let k = &keys[t * kv_dim + kv_head * hd..][..hd];
+            *st = q
+                .iter()
+                .zip(k)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum::<f64>()
+                * scale;
+        }
+        let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = s.iter().map(|&x| (x - mx).exp()).sum();
+        for (m, &x) in mass.iter_mut().zip(&s) {
+            let p = (x - mx).exp() / z;
+            if p.is_finite() {
+                *m += p;
+            }
+        }
+    }
+    mass
 }
 
 impl SparsePolicy for OracleAttention {

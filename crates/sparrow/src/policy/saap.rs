@@ -21,10 +21,12 @@
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use crate::model::rope::Rope;
 use crate::saap::buckets::BucketRows;
-use crate::saap::index::{HeadModel, Scratch};
+pub use crate::saap::index::Router;
+use crate::saap::index::{HeadModel, RouterCopy, RouterWeights, Scratch};
 use rayon::prelude::*;
 use crate::saap::{default_index_path, SaapIndex};
-use sparrow_attn::kernel::{runs, union, KvSource, Level};
+use super::oracle::group_key_mass;
+use sparrow_attn::kernel::{read_f32, runs, union, KvSource, Level};
 use sparrow_attn::policy::{
     KeysView, PlanContext, PlanEntry, ReadPlan, SideRows, SideTable, Source, SparsePolicy,
 };
@@ -47,19 +49,16 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
     settings: SettingsType::of::<SaapSettings>(),
 };
 
-/// How a query chooses its buckets.
+/// The precision of the router matrices a decode step reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-pub enum Router {
-    /// The Q-model's distribution plus the centroid router's: the trained router hedged
-    /// by the geometric one for queries unlike its training text (a needle's digits in a
-    /// book-trained index: docs/long-context.md, "Hedged routing").
-    Hedged,
-    /// The trained Q-model alone (the paper).
-    Qmodel,
-    /// The query's own similarity to the centroids (plain k-means; the paper's baseline,
-    /// and the `kmeans` policy).
-    Centroids,
+pub enum RouterPrecision {
+    /// Q8_0 copies (ggml's 8-bit blocks) of the centroids and the Q-model's output layer,
+    /// made when the policy is built: a quarter of the bytes per token
+    /// ([`crate::saap::RouterCopy`]).
+    Q8,
+    /// The index's f32 matrices, as trained.
+    F32,
 }
 
 /// Where a decode step reads the chosen buckets' rows from.
@@ -97,6 +96,16 @@ pub struct SaapSettings {
     /// Q-model alone (the paper), or the centroids alone (as `--attn kmeans`).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_ROUTER", long = "saap-router", value_enum, default_value_t = SaapSettings::default().router, help_heading = crate::policy::HELP_HEADING))]
     pub router: Router,
+    /// Saap: the precision of the router's matrices at decode (the centroids and the
+    /// Q-model's output layer; keys are assigned to buckets against the f32 centroids
+    /// either way).
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_ROUTER_WEIGHTS", long = "saap-router-weights", value_enum, default_value_t = SaapSettings::default().router_weights, help_heading = crate::policy::HELP_HEADING))]
+    pub router_weights: RouterPrecision,
+    /// Saap: rank the buckets by the attention mass their keys really receive (every key
+    /// scored exactly): how much any router could capture with this partition at this
+    /// budget. A measurement (`eval attention`), not a policy: it reads every key.
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_ORACLE", long = "saap-oracle", help_heading = crate::policy::HELP_HEADING))]
+    pub oracle: bool,
     /// Saap: where the chosen buckets' rows are read from: a copy grouped by bucket
     /// (contiguous reads, the sparse layers' KV held twice) or the store's scattered rows.
     #[cfg_attr(feature = "cli", arg(id = "SAAP_LAYOUT", long = "saap-layout", value_enum, default_value_t = SaapSettings::default().layout, help_heading = crate::policy::HELP_HEADING))]
@@ -124,6 +133,8 @@ impl Default for SaapSettings {
             probes: None,
             budget: 0.05,
             router: Router::Hedged,
+            router_weights: RouterPrecision::Q8,
+            oracle: false,
             layout: Layout::Buckets,
             window: 63,
             block: 16,
@@ -248,9 +259,14 @@ pub struct SaapAttention {
     settings: SaapSettings,
     index: Arc<SaapIndex>,
     rope: Rope,
+    /// Per (layer, KV head), layer-major: the router matrices in Q8_0
+    /// ([`RouterPrecision::Q8`]; empty with f32).
+    copies: Vec<RouterCopy>,
     layers: Vec<LayerLists>,
     // Scratch, kept between calls.
     keys: Vec<f32>,
+    /// With [`SaapSettings::oracle`]: every key of the layer, f32.
+    all_keys: Vec<f32>,
     head_keys: Vec<f32>,
     buckets: Vec<u32>,
     scratch: Scratch,
@@ -266,6 +282,8 @@ struct HeadWork {
     scratch: Scratch,
     /// Router mass per bucket.
     mass: Vec<f32>,
+    /// With [`SaapSettings::oracle`]: each position's exact attention mass for the group.
+    key_mass: Vec<f64>,
     /// Bucket ids, most mass first once ranked.
     order: Vec<u32>,
     /// One bit per position read: the chosen buckets' positions, the sink and the window,
@@ -295,12 +313,18 @@ impl SaapAttention {
             })
             .collect();
         let work = vec![HeadWork::default(); m.n_head_kv];
+        let copies = match settings.router_weights {
+            RouterPrecision::Q8 => index.heads.iter().map(RouterCopy::of).collect(),
+            RouterPrecision::F32 => Vec::new(),
+        };
         Ok(SaapAttention {
             settings,
             index,
             rope,
+            copies,
             layers,
             keys: Vec::new(),
+            all_keys: Vec::new(),
             head_keys: Vec::new(),
             buckets: Vec::new(),
             scratch: Scratch::default(),
@@ -335,11 +359,12 @@ impl HeadWork {
         &mut self,
         settings: &SaapSettings,
         model: &HeadModel,
+        weights: RouterWeights<'_>,
         lists: &Lists,
         end: usize,
         n: usize,
     ) -> HeadReads {
-        let chosen = self.choose(settings, model, lists, end, n);
+        let chosen = self.choose(settings, model, weights, lists, end, n);
         let buckets = &lists.buckets;
         // A bucket's list entries from the sinks on and below `end`.
         let readable = |b: u32| readable(&buckets[b as usize], end);
@@ -379,13 +404,14 @@ impl HeadWork {
         }
     }
 
-    /// Ranks the buckets by `model`'s router for the query rows in `self.queries` and
+    /// Ranks the buckets by `model`'s router (reading `weights`) for the query rows in `self.queries` and
     /// leaves in `self.order` those the step reads (a fixed count, or the top ones that fit
     /// the budget); returns how many positions they hold below `end`.
     fn choose(
         &mut self,
         settings: &SaapSettings,
         model: &HeadModel,
+        weights: RouterWeights<'_>,
         lists: &Lists,
         end: usize,
         n: usize,
@@ -393,12 +419,14 @@ impl HeadWork {
         let c = model.clusters();
         self.mass.clear();
         self.mass.resize(c, 0.0);
-        let level = Level::active();
         let (q, scratch, mass) = (&self.queries, &mut self.scratch, &mut self.mass);
-        match settings.router {
-            Router::Hedged => model.add_hedged_mass(level, q, scratch, mass),
-            Router::Qmodel => model.add_bucket_mass(level, q, scratch, mass),
-            Router::Centroids => model.add_centroid_mass(level, q, scratch, mass),
+        if settings.oracle {
+            for (m, list) in mass.iter_mut().zip(&lists.buckets) {
+                let keys = &list[readable(list, end)];
+                *m = keys.iter().map(|&p| self.key_mass[p as usize]).sum::<f64>() as f32;
+            }
+        } else {
+            model.add_mass(settings.router, weights, Level::active(), q, scratch, mass);
         }
         let size = |b: u32| readable(&lists.buckets[b as usize], end).len();
         let mass = &self.mass;
@@ -452,6 +480,15 @@ impl HeadWork {
     }
 }
 
+/// The router matrices of head `i` (layer-major), `model`: its Q8_0 copy if `copies` holds
+/// one, else the index's f32 ones.
+fn router_weights<'a>(copies: &'a [RouterCopy], model: &'a HeadModel, i: usize) -> RouterWeights<'a> {
+    match copies.get(i) {
+        Some(copy) => copy.weights(model),
+        None => model.weights(),
+    }
+}
+
 /// The entries of a bucket's `list` (ascending positions) from the sinks on and below
 /// `end`.
 fn readable(list: &[u32], end: usize) -> Range<usize> {
@@ -475,6 +512,9 @@ fn set_bits(marks: &[u64]) -> impl Iterator<Item = usize> + '_ {
 
 impl SparsePolicy for SaapAttention {
     fn name(&self) -> &str {
+        if self.settings.oracle {
+            return "bucket-oracle";
+        }
         match self.settings.router {
             Router::Hedged | Router::Qmodel => "saap",
             Router::Centroids => "kmeans",
@@ -579,10 +619,17 @@ impl SparsePolicy for SaapAttention {
             settings,
             index,
             rope,
+            copies,
             layers,
             work,
+            all_keys,
             ..
         } = self;
+        if settings.oracle {
+            all_keys.resize(n * shape.kv_dim(), 0.0);
+            read_f32(ctx.store, false, 0, all_keys);
+        }
+        let all_keys: &[f32] = all_keys;
         let lists: &'p LayerLists = &layers[ctx.layer];
         work.resize(shape.n_head_kv, HeadWork::default());
         // Routing (the Q-model's weights, 0.5 MiB per KV head at 1,024 buckets) is most of
@@ -593,9 +640,14 @@ impl SparsePolicy for SaapAttention {
             .map(|(h, w)| {
                 w.queries.clear();
                 w.queries.extend_from_slice(ctx.group_queries(0, h));
+                if settings.oracle {
+                    let q = ctx.group_queries(0, h);
+                    w.key_mass = group_key_mass(q, all_keys, shape.kv_dim(), hd, h);
+                }
                 rope.unrotate(&mut w.queries, hd, ctx.pos0);
                 let model = index.head(ctx.layer, h);
-                w.reads(settings, model, &lists.heads[h], window_start, n)
+                let weights = router_weights(copies, model, ctx.layer * shape.n_head_kv + h);
+                w.reads(settings, model, weights, &lists.heads[h], window_start, n)
             })
             .collect();
         let mut plan = ReadPlan::default();
@@ -768,26 +820,53 @@ mod tests {
     }
 
     /// The buckets of `p`'s KV head `h` in `layer`, most mass first under its router for
-    /// the decode query `q` at position `n - 1`, recomputed here.
+    /// the decode query `q` at position `n - 1` of `c`, recomputed here (the oracle's in f64
+    /// from the keys of `c`).
     fn ranked_buckets(
         p: &SaapAttention,
         m: &crate::ModelConfig,
+        c: &KvCache,
         q: &[f32],
         layer: usize,
         h: usize,
         n: usize,
     ) -> Vec<usize> {
         let model = p.index.head(layer, h);
-        let group = m.n_head / m.n_head_kv;
-        let mut qg = q[h * group * m.head_dim..(h + 1) * group * m.head_dim].to_vec();
-        Rope::of(m).unrotate(&mut qg, m.head_dim, n - 1);
-        let mut mass = vec![0f32; model.clusters()];
-        let (level, scratch) = (Level::active(), &mut Scratch::default());
-        match p.settings.router {
-            Router::Hedged => model.add_hedged_mass(level, &qg, scratch, &mut mass),
-            Router::Qmodel => model.add_bucket_mass(level, &qg, scratch, &mut mass),
-            Router::Centroids => model.add_centroid_mass(level, &qg, scratch, &mut mass),
+        let (group, hd) = (m.n_head / m.n_head_kv, m.head_dim);
+        let mut qg = q[h * group * hd..(h + 1) * group * hd].to_vec();
+        if p.settings.oracle {
+            let kv_dim = m.n_head_kv * hd;
+            let mut keys = vec![0f32; n * kv_dim];
+            c.read_keys(layer, 0, &mut keys);
+            let mut key_mass = vec![0f64; n];
+            for row in qg.chunks_exact(hd) {
+                let s: Vec<f64> = keys
+                    .chunks_exact(kv_dim)
+                    .map(|k| {
+                        let k = &k[h * hd..(h + 1) * hd];
+                        let dot: f64 = k.iter().zip(row).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        dot / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+                key_mass.iter_mut().zip(&s).for_each(|(w, x)| *w += (x - mx).exp() / z);
+            }
+            let end = n - p.settings.window;
+            let lists = &p.layers[layer].heads[h].buckets;
+            let mass: Vec<f64> = lists
+                .iter()
+                .map(|l| l.iter().filter(|&&x| x >= 1 && (x as usize) < end).map(|&x| key_mass[x as usize]).sum())
+                .collect();
+            let mut order: Vec<usize> = (0..mass.len()).collect();
+            order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
+            return order;
         }
+        Rope::of(m).unrotate(&mut qg, hd, n - 1);
+        let mut mass = vec![0f32; model.clusters()];
+        let weights = router_weights(&p.copies, model, layer * m.n_head_kv + h);
+        let (level, scratch) = (Level::active(), &mut Scratch::default());
+        model.add_mass(p.settings.router, weights, level, &qg, scratch, &mut mass);
         let mut order: Vec<usize> = (0..mass.len()).collect();
         order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
         order
@@ -812,10 +891,12 @@ mod tests {
             attend(&mut DenseAttention, sh, &c, layer, &q, n - 1, &mut b);
             assert_eq!(a, b, "layer {layer}");
         }
-        for router in [Router::Hedged, Router::Qmodel, Router::Centroids] {
+        let routers = [Router::Hedged, Router::Qmodel, Router::Centroids].map(|r| (r, false));
+        for (router, oracle) in routers.into_iter().chain([(Router::Hedged, true)]) {
             let s = SaapSettings {
                 probes: Some(2),
                 router,
+                oracle,
                 ..s.clone()
             };
             reads_the_chosen_buckets(&m, &c, n, &q, s);
@@ -839,7 +920,7 @@ mod tests {
         let read = read_set(&mut few, sh, c, layer, q, n - 1);
         for (h, ranges) in read.iter().enumerate() {
             let got: Vec<usize> = ranges.iter().cloned().flatten().collect();
-            let order = ranked_buckets(&few, m, q, layer, h, n);
+            let order = ranked_buckets(&few, m, c, q, layer, h, n);
             let mut want: Vec<usize> = order[..2]
                 .iter()
                 .flat_map(|&b| few.layers[layer].heads[h].buckets[b].iter().map(|&p| p as usize))
@@ -848,7 +929,7 @@ mod tests {
             want.push(0);
             want.extend(n - 32..n);
             want.sort_unstable();
-            assert_eq!(got, want, "{router:?}, head {h}");
+            assert_eq!(got, want, "{router:?}, oracle {}, head {h}", few.settings.oracle);
             assert!(got.len() < n, "two of six buckets read less than everything");
         }
     }
@@ -881,7 +962,7 @@ mod tests {
                     .flatten()
                     .filter(|&p| p >= 1 && p < window_start)
                     .collect();
-                let order = ranked_buckets(&p, &m, &q, layer, h, n);
+                let order = ranked_buckets(&p, &m, &c, &q, layer, h, n);
                 let bucket = |b: usize| -> Vec<usize> {
                     p.layers[layer].heads[h].buckets[b]
                         .iter()

@@ -21,7 +21,8 @@
 use crate::model::ModelConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use sparrow_attn::kernel::tile::{scores, softmax_tile};
+use sparrow_attn::kernel::rows::{BlockQ8_0, QK8_0};
+use sparrow_attn::kernel::tile::{dequant_q8_0_tile, scores, softmax_tile};
 use sparrow_attn::kernel::Level;
 use std::path::Path;
 
@@ -171,6 +172,111 @@ pub struct HeadModel {
     pub prior_scale: f32,
 }
 
+/// How a query chooses its buckets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum Router {
+    /// The Q-model's distribution plus the centroid router's: the trained router hedged
+    /// by the geometric one for queries unlike its training text (a needle's digits in a
+    /// book-trained index: docs/long-context.md, "Hedged routing").
+    Hedged,
+    /// The trained Q-model alone (the paper).
+    Qmodel,
+    /// The query's own similarity to the centroids (plain k-means; the paper's baseline,
+    /// and the `kmeans` policy).
+    Centroids,
+}
+
+/// The rows of a `C`-row router matrix (the centroids, or the Q-model's output layer), as
+/// trained (f32) or in Q8_0 blocks (ggml's 8-bit format, [`RouterCopy`]).
+#[derive(Clone, Copy, Debug)]
+pub enum RouterRows<'a> {
+    F32(&'a [f32]),
+    Q8(&'a [BlockQ8_0]),
+}
+
+/// The two `C`-row matrices a route reads; the rest of the Q-model (its first layer, the
+/// biases) is small and always read from the [`HeadModel`].
+#[derive(Clone, Copy, Debug)]
+pub struct RouterWeights<'a> {
+    pub centroids: RouterRows<'a>,
+    pub w2: RouterRows<'a>,
+}
+
+/// A Q8_0 copy of a head's two `C`-row router matrices, for decode: a decode step reads
+/// them for every sparse layer and KV head (0.5 MiB per head in f32 at 1,024 buckets,
+/// 23 MiB per token on Qwen2.5-0.5B, more than the matrix products leave in the cache), and
+/// Q8_0 reads 34 bytes per 32 values instead of 128. Rows whose width is not a multiple of
+/// 32 stay f32. The key assignment keeps the f32 centroids (the inverted lists are exact).
+#[derive(Clone, Debug, Default)]
+pub struct RouterCopy {
+    centroids: Option<Vec<BlockQ8_0>>,
+    w2: Option<Vec<BlockQ8_0>>,
+}
+
+/// `rows` (each `width` values) in Q8_0 blocks, or `None` if `width` is not a multiple of
+/// the block size.
+fn quantize_rows(rows: &[f32], width: usize) -> Option<Vec<BlockQ8_0>> {
+    (width > 0 && width.is_multiple_of(QK8_0))
+        .then(|| rows.chunks_exact(QK8_0).map(BlockQ8_0::quantize).collect())
+}
+
+impl RouterCopy {
+    /// The Q8_0 copy of `head`'s router matrices.
+    pub fn of(head: &HeadModel) -> RouterCopy {
+        RouterCopy {
+            centroids: quantize_rows(&head.centroids, head.head_dim()),
+            w2: quantize_rows(&head.w2, head.hidden()),
+        }
+    }
+
+    /// The weights a route of `head` (the head this copy was made of) reads.
+    pub fn weights<'a>(&'a self, head: &'a HeadModel) -> RouterWeights<'a> {
+        let pick = |q: &'a Option<Vec<BlockQ8_0>>, f: &'a [f32]| match q {
+            Some(q) => RouterRows::Q8(q),
+            None => RouterRows::F32(f),
+        };
+        RouterWeights {
+            centroids: pick(&self.centroids, &head.centroids),
+            w2: pick(&self.w2, &head.w2),
+        }
+    }
+}
+
+/// Rows per dequantized tile of a Q8_0 router matrix (16 KiB of f32 at width 64).
+const ROUTER_TILE: usize = 64;
+
+/// `scale · rows · xt` into `out` (`n × rw`): `rows` has `n` rows of `width`, `xt` the
+/// transposed input (`width × rw`). Q8_0 rows are dequantized a tile at a time into
+/// `tile` (the attention kernel's Q8_0 path).
+#[allow(clippy::too_many_arguments)]
+fn product(
+    level: Level,
+    rows: RouterRows<'_>,
+    n: usize,
+    width: usize,
+    xt: &[f32],
+    rw: usize,
+    scale: f32,
+    out: &mut Vec<f32>,
+    tile: &mut Vec<f32>,
+) {
+    out.resize(n * rw, 0.0);
+    match rows {
+        RouterRows::F32(m) => scores(level, m, width, n, width, xt, rw, scale, out),
+        RouterRows::Q8(m) => {
+            let blocks = width / QK8_0;
+            tile.resize(ROUTER_TILE * width, 0.0);
+            for t0 in (0..n).step_by(ROUTER_TILE) {
+                let nt = ROUTER_TILE.min(n - t0);
+                dequant_q8_0_tile(level, &m[t0 * blocks..], blocks, nt, blocks, tile);
+                let out = &mut out[t0 * rw..(t0 + nt) * rw];
+                scores(level, tile, width, nt, width, xt, rw, scale, out);
+            }
+        }
+    }
+}
+
 /// Scratch for [`HeadModel`]'s products, kept between calls.
 #[derive(Clone, Debug, Default)]
 pub struct Scratch {
@@ -184,6 +290,8 @@ pub struct Scratch {
     prior: Vec<f32>,
     /// Softmax statistics per row: maximum, sum, correction (`3 × rw`).
     stats: Vec<f32>,
+    /// A dequantized tile of Q8_0 router rows.
+    tile: Vec<f32>,
 }
 
 /// `rows` padded to a multiple of 8 (at least 8): the width of a transposed tile.
@@ -244,23 +352,16 @@ impl HeadModel {
         self.centroids.len() / self.clusters().max(1)
     }
 
-    /// `scale · centroids[c] · x_r` for the rows of `x` (`rows × head_dim`), as
-    /// `out[c * rw + r]`; returns `rw`.
-    fn centroid_products(&self, level: Level, x: &[f32], scratch: &mut Scratch) -> usize {
-        let rw = transpose_rows(x, self.head_dim(), &mut scratch.xt);
-        self.centroid_scores(level, &scratch.xt, rw, 1.0, &mut scratch.out);
-        rw
-    }
-
-    /// `scale · centroids · xt` into `out` (`C × rw`), `xt` the transposed rows.
-    fn centroid_scores(&self, level: Level, xt: &[f32], rw: usize, scale: f32, out: &mut Vec<f32>) {
-        let (c, d) = (self.clusters(), self.head_dim());
-        out.resize(c * rw, 0.0);
-        scores(level, &self.centroids, d, c, d, xt, rw, scale, out);
+    /// The router matrices as trained (f32).
+    pub fn weights(&self) -> RouterWeights<'_> {
+        RouterWeights {
+            centroids: RouterRows::F32(&self.centroids),
+            w2: RouterRows::F32(&self.w2),
+        }
     }
 
     /// Writes to `buckets` the bucket of each de-roped key row of `keys` (`rows ×
-    /// head_dim`).
+    /// head_dim`), against the f32 centroids.
     pub fn assign(
         &self,
         level: Level,
@@ -268,8 +369,12 @@ impl HeadModel {
         scratch: &mut Scratch,
         buckets: &mut Vec<u32>,
     ) {
-        let rows = keys.len() / self.head_dim().max(1);
-        let rw = self.centroid_products(level, keys, scratch);
+        let (c, d) = (self.clusters(), self.head_dim());
+        let rows = keys.len() / d.max(1);
+        let rw = transpose_rows(keys, d, &mut scratch.xt);
+        let centroids = RouterRows::F32(&self.centroids);
+        let (xt, out, tile) = (&scratch.xt, &mut scratch.out, &mut scratch.tile);
+        product(level, centroids, c, d, xt, rw, 1.0, out, tile);
         buckets.clear();
         for r in 0..rows {
             let mut best = (f32::NEG_INFINITY, 0u32);
@@ -283,11 +388,22 @@ impl HeadModel {
         }
     }
 
-    /// Adds to `mass` (`C`) the Q-model's distribution over buckets for each de-roped
-    /// query row of `queries` (`rows × head_dim`): the summed distribution of a GQA group
-    /// (the paper's batched queries).
-    pub fn add_bucket_mass(
+    /// Adds to `mass` (`C`) the distribution over buckets that `router` gives each
+    /// de-roped query row of `queries` (`rows × head_dim`), reading the router matrices
+    /// `w` (this head's, as trained or a [`RouterCopy`]): the summed distribution of a GQA
+    /// group (the paper's batched queries).
+    ///
+    /// - [`Router::Qmodel`]: `softmax(w2 · relu(w1 · q + b1) + b2 + prior_scale · c · q)`;
+    /// - [`Router::Centroids`]: `softmax(c · q / √head_dim)`, buckets picked by the query
+    ///   itself, as a plain inverted-file index does (the paper's baseline);
+    /// - [`Router::Hedged`]: both added, the trained router hedged by the geometric one,
+    ///   which needs no training text like the query; the centroid products are computed
+    ///   once for both.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_mass(
         &self,
+        router: Router,
+        w: RouterWeights<'_>,
         level: Level,
         queries: &[f32],
         scratch: &mut Scratch,
@@ -296,54 +412,62 @@ impl HeadModel {
         let (c, h, d) = (self.clusters(), self.hidden(), self.head_dim());
         let rows = queries.len() / d.max(1);
         let rw = transpose_rows(queries, d, &mut scratch.xt);
-        scratch.hidden.resize(h * rw, 0.0);
-        scores(
-            level,
-            &self.w1,
-            d,
-            h,
-            d,
-            &scratch.xt,
-            rw,
-            1.0,
-            &mut scratch.hidden,
-        );
-        // ReLU that keeps NaN (`max` would turn a broken query into a valid-looking one).
-        for (row, &b) in scratch.hidden.chunks_exact_mut(rw).zip(&self.b1) {
-            row.iter_mut().for_each(|x| {
-                let v = *x + b;
-                *x = if v < 0.0 { 0.0 } else { v };
-            });
+        let Scratch {
+            xt,
+            hidden,
+            out,
+            prior,
+            stats,
+            tile,
+        } = scratch;
+        let qmodel = router != Router::Centroids;
+        // The centroid similarities `c · q`, unscaled.
+        if router != Router::Qmodel || self.prior_scale != 0.0 {
+            product(level, w.centroids, c, d, xt, rw, 1.0, prior, tile);
         }
-        scratch.out.resize(c * rw, 0.0);
-        scores(
-            level,
-            &self.w2,
-            h,
-            c,
-            h,
-            &scratch.hidden,
-            rw,
-            1.0,
-            &mut scratch.out,
-        );
-        if self.prior_scale != 0.0 {
-            let mut prior = std::mem::take(&mut scratch.prior);
-            self.centroid_scores(level, &scratch.xt, rw, self.prior_scale, &mut prior);
-            scratch
-                .out
-                .iter_mut()
-                .zip(&prior)
-                .for_each(|(o, p)| *o += p);
-            scratch.prior = prior;
+        if qmodel {
+            let w1 = RouterRows::F32(&self.w1);
+            product(level, w1, h, d, xt, rw, 1.0, hidden, tile);
+            // ReLU that keeps NaN (`max` would turn a broken query into a valid-looking one).
+            for (row, &b) in hidden.chunks_exact_mut(rw).zip(&self.b1) {
+                row.iter_mut().for_each(|x| {
+                    let v = *x + b;
+                    *x = if v < 0.0 { 0.0 } else { v };
+                });
+            }
+            product(level, w.w2, c, h, hidden, rw, 1.0, out, tile);
+            if self.prior_scale != 0.0 {
+                let s = self.prior_scale;
+                out.iter_mut()
+                    .zip(prior.iter())
+                    .for_each(|(o, p)| *o += p * s);
+            }
+            add_softmaxes(level, out, stats, Some(&self.b2), rw, rows, 1.0, mass);
         }
-        add_softmaxes(level, scratch, Some(&self.b2), rw, rows, 1.0, mass);
+        if router != Router::Qmodel {
+            add_softmaxes(level, prior, stats, None, rw, rows, prior_scale(d), mass);
+        }
     }
 
-    /// Adds to `mass` both the Q-model's distribution ([`Self::add_bucket_mass`]) and the
-    /// centroid router's ([`Self::add_centroid_mass`]) for each query row: the trained
-    /// router hedged by the geometric one, which needs no training text like the query.
-    /// Over a centroid prior the centroid products are computed once for both.
+    /// [`Self::add_mass`] with the Q-model alone and the f32 weights.
+    pub fn add_bucket_mass(
+        &self,
+        level: Level,
+        queries: &[f32],
+        scratch: &mut Scratch,
+        mass: &mut [f32],
+    ) {
+        self.add_mass(
+            Router::Qmodel,
+            self.weights(),
+            level,
+            queries,
+            scratch,
+            mass,
+        );
+    }
+
+    /// [`Self::add_mass`] hedged, with the f32 weights.
     pub fn add_hedged_mass(
         &self,
         level: Level,
@@ -351,23 +475,17 @@ impl HeadModel {
         scratch: &mut Scratch,
         mass: &mut [f32],
     ) {
-        self.add_bucket_mass(level, queries, scratch, mass);
-        let d = self.head_dim();
-        if self.prior_scale != prior_scale(d) {
-            self.add_centroid_mass(level, queries, scratch, mass);
-            return;
-        }
-        // `scratch.prior` holds the centroid router's logits, already scaled.
-        let rows = queries.len() / d.max(1);
-        let rw = padded_rows(rows);
-        std::mem::swap(&mut scratch.out, &mut scratch.prior);
-        add_softmaxes(level, scratch, None, rw, rows, 1.0, mass);
-        std::mem::swap(&mut scratch.out, &mut scratch.prior);
+        self.add_mass(
+            Router::Hedged,
+            self.weights(),
+            level,
+            queries,
+            scratch,
+            mass,
+        );
     }
 
-    /// Adds to `mass` each query row's softmax over its scaled inner products with the
-    /// centroids (`centroid · q / sqrt(head_dim)`): buckets picked by the query itself, as
-    /// a plain inverted-file index does (the `kmeans` policy, the paper's baseline).
+    /// [`Self::add_mass`] with the centroids alone and the f32 weights.
     pub fn add_centroid_mass(
         &self,
         level: Level,
@@ -375,10 +493,14 @@ impl HeadModel {
         scratch: &mut Scratch,
         mass: &mut [f32],
     ) {
-        let d = self.head_dim();
-        let rows = queries.len() / d.max(1);
-        let rw = self.centroid_products(level, queries, scratch);
-        add_softmaxes(level, scratch, None, rw, rows, prior_scale(d), mass);
+        self.add_mass(
+            Router::Centroids,
+            self.weights(),
+            level,
+            queries,
+            scratch,
+            mass,
+        );
     }
 }
 
@@ -387,20 +509,21 @@ pub fn prior_scale(head_dim: usize) -> f32 {
     1.0 / (head_dim as f32).sqrt()
 }
 
-/// For each row `r < rows` of the logits in `scratch.out` (`C × rw`, column `r`): adds
+/// For each row `r < rows` of `logits` (`C × rw`, column `r`): adds
 /// `softmax(scale · logits[·, r] + bias)` to `mass` (no bias: zero). A row that is not
 /// finite adds nothing. The exponentials are the attention kernel's softmax tile (one
-/// tile of `C` scores for `rw` rows), vectorised where it is.
+/// tile of `C` scores for `rw` rows), vectorised where it is; `stats` is scratch.
+#[allow(clippy::too_many_arguments)]
 fn add_softmaxes(
     level: Level,
-    scratch: &mut Scratch,
+    logits: &mut [f32],
+    stats: &mut Vec<f32>,
     bias: Option<&[f32]>,
     rw: usize,
     rows: usize,
     scale: f32,
     mass: &mut [f32],
 ) {
-    let (logits, stats) = (&mut scratch.out, &mut scratch.stats);
     let c = logits.len() / rw.max(1);
     for (k, row) in logits.chunks_exact_mut(rw).enumerate() {
         let b = bias.map_or(0.0, |b| b[k]);
@@ -409,14 +532,24 @@ fn add_softmaxes(
     stats.clear();
     stats.resize(3 * rw, 0.0);
     let (m, rest) = stats.split_at_mut(rw);
-    let (l, corr) = rest.split_at_mut(rw);
+    let (l, weight) = rest.split_at_mut(rw);
     m.fill(f32::NEG_INFINITY);
-    softmax_tile(level, logits, c, rw, m, l, corr);
-    for r in (0..rows).filter(|&r| l[r].is_finite() && l[r] > 0.0) {
-        let inv = 1.0 / l[r];
-        for (acc, row) in mass.iter_mut().zip(logits.chunks_exact(rw)) {
-            *acc += row[r] * inv;
+    softmax_tile(level, logits, c, rw, m, l, weight);
+    // Each row's weight in the sum: 1 / its softmax denominator, 0 for padding and rows
+    // that are not finite (whose probabilities are zeroed: 0 · NaN would still be NaN).
+    for r in 0..rw {
+        let ok = r < rows && l[r].is_finite() && l[r] > 0.0;
+        weight[r] = if ok { 1.0 / l[r] } else { 0.0 };
+        if !ok && r < rows {
+            logits.chunks_exact_mut(rw).for_each(|row| row[r] = 0.0);
         }
+    }
+    for (acc, row) in mass.iter_mut().zip(logits.chunks_exact(rw)) {
+        *acc += row
+            .iter()
+            .zip(weight.iter())
+            .map(|(p, w)| p * w)
+            .sum::<f32>();
     }
 }
 
@@ -677,10 +810,58 @@ mod tests {
         );
     }
 
-    /// The Q-model forward (plain and over the centroid prior) and the assignment against
-    /// an f64 reference written here.
+    /// `Σ_rows softmax(logits)` in f64 for the rows of `q`: the distribution `router` gives
+    /// a group, written from the formulas in [`HeadModel`]'s documentation.
+    fn reference_mass(head: &HeadModel, router: Router, q: &[f32]) -> Vec<f64> {
+        let (c, h, d) = (head.clusters(), head.hidden(), head.head_dim());
+        let dot = |a: &[f32], b: &[f32]| -> f64 {
+            a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
+        };
+        let add_softmax = |logit: &[f64], want: &mut [f64]| {
+            let mx = logit.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = logit.iter().map(|x| (x - mx).exp()).sum();
+            for (w, x) in want.iter_mut().zip(logit) {
+                *w += (x - mx).exp() / z;
+            }
+        };
+        let mut want = vec![0f64; c];
+        for row in q.chunks_exact(d) {
+            let sim: Vec<f64> = head
+                .centroids
+                .chunks_exact(d)
+                .map(|k| dot(k, row))
+                .collect();
+            if router != Router::Centroids {
+                let hid: Vec<f64> = (0..h)
+                    .map(|j| (dot(&head.w1[j * d..][..d], row) + head.b1[j] as f64).max(0.0))
+                    .collect();
+                let logit: Vec<f64> = (0..c)
+                    .map(|k| {
+                        let w2: f64 = (0..h).map(|j| head.w2[k * h + j] as f64 * hid[j]).sum();
+                        w2 + head.b2[k] as f64 + sim[k] * head.prior_scale as f64
+                    })
+                    .collect();
+                add_softmax(&logit, &mut want);
+            }
+            if router != Router::Qmodel {
+                let scale = 1.0 / (d as f64).sqrt();
+                let logit: Vec<f64> = sim.iter().map(|s| s * scale).collect();
+                add_softmax(&logit, &mut want);
+            }
+        }
+        want
+    }
+
+    fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+        for (a, b) in got.iter().zip(want) {
+            assert!((*a as f64 - b).abs() < tol, "{what}: {a} vs {b}");
+        }
+    }
+
+    /// Every router (Q-model plain and over the centroid prior, centroids, hedged) and the
+    /// assignment against the f64 reference.
     #[test]
-    fn forward_and_assignment_match_f64() {
+    fn routes_and_assignment_match_f64() {
         let m = model();
         let idx = synthetic_saap_index(&m, 11, 9, 5);
         let d = m.head_dim;
@@ -693,40 +874,15 @@ mod tests {
             let mut head = idx.heads[0].clone();
             head.prior_scale = if prior { prior_scale(d) } else { 0.0 };
             let head = &head;
-            let mut mass = vec![0f32; 11];
-            head.add_bucket_mass(level, &q, &mut Scratch::default(), &mut mass);
-            let mut want = vec![0f64; 11];
-            for row in q.chunks_exact(d) {
-                let hid: Vec<f64> = (0..9)
-                    .map(|j| {
-                        let s: f64 = (0..d)
-                            .map(|i| head.w1[j * d + i] as f64 * row[i] as f64)
-                            .sum();
-                        (s + head.b1[j] as f64).max(0.0)
-                    })
-                    .collect();
-                let logit: Vec<f64> = (0..11)
-                    .map(|k| {
-                        (0..9)
-                            .map(|j| head.w2[k * 9 + j] as f64 * hid[j])
-                            .sum::<f64>()
-                            + head.b2[k] as f64
-                            + (0..d)
-                                .map(|i| head.centroids[k * d + i] as f64 * row[i] as f64)
-                                .sum::<f64>()
-                                * head.prior_scale as f64
-                    })
-                    .collect();
-                let mx = logit.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let z: f64 = logit.iter().map(|x| (x - mx).exp()).sum();
-                for (w, x) in want.iter_mut().zip(&logit) {
-                    *w += (x - mx).exp() / z;
-                }
+            for router in [Router::Qmodel, Router::Centroids, Router::Hedged] {
+                let mut mass = vec![0f32; 11];
+                let w = head.weights();
+                head.add_mass(router, w, level, &q, &mut Scratch::default(), &mut mass);
+                let what = format!("{level:?}, {router:?}, prior {prior}");
+                assert_close(&mass, &reference_mass(head, router, &q), 1e-5, &what);
+                let groups = if router == Router::Hedged { 6.0 } else { 3.0 };
+                assert!((mass.iter().sum::<f32>() - groups).abs() < 1e-4, "{what}");
             }
-            for (a, b) in mass.iter().zip(&want) {
-                assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
-            }
-            assert!((mass.iter().sum::<f32>() - 3.0).abs() < 1e-4);
             let mut buckets = Vec::new();
             head.assign(level, &q, &mut Scratch::default(), &mut buckets);
             for (row, &got) in q.chunks_exact(d).zip(&buckets) {
@@ -746,38 +902,47 @@ mod tests {
         }
     }
 
-    /// The centroid router's distribution against f64.
+    /// The Q8_0 router copy: each router's distribution equals the f64 reference over the
+    /// copy's dequantized matrices (it reads exactly what is stored, tiles and the last
+    /// partial tile included), and stays within Q8_0's rounding of the f32 router's; a
+    /// width that is not a multiple of 32 keeps f32 rows.
     #[test]
-    fn centroid_mass_matches_f64() {
-        let m = model();
-        let idx = synthetic_saap_index(&m, 7, 5, 8);
-        let head = &idx.heads[2];
-        let d = m.head_dim;
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
-        let q: Vec<f32> = (0..2 * d).map(|_| rng.random_range(-2.0..2.0)).collect();
-        let mut want = vec![0f64; 7];
-        for row in q.chunks_exact(d) {
-            let s: Vec<f64> = (0..7)
-                .map(|c| {
-                    (0..d)
-                        .map(|i| head.centroids[c * d + i] as f64 * row[i] as f64)
-                        .sum::<f64>()
-                        / (d as f64).sqrt()
-                })
-                .collect();
-            let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
-            for (w, x) in want.iter_mut().zip(&s) {
-                *w += (x - mx).exp() / z;
+    fn q8_router_copy_routes_its_own_weights() {
+        let (c, h, d) = (70, 32, 64);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+        let mut v =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-0.5..0.5)).collect() };
+        let head = HeadModel::from_parts(c, h, d, true, &mut v);
+        let q = v(7 * d);
+        let copy = RouterCopy::of(&head);
+        let w = copy.weights(&head);
+        let dequantized = |rows: RouterRows<'_>| -> Vec<f32> {
+            let RouterRows::Q8(blocks) = rows else {
+                panic!("a width of 32 or 64 is quantized")
+            };
+            let mut out = vec![0f32; blocks.len() * QK8_0];
+            for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK8_0)) {
+                b.dequantize(o);
             }
-        }
+            out
+        };
+        let mut stored = head.clone();
+        stored.centroids = dequantized(w.centroids);
+        stored.w2 = dequantized(w.w2);
+        assert_ne!(stored.centroids, head.centroids, "Q8_0 rounds");
         for level in Level::supported() {
-            let mut mass = vec![0f32; 7];
-            head.add_centroid_mass(level, &q, &mut Scratch::default(), &mut mass);
-            for (a, b) in mass.iter().zip(&want) {
-                assert!((*a as f64 - b).abs() < 1e-5, "{level:?}: {a} vs {b}");
+            for router in [Router::Qmodel, Router::Centroids, Router::Hedged] {
+                let what = format!("{level:?}, {router:?}");
+                let mut mass = vec![0f32; c];
+                head.add_mass(router, w, level, &q, &mut Scratch::default(), &mut mass);
+                assert_close(&mass, &reference_mass(&stored, router, &q), 1e-5, &what);
+                assert_close(&mass, &reference_mass(&head, router, &q), 2e-2, &what);
             }
         }
+        let odd = HeadModel::from_parts(5, 9, 16, true, &mut v);
+        let copy = RouterCopy::of(&odd);
+        let w = copy.weights(&odd);
+        assert!(matches!(w.centroids, RouterRows::F32(_)) && matches!(w.w2, RouterRows::F32(_)));
     }
 
     /// Hedged routing adds the Q-model's and the centroid router's distributions, with the
@@ -818,16 +983,20 @@ mod tests {
         q[d + 2] = f32::NAN;
         q[2 * d + 1] = f32::NAN;
         for level in Level::supported() {
-            for router in 0..2 {
+            for router in [Router::Qmodel, Router::Centroids, Router::Hedged] {
                 let mut mass = vec![0f32; 9];
                 let head = &idx.heads[1];
-                if router == 0 {
-                    head.add_bucket_mass(level, &q, &mut Scratch::default(), &mut mass);
-                } else {
-                    head.add_centroid_mass(level, &q, &mut Scratch::default(), &mut mass);
-                }
+                head.add_mass(
+                    router,
+                    head.weights(),
+                    level,
+                    &q,
+                    &mut Scratch::default(),
+                    &mut mass,
+                );
                 assert!(mass.iter().all(|x| x.is_finite()), "{level:?}: {mass:?}");
-                assert!((mass.iter().sum::<f32>() - 1.0).abs() < 1e-5, "{level:?}");
+                let rows = if router == Router::Hedged { 2.0 } else { 1.0 };
+                assert!((mass.iter().sum::<f32>() - rows).abs() < 1e-5, "{level:?}");
             }
         }
     }

@@ -11,8 +11,8 @@ pub mod record;
 
 pub use collect::{collect_context, text_contexts, CollectSettings, TextContext};
 pub use index::{
-    default_index_path, prior_scale, HeadModel, IndexError, IndexMeta, SaapIndex, Scratch,
-    TrainingInfo,
+    default_index_path, prior_scale, HeadModel, IndexError, IndexMeta, Router, RouterCopy,
+    RouterRows, RouterWeights, SaapIndex, Scratch, TrainingInfo,
 };
 pub use record::{ContextRecord, RecordError, RecordMeta, RopeParams};
 pub use sparrow_attn::kernel::Level;
