@@ -46,7 +46,12 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
     summary: "decode: heavy hitters + recent",
     prefill: false,
     decode: true,
-    build: |b| Ok(Box::new(H2oAttention::new(settings(b.choice)?, b.model.n_layer)?)),
+    build: |b| {
+        Ok(Box::new(H2oAttention::new(
+            settings(b.choice)?,
+            b.model.n_layer,
+        )?))
+    },
     check: |c| settings(c).map(|s| format!("{s:?}")),
     settings: SettingsType::of::<H2oSettings>(),
 };

@@ -46,7 +46,12 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
     summary: "window + sinks + log-stride + block landmarks",
     prefill: true,
     decode: true,
-    build: |b| Ok(Box::new(LadderAttention::new(settings(b.choice)?, b.model.n_layer)?)),
+    build: |b| {
+        Ok(Box::new(LadderAttention::new(
+            settings(b.choice)?,
+            b.model.n_layer,
+        )?))
+    },
     check: |c| settings(c).map(|s| format!("{s:?}")),
     settings: SettingsType::of::<LadderSettings>(),
 };

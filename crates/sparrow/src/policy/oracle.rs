@@ -105,7 +105,7 @@ pub(crate) fn group_key_mass(
     kv_head: usize,
 ) -> Vec<f64> {
     let n = keys.len() / kv_dim;
-        let scale = 1.0 / (hd as f64).sqrt();
+    let scale = 1.0 / (hd as f64).sqrt();
     let mut mass = vec![0f64; n];
     let mut s = vec![0f64; n];
     for q in q_group.chunks_exact(hd) {

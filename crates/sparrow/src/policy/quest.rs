@@ -17,11 +17,12 @@
 //! that head's group reads — before anything is read, so a tiered store can fetch them.
 
 use super::{AttentionChoice, PolicyEntry, SettingsType};
+use rayon::prelude::*;
 use sparrow_attn::kernel::{read_f32, AttnShape, KvSource, Level};
 use sparrow_attn::policy::{
-    center_radius, group_query, group_upper_bounds, key_bounds, KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
+    center_radius, group_query, group_upper_bounds, key_bounds, KeysView, PlanContext, PlanEntry,
+    ReadPlan, Source, SparsePolicy,
 };
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// The registry's entry: a decode policy; `--kv-block` is its page.
@@ -30,7 +31,12 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
     summary: "decode: best pages within a budget",
     prefill: false,
     decode: true,
-    build: |b| Ok(Box::new(QuestAttention::new(settings(b.choice)?, b.model.n_layer)?)),
+    build: |b| {
+        Ok(Box::new(QuestAttention::new(
+            settings(b.choice)?,
+            b.model.n_layer,
+        )?))
+    },
     check: |c| settings(c).map(|s| format!("{s:?}")),
     settings: SettingsType::of::<QuestSettings>(),
 };

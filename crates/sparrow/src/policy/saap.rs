@@ -18,14 +18,14 @@
 //! similarity to the centroids, plain k-means as in the paper's baseline — is the `kmeans`
 //! policy ([`super::kmeans`]).
 
+use super::oracle::group_key_mass;
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use crate::model::rope::Rope;
 use crate::saap::buckets::BucketRows;
 pub use crate::saap::index::Router;
 use crate::saap::index::{HeadModel, RouterCopy, RouterWeights, Scratch};
-use rayon::prelude::*;
 use crate::saap::{default_index_path, SaapIndex};
-use super::oracle::group_key_mass;
+use rayon::prelude::*;
 use sparrow_attn::kernel::{read_f32, runs, union, KvSource, Level};
 use sparrow_attn::policy::{
     KeysView, PlanContext, PlanEntry, ReadPlan, SideRows, SideTable, Source, SparsePolicy,
@@ -187,7 +187,10 @@ pub(super) fn settings(c: &AttentionChoice) -> Result<SaapSettings, String> {
 }
 
 /// The index named by the settings, or the model's default one.
-pub(super) fn load_index(s: &SaapSettings, model: &crate::ModelConfig) -> Result<Arc<SaapIndex>, String> {
+pub(super) fn load_index(
+    s: &SaapSettings,
+    model: &crate::ModelConfig,
+) -> Result<Arc<SaapIndex>, String> {
     let path = match &s.index {
         Some(p) => p.clone(),
         None => default_index_path(&model.fingerprint).ok_or(
@@ -482,7 +485,11 @@ impl HeadWork {
 
 /// The router matrices of head `i` (layer-major), `model`: its Q8_0 copy if `copies` holds
 /// one, else the index's f32 ones.
-fn router_weights<'a>(copies: &'a [RouterCopy], model: &'a HeadModel, i: usize) -> RouterWeights<'a> {
+fn router_weights<'a>(
+    copies: &'a [RouterCopy],
+    model: &'a HeadModel,
+    i: usize,
+) -> RouterWeights<'a> {
     match copies.get(i) {
         Some(copy) => copy.weights(model),
         None => model.weights(),
@@ -676,7 +683,9 @@ impl SparsePolicy for SaapAttention {
     /// [`Layout::Buckets`], the copied rows (estimated at f16: keys and values, 2 bytes a
     /// value, and each row's 8-byte position).
     fn summary_bytes(&self, n_ctx: usize, kv_dim: usize) -> usize {
-        let sparse = (0..self.layers.len()).filter(|&l| !self.is_dense(l)).count();
+        let sparse = (0..self.layers.len())
+            .filter(|&l| !self.is_dense(l))
+            .count();
         let heads = self.index.meta.n_head_kv;
         let rows = match self.settings.layout {
             Layout::Buckets => kv_dim * 2 * 2 + 8 * heads,
@@ -742,7 +751,11 @@ mod tests {
         for l in 0..m.n_layer {
             for b in 0..n / bs {
                 c.read_keys(l, b * bs, &mut keys);
-                p.on_block_sealed(l, b, KeysView::new(&keys, bs, m.n_head_kv, m.head_dim).unwrap());
+                p.on_block_sealed(
+                    l,
+                    b,
+                    KeysView::new(&keys, bs, m.n_head_kv, m.head_dim).unwrap(),
+                );
             }
         }
     }
@@ -791,10 +804,20 @@ mod tests {
         let sealed = n / 16 * 16;
         for l in 1..m.n_layer {
             for h in 0..m.n_head_kv {
-                assert_eq!(p.layers[l].heads[h].buckets, brute(sealed, l, h), "layer {l} head {h}");
+                assert_eq!(
+                    p.layers[l].heads[h].buckets,
+                    brute(sealed, l, h),
+                    "layer {l} head {h}"
+                );
             }
         }
-        assert!(p.layers[0].heads.iter().all(|h| h.buckets.iter().all(Vec::is_empty)), "layer 0 is dense");
+        assert!(
+            p.layers[0]
+                .heads
+                .iter()
+                .all(|h| h.buckets.iter().all(Vec::is_empty)),
+            "layer 0 is dense"
+        );
         p.forget_from(70);
         for l in 1..m.n_layer {
             assert_eq!(p.layers[l].assigned, 64);
@@ -850,13 +873,21 @@ mod tests {
                     .collect();
                 let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
-                key_mass.iter_mut().zip(&s).for_each(|(w, x)| *w += (x - mx).exp() / z);
+                key_mass
+                    .iter_mut()
+                    .zip(&s)
+                    .for_each(|(w, x)| *w += (x - mx).exp() / z);
             }
             let end = n - p.settings.window;
             let lists = &p.layers[layer].heads[h].buckets;
             let mass: Vec<f64> = lists
                 .iter()
-                .map(|l| l.iter().filter(|&&x| x >= 1 && (x as usize) < end).map(|&x| key_mass[x as usize]).sum())
+                .map(|l| {
+                    l.iter()
+                        .filter(|&&x| x >= 1 && (x as usize) < end)
+                        .map(|&x| key_mass[x as usize])
+                        .sum()
+                })
                 .collect();
             let mut order: Vec<usize> = (0..mass.len()).collect();
             order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
@@ -923,14 +954,25 @@ mod tests {
             let order = ranked_buckets(&few, m, c, q, layer, h, n);
             let mut want: Vec<usize> = order[..2]
                 .iter()
-                .flat_map(|&b| few.layers[layer].heads[h].buckets[b].iter().map(|&p| p as usize))
+                .flat_map(|&b| {
+                    few.layers[layer].heads[h].buckets[b]
+                        .iter()
+                        .map(|&p| p as usize)
+                })
                 .filter(|&p| p >= 1 && p < n - 32)
                 .collect();
             want.push(0);
             want.extend(n - 32..n);
             want.sort_unstable();
-            assert_eq!(got, want, "{router:?}, oracle {}, head {h}", few.settings.oracle);
-            assert!(got.len() < n, "two of six buckets read less than everything");
+            assert_eq!(
+                got, want,
+                "{router:?}, oracle {}, head {h}",
+                few.settings.oracle
+            );
+            assert!(
+                got.len() < n,
+                "two of six buckets read less than everything"
+            );
         }
     }
 
@@ -981,7 +1023,10 @@ mod tests {
                 assert!(k == 1 || got.len() <= target, "budget {budget}");
                 if k < clusters {
                     let next = bucket(order[k]).len();
-                    assert!(k == 1 || got.len() + next > target, "the next one would fit");
+                    assert!(
+                        k == 1 || got.len() + next > target,
+                        "the next one would fit"
+                    );
                 }
                 if budget == 1.0 {
                     assert_eq!(got.len(), window_start - 1, "everything before the window");
@@ -1026,7 +1071,9 @@ mod tests {
                     let a = read_set(&mut copy, sh, &c, layer, &q, n - 1);
                     let b = read_set(&mut store, sh, &c, layer, &q, n - 1);
                     assert_eq!(a, b, "{probes:?} {budget} layer {layer}");
-                    assert!(a.iter().all(|r| r.iter().map(|r| r.len()).sum::<usize>() < n));
+                    assert!(a
+                        .iter()
+                        .all(|r| r.iter().map(|r| r.len()).sum::<usize>() < n));
                     let (mut x, mut y) = (vec![0f32; q.len()], vec![0f32; q.len()]);
                     attend(&mut copy, sh, &c, layer, &q, n - 1, &mut x);
                     attend(&mut store, sh, &c, layer, &q, n - 1, &mut y);

@@ -42,7 +42,12 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
     summary: "prefill: block-sparse, key blocks chosen by antidiagonal scores",
     prefill: true,
     decode: false,
-    build: |b| Ok(Box::new(XAttention::new(settings(b.choice)?, b.model.n_layer)?)),
+    build: |b| {
+        Ok(Box::new(XAttention::new(
+            settings(b.choice)?,
+            b.model.n_layer,
+        )?))
+    },
     check: |c| settings(c).map(|s| format!("{s:?}")),
     settings: SettingsType::of::<XAttentionSettings>(),
 };
@@ -229,7 +234,17 @@ impl XAttention {
             .for_each(|(i, dst)| {
                 let c0 = i * TILE;
                 let m = dst.len() / rw;
-                scores(level, &keys[c0 * wide..], wide, m, wide, &qt, rw, scale, dst);
+                scores(
+                    level,
+                    &keys[c0 * wide..],
+                    wide,
+                    m,
+                    wide,
+                    &qt,
+                    rw,
+                    scale,
+                    dst,
+                );
             });
         // Causal: a stacked query sees the stacked keys up to its last real token's position.
         let last_key = |row: usize| {
@@ -247,7 +262,10 @@ impl XAttention {
         let mut l = vec![0.0f32; rw];
         let mut corr = vec![0.0f32; rw];
         softmax_tile(level, &mut sc, nk, rw, &mut m, &mut l, &mut corr);
-        let inv: Vec<f32> = l.iter().map(|&z| if z > 0.0 { 1.0 / z } else { 0.0 }).collect();
+        let inv: Vec<f32> = l
+            .iter()
+            .map(|&z| if z > 0.0 { 1.0 / z } else { 0.0 })
+            .collect();
         // Probabilities summed per (key block, row), then rows into their query block.
         let (q_blocks, k_blocks) = (n.div_ceil(b), ctx.div_ceil(b));
         let per_block = b / s;
