@@ -233,7 +233,10 @@ impl RouterCopy {
     /// The weights a route of `head` (the head this copy was made of) reads.
     pub fn weights<'a>(&'a self, head: &'a HeadModel) -> RouterWeights<'a> {
         let pick = |q: &'a Option<Vec<BlockQ8_0>>, f: &'a [f32]| match q {
-            Some(q) => RouterRows::Q8(q),
+            Some(q) => {
+                debug_assert_eq!(q.len() * QK8_0, f.len(), "a copy of another head");
+                RouterRows::Q8(q)
+            }
             None => RouterRows::F32(f),
         };
         RouterWeights {
