@@ -21,7 +21,7 @@ use crate::train::record_keys;
 use crate::{TrainError, TrainSettings};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use sparrow::saap::{ContextRecord, SaapIndex};
+use sparrow::saap::{ContextRecord, Router, SaapIndex};
 
 /// Which recorded queries are evaluated.
 #[derive(Clone, Debug, PartialEq)]
@@ -308,9 +308,23 @@ fn eval_head(
                 queries.extend_from_slice(r.query(layer, kv_head * g + h, t.row));
             }
             let mut qmodel = vec![0f32; c];
-            head.add_bucket_mass(level, &queries, &mut scratch, &mut qmodel);
+            head.add_mass(
+                Router::Qmodel,
+                head.weights(),
+                level,
+                &queries,
+                &mut scratch,
+                &mut qmodel,
+            );
             let mut cent = vec![0f32; c];
-            head.add_centroid_mass(level, &queries, &mut scratch, &mut cent);
+            head.add_mass(
+                Router::Centroids,
+                head.weights(),
+                level,
+                &queries,
+                &mut scratch,
+                &mut cent,
+            );
             let mut oracle = vec![0f32; c];
             for &h in &long {
                 for (o, &x) in oracle.iter_mut().zip(t.head_mass(h)) {

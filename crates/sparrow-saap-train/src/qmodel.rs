@@ -545,7 +545,9 @@ mod tests {
             .unwrap();
         for (r, w) in want.iter().enumerate() {
             let mut mass = vec![0f32; c];
-            head.add_bucket_mass(
+            head.add_mass(
+                sparrow::saap::Router::Qmodel,
+                head.weights(),
                 sparrow::saap::Level::active(),
                 &q[r * d..][..d],
                 &mut sparrow::saap::Scratch::default(),

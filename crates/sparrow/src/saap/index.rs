@@ -451,60 +451,6 @@ impl HeadModel {
             add_softmaxes(level, prior, stats, None, rw, rows, prior_scale(d), mass);
         }
     }
-
-    /// [`Self::add_mass`] with the Q-model alone and the f32 weights.
-    pub fn add_bucket_mass(
-        &self,
-        level: Level,
-        queries: &[f32],
-        scratch: &mut Scratch,
-        mass: &mut [f32],
-    ) {
-        self.add_mass(
-            Router::Qmodel,
-            self.weights(),
-            level,
-            queries,
-            scratch,
-            mass,
-        );
-    }
-
-    /// [`Self::add_mass`] hedged, with the f32 weights.
-    pub fn add_hedged_mass(
-        &self,
-        level: Level,
-        queries: &[f32],
-        scratch: &mut Scratch,
-        mass: &mut [f32],
-    ) {
-        self.add_mass(
-            Router::Hedged,
-            self.weights(),
-            level,
-            queries,
-            scratch,
-            mass,
-        );
-    }
-
-    /// [`Self::add_mass`] with the centroids alone and the f32 weights.
-    pub fn add_centroid_mass(
-        &self,
-        level: Level,
-        queries: &[f32],
-        scratch: &mut Scratch,
-        mass: &mut [f32],
-    ) {
-        self.add_mass(
-            Router::Centroids,
-            self.weights(),
-            level,
-            queries,
-            scratch,
-            mass,
-        );
-    }
 }
 
 /// The scale of the centroid similarities, as the attention scores' (`1/√head_dim`).
@@ -963,10 +909,12 @@ mod tests {
                 let mut head = idx.heads[3].clone();
                 head.prior_scale = if prior { prior_scale(d) } else { 0.0 };
                 let mut hedged = vec![0f32; 13];
-                head.add_hedged_mass(level, &q, &mut scratch, &mut hedged);
+                let w = head.weights();
+                head.add_mass(Router::Hedged, w, level, &q, &mut scratch, &mut hedged);
                 let mut want = vec![0f32; 13];
-                head.add_bucket_mass(level, &q, &mut Scratch::default(), &mut want);
-                head.add_centroid_mass(level, &q, &mut Scratch::default(), &mut want);
+                for router in [Router::Qmodel, Router::Centroids] {
+                    head.add_mass(router, w, level, &q, &mut Scratch::default(), &mut want);
+                }
                 for (a, b) in hedged.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-5, "{level:?}, prior {prior}: {a} vs {b}");
                 }
