@@ -12,6 +12,7 @@ use sparrow::eval::attention::{
 use sparrow::eval::needle::{
     load_haystack, needle_prompt, run_cell_policies, NeedleFormat, NeedleResult,
 };
+use sparrow::policy::SaapSettings;
 use sparrow::Engine;
 
 // The heatmap writer lives beside this file; only `eval needle` uses it.
@@ -119,6 +120,15 @@ pub struct AttentionArgs {
     /// Also print one row per layer.
     #[arg(long = "per-layer")]
     per_layer: bool,
+    /// Measure `saap` and `kmeans` once per count of buckets (ℓ) in this list
+    /// (`--saap-probes-sweep 4,8,16,32`), on the one prompt's activations: selectivity
+    /// against ℓ, the Saap paper's Table 5.
+    #[arg(
+        long = "saap-probes-sweep",
+        value_delimiter = ',',
+        conflicts_with = "needle_depth"
+    )]
+    saap_probes_sweep: Vec<usize>,
     /// Write every policy's per-layer, per-head results as JSON to this file.
     #[arg(long = "json")]
     json: Option<std::path::PathBuf>,
@@ -128,6 +138,42 @@ pub struct AttentionArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
+}
+
+/// `choices` with each `saap` or `kmeans` entry replaced by one per count of buckets in
+/// `probes` (unchanged if `probes` is empty), each with its label (`saap (ℓ 8)`).
+fn sweep_probes(
+    choices: Vec<AttentionChoice>,
+    probes: &[usize],
+) -> Result<Vec<(AttentionChoice, Option<String>)>, String> {
+    if probes.contains(&0) {
+        return Err("--saap-probes-sweep: every count must be at least 1 bucket".into());
+    }
+    if !probes.is_empty() && !choices.iter().any(|c| is_bucket_policy(&c.name)) {
+        return Err("--saap-probes-sweep measures saap or kmeans: add one to --attn".into());
+    }
+    Ok(choices
+        .into_iter()
+        .flat_map(|c| {
+            if probes.is_empty() || !is_bucket_policy(&c.name) {
+                return vec![(c, None)];
+            }
+            probes
+                .iter()
+                .map(|&l| {
+                    let mut c = c.clone();
+                    c.settings_mut::<SaapSettings>().probes = Some(l);
+                    let label = format!("{} (ℓ {l})", c.name);
+                    (c, Some(label))
+                })
+                .collect()
+        })
+        .collect())
+}
+
+/// Whether policy `name` reads Saap's buckets (and so takes `--saap-probes`).
+fn is_bucket_policy(name: &str) -> bool {
+    matches!(name, "saap" | "kmeans")
 }
 
 pub fn eval(cmd: EvalCommand) -> Result<(), String> {
@@ -332,7 +378,9 @@ fn print_table(
 }
 
 fn attention(a: AttentionArgs) -> Result<(), String> {
-    let choices = a.kv.choices()?;
+    let (choices, labels): (Vec<_>, Vec<_>) = sweep_probes(a.kv.choices()?, &a.saap_probes_sweep)?
+        .into_iter()
+        .unzip();
     if a.n_tokens < 2 {
         return Err("-c/--ctx-size: the prompt needs at least 2 tokens".into());
     }
@@ -370,8 +418,12 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
     let cap = capture_with_progress(&a, &engine, &tokens, tail)?;
 
     let mut reports = Vec::new();
-    for c in &choices {
-        reports.push(evaluate(&cap, c).map_err(|e| e.to_string())?);
+    for (c, label) in choices.iter().zip(labels) {
+        let mut report = evaluate(&cap, c).map_err(|e| e.to_string())?;
+        if let Some(label) = label {
+            report.policy = label;
+        }
+        reports.push(report);
     }
     let cfg = &engine.model.config;
     println!(
@@ -575,5 +627,49 @@ fn print_per_layer(r: &PolicyReport) {
     println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
     for l in &r.layers {
         println!("| {} | {} |", l.layer, summary_cells(&l.summary));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each bucket policy becomes one choice per count, in order, with only `probes`
+    /// changed; other policies pass through; bad sweeps are refused by name.
+    #[test]
+    fn a_probes_sweep_expands_the_bucket_policies_only() {
+        let named = |n: &str| {
+            AttentionChoice::named(n).with(SaapSettings {
+                budget: 0.2,
+                ..Default::default()
+            })
+        };
+        let choices = vec![named("quest"), named("saap"), named("kmeans")];
+        let swept = sweep_probes(choices.clone(), &[3, 9]).unwrap();
+        let got: Vec<_> = swept
+            .iter()
+            .map(|(c, label)| {
+                let s = c.settings::<SaapSettings>();
+                assert_eq!(s.budget, 0.2, "the other settings are kept");
+                (c.name.as_str(), s.probes, label.as_deref())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("quest", None, None),
+                ("saap", Some(3), Some("saap (ℓ 3)")),
+                ("saap", Some(9), Some("saap (ℓ 9)")),
+                ("kmeans", Some(3), Some("kmeans (ℓ 3)")),
+                ("kmeans", Some(9), Some("kmeans (ℓ 9)")),
+            ]
+        );
+        let unchanged = sweep_probes(choices.clone(), &[]).unwrap();
+        assert!(unchanged.iter().all(|(_, label)| label.is_none()));
+        assert_eq!(unchanged.len(), 3);
+        let zero = sweep_probes(choices, &[4, 0]).unwrap_err();
+        assert!(zero.contains("at least 1"), "{zero}");
+        let none = sweep_probes(vec![named("quest")], &[4]).unwrap_err();
+        assert!(none.contains("saap or kmeans"), "{none}");
     }
 }
