@@ -88,8 +88,8 @@ pub struct SaapSettings {
     /// Saap: each decode query visits the top buckets, in rank order, that fit in this
     /// share of the context (⌈F·n⌉ positions of `n`, sink and window included; at least
     /// one bucket; 0 < F ≤ 1).
-    /// A fixed count of buckets reads a shrinking share as the context grows (buckets grow
-    /// with it); a share keeps the read constant.
+    /// A fixed count of buckets reads a share that varies with the prompt and the length
+    /// (which buckets a query favours, and how full they are); a share keeps the read fixed.
     #[cfg_attr(feature = "cli", arg(id = "SAAP_BUDGET", long = "saap-budget", default_value_t = SaapSettings::default().budget, help_heading = crate::policy::HELP_HEADING))]
     pub budget: f64,
     /// Saap: how a query ranks the buckets: the Q-model hedged by the centroid router, the
