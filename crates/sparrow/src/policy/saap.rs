@@ -17,13 +17,19 @@
 //! The same index read without its Q-model — the query picking buckets by its own
 //! similarity to the centroids, plain k-means as in the paper's baseline — is the `kmeans`
 //! policy ([`super::kmeans`]).
+//!
+//! `--saap-router cells` keeps the partition but not the bucket ranking: each bucket is
+//! split by position segment into cells ([`crate::saap::cells`]), and a step reads the
+//! cells whose live statistics (count and mean RoPE'd key) promise the most mass for the
+//! group's summed query — direction from the partition, locality from the segments.
 
 use super::oracle::group_key_mass;
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use crate::model::rope::Rope;
 use crate::saap::buckets::BucketRows;
+use crate::saap::cells::CellStats;
 pub use crate::saap::index::Router;
-use crate::saap::index::{HeadModel, RouterCopy, RouterWeights, Scratch};
+use crate::saap::index::{prior_scale, HeadModel, RouterCopy, RouterWeights, Scratch};
 use crate::saap::{default_index_path, SaapIndex};
 use rayon::prelude::*;
 use sparrow_attn::kernel::{read_f32, runs, union, KvSource, Level};
@@ -93,7 +99,8 @@ pub struct SaapSettings {
     #[cfg_attr(feature = "cli", arg(id = "SAAP_BUDGET", long = "saap-budget", default_value_t = SaapSettings::default().budget, help_heading = crate::policy::HELP_HEADING))]
     pub budget: f64,
     /// Saap: how a query ranks the buckets: the Q-model hedged by the centroid router, the
-    /// Q-model alone (the paper), or the centroids alone (as `--attn kmeans`).
+    /// Q-model alone (the paper), the centroids alone (as `--attn kmeans`), or no bucket
+    /// ranking but the buckets' positional cells (`--saap-segment`) by their live keys.
     #[cfg_attr(feature = "cli", arg(id = "SAAP_ROUTER", long = "saap-router", value_enum, default_value_t = SaapSettings::default().router, help_heading = crate::policy::HELP_HEADING))]
     pub router: Router,
     /// Saap: the precision of the router's matrices at decode (the centroids and the
@@ -110,6 +117,10 @@ pub struct SaapSettings {
     /// (contiguous reads, the sparse layers' KV held twice) or the store's scattered rows.
     #[cfg_attr(feature = "cli", arg(id = "SAAP_LAYOUT", long = "saap-layout", value_enum, default_value_t = SaapSettings::default().layout, help_heading = crate::policy::HELP_HEADING))]
     pub layout: Layout,
+    /// Saap: positions per segment of `--saap-router cells` (each bucket is split into one
+    /// cell per segment).
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_SEGMENT", long = "saap-segment", default_value_t = SaapSettings::default().segment, help_heading = crate::policy::HELP_HEADING))]
+    pub segment: usize,
     /// Saap: recent positions always read (the dense window beside the sink, position 0).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_WINDOW", long = "saap-window", default_value_t = SaapSettings::default().window, help_heading = crate::policy::HELP_HEADING))]
     pub window: usize,
@@ -136,6 +147,7 @@ impl Default for SaapSettings {
             router_weights: RouterPrecision::Q8,
             oracle: false,
             layout: Layout::Buckets,
+            segment: 4096,
             window: 63,
             block: 16,
             dense_layers: vec![0],
@@ -148,6 +160,10 @@ const SINKS: usize = 1;
 
 /// Buckets ranked before a budgeted step starts taking them (more only when all fit).
 const RANKED: usize = 128;
+
+/// Cells ranked before a step starts taking them (more only when all fit): a 5% budget at
+/// 32K is ~1,600 positions, a few hundred cells of a few keys.
+const RANKED_CELLS: usize = 1024;
 
 impl SaapSettings {
     /// Checks the settings, naming the bad one.
@@ -166,6 +182,20 @@ impl SaapSettings {
                 "saap block size {} is out of range (1..=4096 tokens)",
                 self.block
             ));
+        }
+        if self.segment == 0 {
+            return Err("saap segment 0 is out of range (at least 1 position)".into());
+        }
+        if self.router == Router::Cells && self.probes.is_some() {
+            return Err(
+                "saap probes count whole buckets; the cells router reads a budget (--saap-budget)"
+                    .into(),
+            );
+        }
+        if self.router == Router::Cells && self.oracle {
+            return Err(
+                "the bucket oracle ranks whole buckets, not the cells router's cells".into(),
+            );
         }
         if self.window < self.block {
             return Err(format!(
@@ -219,6 +249,10 @@ struct Lists {
     /// block's keys come without its values: rows are copied from the store at the next
     /// plan).
     unfiled: Vec<u32>,
+    /// With [`Router::Cells`]: the bucket of every assigned position, and the cells'
+    /// statistics (folded from the store at plan time, like the rows).
+    bucket_of: Vec<u32>,
+    cells: Option<CellStats>,
 }
 
 /// One layer's lists and how far its keys are assigned.
@@ -255,6 +289,35 @@ impl LayerLists {
         self.heads.iter_mut().for_each(|h| h.unfiled.clear());
         self.filed = end;
     }
+
+    /// Fold the RoPE'd keys of the positions each head's cells lack (`upto..assigned`) from
+    /// `store` into them (the sink's left out); `buf` is scratch.
+    fn fold_cells(&mut self, store: &dyn KvSource, head_dim: usize, buf: &mut Vec<f32>) {
+        let (kv_dim, end) = (store.kv_dim(), self.assigned);
+        let Some(from) = self
+            .heads
+            .iter()
+            .filter_map(|h| h.cells.as_ref().map(CellStats::upto))
+            .min()
+        else {
+            return;
+        };
+        if from >= end {
+            return;
+        }
+        buf.resize((end - from) * kv_dim, 0.0);
+        read_f32(store, false, from, buf);
+        for (h, head) in self.heads.iter_mut().enumerate() {
+            let off = store.head_offset(h, head_dim);
+            let Some(cells) = head.cells.as_mut() else {
+                continue;
+            };
+            for p in cells.upto()..end {
+                let row = &buf[(p - from) * kv_dim + off..][..head_dim];
+                cells.add(p, head.bucket_of[p], (p >= SINKS).then_some(row));
+            }
+        }
+    }
 }
 
 /// The Saap policy (one per sequence; the index is shared).
@@ -275,6 +338,8 @@ pub struct SaapAttention {
     scratch: Scratch,
     /// One per KV head: a decode step routes the KV heads in parallel.
     work: Vec<HeadWork>,
+    /// Keys read to fold into the cells.
+    fold_buf: Vec<f32>,
 }
 
 /// Scratch of one KV head's routing, kept between calls.
@@ -289,6 +354,12 @@ struct HeadWork {
     key_mass: Vec<f64>,
     /// Bucket ids, most mass first once ranked.
     order: Vec<u32>,
+    /// With [`Router::Cells`]: the group's RoPE'd query rows summed, and the cells' scores.
+    query_sum: Vec<f32>,
+    cell_scores: Vec<(u32, f32)>,
+    /// What the step reads beside the sink and window: per chosen bucket or cell, its
+    /// bucket and the range of that bucket's list entries.
+    picks: Vec<(u32, Range<usize>)>,
     /// One bit per position read: the chosen buckets' positions, the sink and the window,
     /// turned into ascending ranges without sorting positions.
     marks: Vec<u64>,
@@ -300,6 +371,7 @@ impl SaapAttention {
         settings.validate()?;
         let m = &index.meta;
         let copy = settings.layout == Layout::Buckets;
+        let cells = settings.router == Router::Cells;
         let layers = (0..m.n_layer)
             .map(|l| LayerLists {
                 heads: vec![
@@ -308,6 +380,9 @@ impl SaapAttention {
                         rows: (copy && !settings.dense_layers.contains(&l))
                             .then(|| BucketRows::new(m.clusters, m.head_dim)),
                         unfiled: Vec::new(),
+                        bucket_of: Vec::new(),
+                        cells: (cells && !settings.dense_layers.contains(&l))
+                            .then(|| CellStats::new(settings.segment, m.clusters, m.head_dim)),
                     };
                     m.n_head_kv
                 ],
@@ -332,6 +407,7 @@ impl SaapAttention {
             buckets: Vec::new(),
             scratch: Scratch::default(),
             work,
+            fold_buf: Vec::new(),
         })
     }
 
@@ -369,8 +445,6 @@ impl HeadWork {
     ) -> HeadReads {
         let chosen = self.choose(settings, model, weights, lists, end, n);
         let buckets = &lists.buckets;
-        // A bucket's list entries from the sinks on and below `end`.
-        let readable = |b: u32| readable(&buckets[b as usize], end);
         if chosen == end.saturating_sub(SINKS) {
             return HeadReads {
                 store: std::iter::once(0..n).collect(),
@@ -381,8 +455,8 @@ impl HeadWork {
         match &lists.rows {
             Some(rows) => {
                 let mut read = Vec::new();
-                for &b in &self.order {
-                    rows.rows_of(b as usize, readable(b), &mut read);
+                for (b, entries) in &self.picks {
+                    rows.rows_of(*b as usize, entries.clone(), &mut read);
                 }
                 HeadReads {
                     store: runs(dense()),
@@ -393,8 +467,8 @@ impl HeadWork {
                 self.marks.clear();
                 self.marks.resize(n.div_ceil(64), 0);
                 let mut mark = |p: usize| self.marks[p / 64] |= 1 << (p % 64);
-                for &b in &self.order {
-                    buckets[b as usize][readable(b)]
+                for (b, entries) in &self.picks {
+                    buckets[*b as usize][entries.clone()]
                         .iter()
                         .for_each(|&p| mark(p as usize));
                 }
@@ -407,10 +481,88 @@ impl HeadWork {
         }
     }
 
-    /// Ranks the buckets by `model`'s router (reading `weights`) for the query rows in `self.queries` and
-    /// leaves in `self.order` those the step reads (a fixed count, or the top ones that fit
-    /// the budget); returns how many positions they hold below `end`.
+    /// Leaves in `self.picks` what the step reads beside the sink and window (whole buckets,
+    /// or cells with [`Router::Cells`]); returns how many positions that is.
     fn choose(
+        &mut self,
+        settings: &SaapSettings,
+        model: &HeadModel,
+        weights: RouterWeights<'_>,
+        lists: &Lists,
+        end: usize,
+        n: usize,
+    ) -> usize {
+        self.picks.clear();
+        if let Some(cells) = &lists.cells {
+            // The group's mean logit: the summed query over the group size and √head_dim.
+            let group = self.queries.len() / self.query_sum.len().max(1);
+            let scale = prior_scale(model.head_dim()) / group.max(1) as f32;
+            let target = budget_target(settings.budget, end, n);
+            return self.choose_cells(cells, &lists.buckets, scale, end, target);
+        }
+        let got = self.choose_buckets(settings, model, weights, lists, end, n);
+        let buckets = &lists.buckets;
+        self.picks.extend(
+            self.order
+                .iter()
+                .map(|&b| (b, readable(&buckets[b as usize], end))),
+        );
+        got
+    }
+
+    /// Scores every cell of the segments below `end` for the group's summed query and picks
+    /// the top ones that fit in `target` positions (at least one), each cell's list entries
+    /// from the sink on and below `end`; returns how many positions they hold.
+    fn choose_cells(
+        &mut self,
+        cells: &CellStats,
+        buckets: &[Vec<u32>],
+        scale: f32,
+        end: usize,
+        target: usize,
+    ) -> usize {
+        cells.score(&self.query_sum, scale, end, &mut self.cell_scores);
+        let scores = &mut self.cell_scores;
+        // Highest first; NaN (a broken activation) last.
+        let key = |s: f32| if s.is_nan() { f32::NEG_INFINITY } else { s };
+        let by_score = |a: &(u32, f32), b: &(u32, f32)| key(b.1).total_cmp(&key(a.1));
+        // Rank only as far as the budget usually reaches (cells hold a few positions each):
+        // the rest only if all of those fit.
+        let mut sorted = scores.len().min(RANKED_CELLS);
+        if sorted < scores.len() {
+            scores.select_nth_unstable_by(sorted - 1, by_score);
+        }
+        scores[..sorted].sort_unstable_by(by_score);
+        let mut got = 0;
+        let mut take = 0;
+        while take < scores.len() {
+            if take == sorted {
+                scores[sorted..].sort_unstable_by(by_score);
+                sorted = scores.len();
+            }
+            let (cell, _) = scores[take];
+            let (_, b) = cells.cell(cell);
+            let span = cells.span(cell);
+            let list = &buckets[b];
+            let lo = list.partition_point(|&p| (p as usize) < span.start.max(SINKS));
+            let hi = list.partition_point(|&p| (p as usize) < span.end.min(end));
+            let len = hi.saturating_sub(lo);
+            if take > 0 && got + len > target {
+                break;
+            }
+            if len > 0 {
+                self.picks.push((b as u32, lo..hi));
+            }
+            got += len;
+            take += 1;
+        }
+        got
+    }
+
+    /// Ranks the buckets by `model`'s router (reading `weights`) for the query rows in
+    /// `self.queries` and leaves in `self.order` those the step reads (a fixed count, or the
+    /// top ones that fit the budget); returns how many positions they hold below `end`.
+    fn choose_buckets(
         &mut self,
         settings: &SaapSettings,
         model: &HeadModel,
@@ -453,9 +605,7 @@ impl HeadWork {
             }
             return self.order.iter().map(|&b| size(b)).sum();
         }
-        // Positions the step may read from buckets: the budget less the dense part.
-        let dense = SINKS + (n - end);
-        let target = ((settings.budget * n as f64).ceil() as usize).saturating_sub(dense);
+        let target = budget_target(settings.budget, end, n);
         // Rank only as far as a budget usually reaches: the top `RANKED` first, the rest
         // only if all of those fit.
         let by_mass = |a: &u32, b: &u32| key(*b).total_cmp(&key(*a));
@@ -481,6 +631,13 @@ impl HeadWork {
         self.order.truncate(take);
         got
     }
+}
+
+/// Positions a step that sees `n` may read beyond the sink and the window (which starts at
+/// `end`): the budget's share of `n` less that dense part.
+fn budget_target(budget: f64, end: usize, n: usize) -> usize {
+    let dense = SINKS + (n - end);
+    ((budget * n as f64).ceil() as usize).saturating_sub(dense)
 }
 
 /// The router matrices of head `i` (layer-major), `model`: its Q8_0 copy if `copies` holds
@@ -525,6 +682,7 @@ impl SparsePolicy for SaapAttention {
         match self.settings.router {
             Router::Hedged | Router::Qmodel => "saap",
             Router::Centroids => "kmeans",
+            Router::Cells => "saap-cells",
         }
     }
 
@@ -578,6 +736,9 @@ impl SparsePolicy for SaapAttention {
             for (row, &b) in self.buckets.iter().enumerate() {
                 head.buckets[b as usize].push((start + row) as u32);
             }
+            if head.cells.is_some() {
+                head.bucket_of.extend_from_slice(&self.buckets);
+            }
             if head.rows.is_some() {
                 head.unfiled.extend_from_slice(&self.buckets);
             }
@@ -601,6 +762,10 @@ impl SparsePolicy for SaapAttention {
                     }
                 }
                 head.unfiled.truncate(from.saturating_sub(layer.filed));
+                head.bucket_of.truncate(from);
+                if let Some(cells) = head.cells.as_mut() {
+                    cells.forget_from(from);
+                }
             }
             layer.filed = layer.filed.min(from);
             layer.assigned = from;
@@ -616,6 +781,7 @@ impl SparsePolicy for SaapAttention {
         // Rows are copied while prefill plans too, so the first decode step does not copy
         // the whole prompt's.
         self.layers[ctx.layer].file_rows(ctx.store, hd);
+        self.layers[ctx.layer].fold_cells(ctx.store, hd, &mut self.fold_buf);
         let window_start = n.saturating_sub(self.settings.window);
         if ctx.n_tokens() != 1 || window_start <= SINKS {
             return ReadPlan::causal(shape, ctx.pos0, ctx.n_tokens());
@@ -647,6 +813,13 @@ impl SparsePolicy for SaapAttention {
             .map(|(h, w)| {
                 w.queries.clear();
                 w.queries.extend_from_slice(ctx.group_queries(0, h));
+                if lists.heads[h].cells.is_some() {
+                    w.query_sum.clear();
+                    w.query_sum.resize(hd, 0.0);
+                    for q in w.queries.chunks_exact(hd) {
+                        w.query_sum.iter_mut().zip(q).for_each(|(s, &x)| *s += x);
+                    }
+                }
                 if settings.oracle {
                     let q = ctx.group_queries(0, h);
                     w.key_mass = group_key_mass(q, all_keys, shape.kv_dim(), hd, h);
@@ -679,9 +852,9 @@ impl SparsePolicy for SaapAttention {
         plan
     }
 
-    /// The bucket lists (4 bytes per position, KV head and sparse layer) and, with
-    /// [`Layout::Buckets`], the copied rows (estimated at f16: keys and values, 2 bytes a
-    /// value, and each row's 8-byte position).
+    /// The bucket lists (4 bytes per position, KV head and sparse layer), with
+    /// [`Layout::Buckets`] the copied rows (estimated at f16: keys and values, 2 bytes a
+    /// value, and each row's 8-byte position), and with [`Router::Cells`] the cells.
     fn summary_bytes(&self, n_ctx: usize, kv_dim: usize) -> usize {
         let sparse = (0..self.layers.len())
             .filter(|&l| !self.is_dense(l))
@@ -691,7 +864,17 @@ impl SparsePolicy for SaapAttention {
             Layout::Buckets => kv_dim * 2 * 2 + 8 * heads,
             Layout::Positions => 0,
         };
-        sparse * n_ctx * (4 * heads + rows)
+        // Cells: per head, a bucket id per position and, per segment, C sums of a key and
+        // a count.
+        let cells = match self.settings.router {
+            Router::Cells => {
+                let (c, d) = (self.index.meta.clusters, self.index.meta.head_dim);
+                let segments = n_ctx.div_ceil(self.settings.segment);
+                heads * (4 * n_ctx + segments * c * (4 * d + 4))
+            }
+            _ => 0,
+        };
+        sparse * (n_ctx * (4 * heads + rows) + cells)
     }
 
     fn fraction_read(&self, n_ctx: usize) -> f64 {
@@ -1086,6 +1269,155 @@ mod tests {
         }
     }
 
+    /// A cache of `n` positions of keys without repeats (`cache`'s repeat every 23
+    /// positions, which would tie cells).
+    fn distinct_cache(m: &crate::ModelConfig, n: usize) -> KvCache {
+        let kv_dim = m.kv_dim();
+        let mut c = KvCache::new(KvType::F32, m.n_layer, n, kv_dim);
+        let mut x = 0x2545_f491u32;
+        for l in 0..m.n_layer {
+            for t in 0..n {
+                let k: Vec<f32> = (0..kv_dim)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 17;
+                        x ^= x << 5;
+                        (x % 4001) as f32 / 1000.0 - 2.0
+                    })
+                    .collect();
+                c.write(l, t, &k, &k);
+            }
+        }
+        c
+    }
+
+    /// The cells router reads the sink, the window and the top cells that fit in the budget
+    /// (at least one), ranked by an f64 reference of each cell's estimated log-mass
+    /// (`ln count + mean logit` of the group's summed query over the cell's RoPE'd keys);
+    /// at a full budget, exact attention. The same after a rewind (cells refolded) and from
+    /// either layout.
+    #[test]
+    fn cells_read_the_top_cells_that_fit() {
+        let n = 300;
+        let m = model();
+        let sh = shape(&m);
+        let c = distinct_cache(&m, n);
+        // Small enough that a cell's count weighs against its mean logit in the ranking.
+        let q: Vec<f32> = (0..sh.q_dim())
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 60.0)
+            .collect();
+        let (hd, group, window) = (m.head_dim, m.n_head / m.n_head_kv, 32);
+        let end = n - window;
+        // The case tells a count-and-mean ranking from a slightly different one.
+        let mut sensitive = false;
+        for layout in [Layout::Buckets, Layout::Positions] {
+            for budget in [0.1, 0.3, 1.0] {
+                let s = SaapSettings {
+                    window,
+                    budget,
+                    layout,
+                    router: Router::Cells,
+                    segment: 64,
+                    ..Default::default()
+                };
+                let mut p = policy(&m, s, 6);
+                seal(&mut p, &m, &c, n);
+                for rewind in [false, true] {
+                    if rewind {
+                        read_set(&mut p, sh, &c, 1, &q, n - 1);
+                        p.forget_from(150);
+                        seal(&mut p, &m, &c, n);
+                    }
+                    let layer = 1;
+                    let read = read_set(&mut p, sh, &c, layer, &q, n - 1);
+                    let target = ((budget * n as f64).ceil() as usize).saturating_sub(1 + window);
+                    let mut key = vec![0f32; m.kv_dim()];
+                    for (h, ranges) in read.iter().enumerate() {
+                        let got: Vec<usize> = ranges
+                            .iter()
+                            .cloned()
+                            .flatten()
+                            .filter(|&x| x >= 1 && x < end)
+                            .collect();
+                        let qsum: Vec<f64> = (0..hd)
+                            .map(|i| (0..group).map(|g| q[(h * group + g) * hd + i] as f64).sum())
+                            .collect();
+                        let lists = &p.layers[layer].heads[h].buckets;
+                        // Every (segment, bucket) with keys, scored from the definition.
+                        let sealed = n / 16 * 16;
+                        let mut cells: Vec<(f64, Vec<usize>)> = Vec::new();
+                        let mut mis_scored: Vec<(f64, Vec<usize>)> = Vec::new();
+                        for seg in 0..end.div_ceil(64) {
+                            for (b, list) in lists.iter().enumerate() {
+                                let in_cell = |x: usize| x >= 1 && x / 64 == seg && x < sealed;
+                                let all: Vec<usize> = list
+                                    .iter()
+                                    .map(|&x| x as usize)
+                                    .filter(|&x| in_cell(x))
+                                    .collect();
+                                if all.is_empty() {
+                                    continue;
+                                }
+                                let mean = all
+                                    .iter()
+                                    .map(|&x| {
+                                        c.read_keys(layer, x, &mut key);
+                                        key[h * hd..(h + 1) * hd]
+                                            .iter()
+                                            .zip(&qsum)
+                                            .map(|(&k, &q)| k as f64 * q)
+                                            .sum::<f64>()
+                                    })
+                                    .sum::<f64>()
+                                    / all.len() as f64;
+                                let logit = mean / (group as f64 * (hd as f64).sqrt());
+                                let ln_count = (all.len() as f64).ln();
+                                let readable: Vec<usize> =
+                                    all.into_iter().filter(|&x| x < end).collect();
+                                cells.push((ln_count + logit, readable.clone()));
+                                // Scored as a sum over the group instead of its mean.
+                                mis_scored.push((ln_count + logit * group as f64, readable));
+                            }
+                        }
+                        let fill = |mut cells: Vec<(f64, Vec<usize>)>| {
+                            cells.sort_by(|a, b| b.0.total_cmp(&a.0));
+                            let mut want: Vec<usize> = Vec::new();
+                            for (k, (_, positions)) in cells.iter().enumerate() {
+                                if k > 0 && want.len() + positions.len() > target {
+                                    break;
+                                }
+                                want.extend(positions);
+                            }
+                            want.sort_unstable();
+                            want
+                        };
+                        let want = fill(cells);
+                        sensitive |= want != fill(mis_scored);
+                        assert_eq!(
+                            got, want,
+                            "{layout:?} budget {budget} rewind {rewind} head {h}"
+                        );
+                        if budget < 1.0 {
+                            assert!(got.len() < end - 1, "a budget reads less than everything");
+                        }
+                    }
+                    if budget == 1.0 {
+                        for layer in 0..m.n_layer {
+                            let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+                            attend(&mut p, sh, &c, layer, &q, n - 1, &mut a);
+                            attend(&mut DenseAttention, sh, &c, layer, &q, n - 1, &mut b);
+                            assert_eq!(a, b, "full budget, layer {layer}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            sensitive,
+            "the case cannot tell the group's mean logit from its sum"
+        );
+    }
+
     #[test]
     fn settings_are_checked() {
         let mut s = SaapSettings::default();
@@ -1104,6 +1436,27 @@ mod tests {
             ..Default::default()
         };
         assert!(s.validate().unwrap_err().contains("window"));
+        let cells = SaapSettings {
+            router: Router::Cells,
+            ..Default::default()
+        };
+        assert!(cells.validate().is_ok());
+        for bad in [
+            SaapSettings {
+                segment: 0,
+                ..cells.clone()
+            },
+            SaapSettings {
+                probes: Some(4),
+                ..cells.clone()
+            },
+            SaapSettings {
+                oracle: true,
+                ..cells.clone()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
         // A missing index is refused at build with what to do about it.
         let choice = AttentionChoice::named("saap").with(SaapSettings {
             index: Some("/nonexistent/x.saap".into()),

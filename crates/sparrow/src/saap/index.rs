@@ -185,6 +185,10 @@ pub enum Router {
     /// The query's own similarity to the centroids (plain k-means; the paper's baseline,
     /// and the `kmeans` policy).
     Centroids,
+    /// Not a bucket ranking: each bucket split by position segment into cells, ranked by
+    /// the live mean of their RoPE'd keys against the group's summed query
+    /// ([`crate::saap::cells`]); the index supplies the partition only.
+    Cells,
 }
 
 /// The rows of a `C`-row router matrix (the centroids, or the Q-model's output layer), as
@@ -351,7 +355,8 @@ impl HeadModel {
         self.b1.len()
     }
 
-    fn head_dim(&self) -> usize {
+    /// Values per key.
+    pub fn head_dim(&self) -> usize {
         self.centroids.len() / self.clusters().max(1)
     }
 
@@ -423,6 +428,10 @@ impl HeadModel {
             stats,
             tile,
         } = scratch;
+        if router == Router::Cells {
+            // Cells are ranked by the policy's own statistics, not by the index.
+            return;
+        }
         let qmodel = router != Router::Centroids;
         // The centroid similarities `c · q`, unscaled.
         if router != Router::Qmodel || self.prior_scale != 0.0 {

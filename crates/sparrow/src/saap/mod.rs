@@ -1,10 +1,11 @@
 //! Saap's offline half: recording training contexts ([`collect`]), the record file
 //! ([`record`]) and the index file the trainer writes and the `saap` policy
 //! ([`crate::policy::saap`]) reads ([`index`]), and the policy's inverted file of key and
-//! value rows grouped by bucket ([`buckets`]). Training itself (k-means, the Q-model)
+//! value rows grouped by bucket ([`buckets`]) and its positional cells ([`cells`]). Training itself (k-means, the Q-model)
 //! lives in the `sparrow-saap-train` crate, so the engine carries no training library.
 
 pub mod buckets;
+pub mod cells;
 pub mod collect;
 pub mod index;
 pub mod record;

@@ -1,0 +1,243 @@
+//! Positional cells of a Saap partition: each bucket of one (layer, KV head) split by
+//! position segment, with the sum of the RoPE'd keys filed in each (segment, bucket).
+//!
+//! Why: a bucket groups keys by direction from the whole context, so at 32K a bucket of
+//! ~31 keys holds a few a query wants among many it does not, and no ranking of whole
+//! buckets — not even one by their true mass — captured as much as Quest's position pages
+//! (docs/long-context.md, "The partition's ceiling"). Splitting each bucket by position
+//! gives cells that are both alike in direction and near in position; and a cell's mean
+//! RoPE'd key scores exactly the mean logit of its keys against the step's query
+//! (`q · mean(k) = mean(q · k)`), position effects included, which the de-roped centroids
+//! cannot. The statistics are the live context's, not the index's.
+
+/// Per (segment, bucket): sum of the keys (f32) and how many.
+#[derive(Clone, Debug)]
+pub struct CellStats {
+    segment: usize,
+    clusters: usize,
+    dim: usize,
+    /// `segments × clusters × dim`.
+    sums: Vec<f32>,
+    /// `segments × clusters`.
+    counts: Vec<u32>,
+    /// Positions below this are folded in.
+    upto: usize,
+}
+
+impl CellStats {
+    /// Empty statistics of `clusters` buckets of `dim`-value keys, cut every `segment`
+    /// positions (`segment ≥ 1`).
+    pub fn new(segment: usize, clusters: usize, dim: usize) -> CellStats {
+        CellStats {
+            segment: segment.max(1),
+            clusters,
+            dim,
+            sums: Vec::new(),
+            counts: Vec::new(),
+            upto: 0,
+        }
+    }
+
+    /// Positions per segment.
+    pub fn segment(&self) -> usize {
+        self.segment
+    }
+
+    /// Positions below this are folded in.
+    pub fn upto(&self) -> usize {
+        self.upto
+    }
+
+    /// Segments holding room (some may be empty).
+    pub fn segments(&self) -> usize {
+        self.counts.len() / self.clusters.max(1)
+    }
+
+    /// Folds in the key of position `pos` (the next one: `pos == upto`), filed in
+    /// `bucket`; `key` is `dim` RoPE'd values, or `None` for a position left out (the
+    /// sink), which only advances.
+    pub fn add(&mut self, pos: usize, bucket: u32, key: Option<&[f32]>) {
+        debug_assert_eq!(pos, self.upto, "positions fold in order");
+        self.upto = pos + 1;
+        let Some(key) = key else { return };
+        let s = pos / self.segment;
+        if s >= self.segments() {
+            self.counts.resize((s + 1) * self.clusters, 0);
+            self.sums.resize((s + 1) * self.clusters * self.dim, 0.0);
+        }
+        let cell = s * self.clusters + bucket as usize;
+        self.counts[cell] += 1;
+        let sum = &mut self.sums[cell * self.dim..][..self.dim];
+        sum.iter_mut().zip(key).for_each(|(s, &k)| *s += k);
+    }
+
+    /// Forgets every position from `from` on. Sums cannot be unwound exactly, so the
+    /// segments from `from`'s on are cleared and `upto` drops to the start of `from`'s
+    /// segment: the caller folds that segment's remaining positions in again.
+    pub fn forget_from(&mut self, from: usize) {
+        if from >= self.upto {
+            return;
+        }
+        let s = from / self.segment;
+        self.counts.truncate(s * self.clusters);
+        self.sums.truncate(s * self.clusters * self.dim);
+        self.upto = s * self.segment;
+    }
+
+    /// The (segment, bucket) of cell `index` (as [`CellStats::score`] numbers them).
+    pub fn cell(&self, index: u32) -> (usize, usize) {
+        let i = index as usize;
+        (i / self.clusters, i % self.clusters)
+    }
+
+    /// The positions cell `index` covers.
+    pub fn span(&self, index: u32) -> std::ops::Range<usize> {
+        let s = self.cell(index).0;
+        s * self.segment..(s + 1) * self.segment
+    }
+
+    /// Writes to `out` every non-empty cell of the segments starting below `end` with its
+    /// estimated log-mass for the summed query `q` (`dim` values, the GQA group's RoPE'd
+    /// query rows added up): `ln count + scale · q · sum / count`, the count times the
+    /// exponent of the cell's mean logit (`scale`: 1 / (group · √head_dim) makes it the
+    /// group's mean logit).
+    pub fn score(&self, q: &[f32], scale: f32, end: usize, out: &mut Vec<(u32, f32)>) {
+        out.clear();
+        let segments = self.segments().min(end.div_ceil(self.segment));
+        let d = self.dim;
+        for cell in 0..segments * self.clusters {
+            let n = self.counts[cell];
+            if n == 0 {
+                continue;
+            }
+            let dot = dot8(q, &self.sums[cell * d..][..d]);
+            out.push((cell as u32, (n as f32).ln() + scale * dot / n as f32));
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.sums.len() * 4 + self.counts.len() * 4
+    }
+}
+
+/// `a · b` with eight independent partial sums (the compiler vectorises them; one running
+/// sum would be a serial chain).
+fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 8;
+    let whole = a.len().min(b.len()) / LANES * LANES;
+    let mut acc = [0f32; LANES];
+    for (x, y) in a[..whole]
+        .chunks_exact(LANES)
+        .zip(b[..whole].chunks_exact(LANES))
+    {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let tail: f32 = a[whole..].iter().zip(&b[whole..]).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys of `n` positions, `d` values each, and a bucket per position, pseudo-random.
+    fn case(n: usize, d: usize, c: usize) -> (Vec<f32>, Vec<u32>) {
+        let mut x = 0x9e37_79b9u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        let keys = (0..n * d)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let buckets = (0..n).map(|_| next() % c as u32).collect();
+        (keys, buckets)
+    }
+
+    /// Every cell's score against an f64 reference written from the definition: the keys of
+    /// the cell's positions (sink left out), their count and mean logit.
+    fn assert_scores_match(st: &CellStats, keys: &[f32], buckets: &[u32], n: usize, end: usize) {
+        let (d, seg, c) = (st.dim, st.segment, st.clusters);
+        let q: Vec<f32> = (0..d).map(|i| (i as f32 * 0.37).sin()).collect();
+        let scale = 0.25;
+        let mut got = Vec::new();
+        st.score(&q, scale, end, &mut got);
+        let mut want = Vec::new();
+        for s in 0..end.div_ceil(seg) {
+            for b in 0..c {
+                let ps: Vec<usize> = (s * seg..((s + 1) * seg).min(n))
+                    .filter(|&p| p >= 1 && buckets[p] as usize == b)
+                    .collect();
+                if ps.is_empty() {
+                    continue;
+                }
+                let mean: f64 = ps
+                    .iter()
+                    .map(|&p| {
+                        let k = &keys[p * d..][..d];
+                        k.iter()
+                            .zip(&q)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                    })
+                    .sum::<f64>()
+                    / ps.len() as f64;
+                want.push((
+                    (s * c + b) as u32,
+                    (ps.len() as f64).ln() + scale as f64 * mean,
+                ));
+            }
+        }
+        assert_eq!(got.len(), want.len(), "non-empty cells");
+        for ((gc, gs), (wc, ws)) in got.iter().zip(&want) {
+            assert_eq!(gc, wc);
+            assert!((*gs as f64 - ws).abs() < 1e-4, "cell {gc}: {gs} vs {ws}");
+        }
+    }
+
+    fn fold(st: &mut CellStats, keys: &[f32], buckets: &[u32], to: usize) {
+        let d = st.dim;
+        for p in st.upto()..to {
+            let key = (p >= 1).then(|| &keys[p * d..][..d]);
+            st.add(p, buckets[p], key);
+        }
+    }
+
+    #[test]
+    fn scores_equal_a_reference_over_each_cells_keys() {
+        let (n, d, c) = (300, 12, 5);
+        let (keys, buckets) = case(n, d, c);
+        let mut st = CellStats::new(64, c, d);
+        fold(&mut st, &keys, &buckets, n);
+        assert_eq!(st.segments(), n.div_ceil(64));
+        assert_scores_match(&st, &keys, &buckets, n, n);
+        // Only the segments starting below `end`.
+        assert_scores_match(&st, &keys, &buckets, n, 100);
+    }
+
+    #[test]
+    fn a_rewind_refolds_to_what_a_fresh_fold_gives() {
+        let (n, d, c) = (300, 8, 4);
+        let (keys, buckets) = case(n, d, c);
+        let (other, _) = case(n + 7, d, c);
+        let mut st = CellStats::new(50, c, d);
+        // Fold other keys past 130, rewind to 130, fold the right ones: as if never wrong.
+        fold(&mut st, &keys, &buckets, 130);
+        let mut wrong = keys[..130 * d].to_vec();
+        wrong.extend_from_slice(&other[130 * d..n * d]);
+        fold(&mut st, &wrong, &buckets, n);
+        st.forget_from(130);
+        assert_eq!(st.upto(), 100, "back to the start of the segment");
+        fold(&mut st, &keys, &buckets, n);
+        let mut fresh = CellStats::new(50, c, d);
+        fold(&mut fresh, &keys, &buckets, n);
+        assert_eq!(st.sums, fresh.sums);
+        assert_eq!(st.counts, fresh.counts);
+        assert_scores_match(&st, &keys, &buckets, n, n);
+    }
+}
