@@ -7,7 +7,7 @@ use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
 use sparrow::attention::AttentionChoice;
 use sparrow::eval::attention::{
-    capture, evaluate, evaluate_steps, text_tokens, Capture, Phase, PolicyReport, Summary,
+    capture, evaluate_queries, evaluate_steps, text_tokens, Capture, Phase, PolicyReport, Summary,
 };
 use sparrow::eval::needle::{
     load_haystack, needle_prompt, run_cell_policies, NeedleFormat, NeedleResult,
@@ -102,9 +102,18 @@ pub struct AttentionArgs {
     #[arg(short = 'c', long = "ctx-size", default_value_t = 2048)]
     n_tokens: usize,
     /// Query rows of the last prefill batch measured for policies that do not decode
-    /// (xattention).
+    /// (xattention); the rows `--decode-queries` are drawn from.
     #[arg(long = "prefill-rows", default_value_t = sparrow::eval::attention::DEFAULT_TAIL)]
     prefill_rows: usize,
+    /// Decode queries measured per decode policy: this many of the last --prefill-rows
+    /// positions, evenly spaced back from N - 1, each a decode step at its own position
+    /// (one query is one sample of a policy's routing).
+    #[arg(
+        long = "decode-queries",
+        default_value_t = 1,
+        conflicts_with = "needle_depth"
+    )]
+    decode_queries: usize,
     /// Instead of plain text: a needle prompt of about -c tokens from --haystack with the
     /// needle at this depth (as `eval needle` builds it), followed by the needle's number;
     /// each decode policy is measured at every step of that answer (teacher-forced), with
@@ -387,6 +396,12 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
     if a.prefill_rows == 0 {
         return Err("--prefill-rows must be at least 1".into());
     }
+    if a.decode_queries == 0 || a.decode_queries > a.prefill_rows.min(a.n_tokens) {
+        return Err(format!(
+            "--decode-queries {} is out of range: 1 to the recorded rows (--prefill-rows {}, at most -c)",
+            a.decode_queries, a.prefill_rows
+        ));
+    }
     let (text, source) = match (&a.file, &a.haystack) {
         (Some(_), Some(_)) => return Err("give either -f/--file or --haystack, not both".into()),
         (None, None) => return Err("no text: pass -f FILE or --haystack DIR".into()),
@@ -419,20 +434,28 @@ fn attention(a: AttentionArgs) -> Result<(), String> {
 
     let mut reports = Vec::new();
     for (c, label) in choices.iter().zip(labels) {
-        let mut report = evaluate(&cap, c).map_err(|e| e.to_string())?;
+        let mut report = evaluate_queries(&cap, c, a.decode_queries).map_err(|e| e.to_string())?;
         if let Some(label) = label {
             report.policy = label;
         }
         reports.push(report);
     }
     let cfg = &engine.model.config;
+    let queries = if a.decode_queries == 1 {
+        format!("decode query at position {}", n - 1)
+    } else {
+        let stride = tail / a.decode_queries;
+        format!(
+            "{} decode queries at positions {}..={} every {stride}",
+            a.decode_queries,
+            n - 1 - (a.decode_queries - 1) * stride,
+            n - 1
+        )
+    };
     println!(
         "attention policies against exact attention: N = {n} tokens of {source}, \
-         {} layers × {} query heads ({} KV heads), decode query at position {}",
-        cfg.n_layer,
-        cfg.n_head,
-        cfg.n_head_kv,
-        n - 1
+         {} layers × {} query heads ({} KV heads), {queries}",
+        cfg.n_layer, cfg.n_head, cfg.n_head_kv,
     );
     println!();
     print_attention_summary(&reports);

@@ -7,7 +7,7 @@ mod common;
 use sparrow::attention::AttentionChoice;
 use sparrow::attention::StreamingAttention;
 use sparrow::eval::attention::{
-    capture, evaluate, evaluate_steps, text_tokens, Capture, Phase, PolicyReport,
+    capture, evaluate, evaluate_queries, evaluate_steps, text_tokens, Capture, Phase, PolicyReport,
 };
 use sparrow::policy::QuestSettings;
 use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
@@ -253,4 +253,46 @@ fn quest_on_the_real_model_is_exact_with_room_and_selective_without() {
     let full = evaluate(&cap, &AttentionChoice::named("full")).unwrap();
     assert_eq!(full.summary.max_rel_l2, 0.0);
     assert!((full.summary.min_mass.unwrap() - 1.0).abs() < 1e-9);
+}
+
+/// Several decode queries: each recorded row chosen (evenly spaced back from the last) is
+/// measured as a decode step at its own position — a streaming window reads 13 of the
+/// positions that row sees, full attention reads all exactly — and one query is
+/// `evaluate`'s measurement.
+#[test]
+fn several_decode_queries_are_each_measured_at_their_own_position() {
+    let m = model();
+    let (n, tail) = (100, 8);
+    let cap = capture(&m, &tokens(n), KvType::F32, 32, tail, |_, _| {}).unwrap();
+    let streaming = AttentionChoice::named("streaming").with(StreamingAttention {
+        sinks: 3,
+        window: 10,
+    });
+    let r = evaluate_queries(&cap, &streaming, 4).unwrap();
+    assert_eq!(r.rows, 4);
+    // Rows 1, 3, 5, 7 of the tail: positions 93, 95, 97, 99.
+    for l in &r.layers {
+        assert_eq!(l.heads.len(), 4 * m.config.n_head);
+        for (i, h) in l.heads.iter().enumerate() {
+            let pos = 93 + 2 * (i / m.config.n_head);
+            assert_eq!(h.selectivity, Some(13.0 / (pos + 1) as f64), "{i}: {h:?}");
+        }
+    }
+    let full = evaluate_queries(&cap, &AttentionChoice::named("full"), 8).unwrap();
+    assert_eq!(full.rows, 8);
+    for h in heads(&full) {
+        assert_eq!(h.selectivity, Some(1.0));
+        assert!(
+            h.rel_l2 < 1e-6 && (h.mass.unwrap() - 1.0).abs() < 1e-9,
+            "{h:?}"
+        );
+    }
+    // One query is the decode query at N - 1, as `evaluate` measures it; more than the
+    // tail are the whole tail.
+    let one = evaluate_queries(&cap, &streaming, 1).unwrap();
+    let last = evaluate(&cap, &streaming).unwrap();
+    assert_eq!(format!("{:?}", one.summary), format!("{:?}", last.summary));
+    assert_eq!(evaluate_queries(&cap, &streaming, 50).unwrap().rows, tail);
+    // The window reads less of a later row's past: the means differ from the last row's.
+    assert_ne!(r.summary.mean_selectivity, last.summary.mean_selectivity);
 }

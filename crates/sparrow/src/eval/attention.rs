@@ -77,15 +77,6 @@ pub struct Capture {
     pub queries: Vec<Vec<f32>>,
 }
 
-impl Capture {
-    /// The decode query row (position `n_ctx - 1`) of `layer`.
-    pub fn decode_query(&self, layer: usize) -> &[f32] {
-        let q_dim = self.shape.n_head * self.shape.head_dim;
-        let q = &self.queries[layer];
-        &q[q.len() - q_dim..]
-    }
-}
-
 /// The first `n` tokens of `text` (with the model's BOS when it wants one; special-token
 /// text is not parsed), or an error when the text is shorter.
 pub fn text_tokens(tokenizer: &Tokenizer, text: &str, n: usize) -> Result<Vec<u32>> {
@@ -192,13 +183,14 @@ pub fn capture(
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
-    /// The single decode query at position `N - 1`.
+    /// Decode queries: the one at position `N - 1`, or more recorded rows each at its own
+    /// position ([`evaluate_queries`]).
     Decode,
     /// The last prefill rows (policies that do not decode).
     Prefill,
 }
 
-/// One query head of one layer.
+/// One query head of one layer (at one decode query).
 #[derive(Clone, Debug, Serialize)]
 pub struct HeadStats {
     pub head: usize,
@@ -245,6 +237,7 @@ impl Summary {
 pub struct LayerStats {
     pub layer: usize,
     pub summary: Summary,
+    /// Per query head; with several decode queries, per query and head (query-major).
     pub heads: Vec<HeadStats>,
 }
 
@@ -258,7 +251,8 @@ pub struct PolicyReport {
     pub phase: Phase,
     /// Positions in the cache.
     pub n_ctx: usize,
-    /// Query rows measured per layer (1 for decode).
+    /// Query rows measured per layer (decode: the decode queries, 1 unless more were
+    /// asked for).
     pub rows: usize,
     /// Positions per sealed block.
     pub block_size: usize,
@@ -384,48 +378,77 @@ fn build_policy(
 /// Measure `choice` (its `name` for both phases; `prefill`/`decode` overrides are ignored)
 /// against exact attention on `cap`.
 pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport> {
+    evaluate_queries(cap, choice, 1)
+}
+
+/// The recorded rows measured as decode queries: `queries` of the `tail`, evenly spaced
+/// back from the last (which is always one), ascending.
+fn decode_rows(tail: usize, queries: usize) -> Vec<usize> {
+    let queries = queries.clamp(1, tail.max(1));
+    let stride = tail / queries;
+    (0..queries).rev().map(|j| tail - 1 - j * stride).collect()
+}
+
+/// [`evaluate`] with a decode policy measured at `queries` recorded rows (evenly spaced
+/// back from the decode query at `N - 1` over the recorded tail, at most all of it), each
+/// a decode step at its own position: one query is one sample of a policy's routing, and
+/// which positions a query wants varies from token to token. A head's entry per row;
+/// prefill-only policies are measured as [`evaluate`] does.
+pub fn evaluate_queries(
+    cap: &Capture,
+    choice: &AttentionChoice,
+    queries: usize,
+) -> Result<PolicyReport> {
     let (phase, mut backend) = build_policy(choice, &cap.config)?;
     let backend = backend.as_mut();
     let (shape, kv, n) = (cap.shape, cap.state.kv(), cap.n_ctx);
+    let rows = decode_rows(cap.tail, queries);
+    let (q_dim, first) = (shape.q_dim(), n - cap.tail);
     let block_size = backend.block_size().unwrap_or(DEFAULT_BLOCK);
     let mut blocks = BlockTable::new(block_size, cap.config.n_layer);
     let mut keys = vec![0.0f32; n * shape.kv_dim()];
     let mut layers = Vec::with_capacity(cap.config.n_layer);
     for layer in 0..cap.config.n_layer {
         blocks.seal(shape, kv, layer, n, backend);
-        let (q, pos0) = match phase {
-            Phase::Decode => (cap.decode_query(layer), n - 1),
-            Phase::Prefill => (cap.queries[layer].as_slice(), n - cap.tail),
-        };
-        // The read set first: it is the plan the query then runs (a policy that updates
-        // its state after attending, like H2O's eviction, would report its next step's).
-        let read = (phase == Phase::Decode).then(|| read_set(backend, shape, kv, layer, q, n - 1));
-        let mut full = vec![0.0f32; q.len()];
-        let mut out = vec![0.0f32; q.len()];
-        attend(&mut DenseAttention, shape, kv, layer, q, pos0, &mut full);
-        attend(backend, shape, kv, layer, q, pos0, &mut out);
-        let errors = head_errors(shape, &out, &full);
-
-        let heads: Vec<HeadStats> = if let Some(read) = read {
+        let heads: Vec<HeadStats> = if phase == Phase::Decode {
             read_f32(&StoreLayer { store: kv, layer }, false, 0, &mut keys);
-            (0..shape.n_head)
-                .map(|h| {
-                    let (kv_head, p) = head_probabilities(shape, q, &keys, h, n);
+            let mut heads = Vec::with_capacity(rows.len() * shape.n_head);
+            for &r in &rows {
+                let (q, pos) = (&cap.queries[layer][r * q_dim..(r + 1) * q_dim], first + r);
+                let seen = pos + 1;
+                // The read set first: it is the plan the query then runs (a policy that
+                // updates its state after attending, like H2O's eviction, would report its
+                // next step's).
+                let read = read_set(backend, shape, kv, layer, q, pos);
+                let mut full = vec![0.0f32; q.len()];
+                let mut out = vec![0.0f32; q.len()];
+                attend(&mut DenseAttention, shape, kv, layer, q, pos, &mut full);
+                attend(backend, shape, kv, layer, q, pos, &mut out);
+                let errors = head_errors(shape, &out, &full);
+                heads.extend((0..shape.n_head).map(|h| {
+                    let (kv_head, p) = head_probabilities(shape, q, &keys, h, seen);
                     let ranges = read.get(kv_head).map(|r| r.as_slice()).unwrap_or(&[]);
                     let mass: f64 = ranges
                         .iter()
-                        .map(|r| p[r.start.min(n)..r.end.min(n)].iter().sum::<f64>())
+                        .map(|r| p[r.start.min(seen)..r.end.min(seen)].iter().sum::<f64>())
                         .sum();
                     HeadStats {
                         head: h,
                         kv_head,
-                        selectivity: Some(count_read(ranges, n) as f64 / n as f64),
+                        selectivity: Some(count_read(ranges, seen) as f64 / seen as f64),
                         rel_l2: errors[h],
                         mass: Some(mass),
                     }
-                })
-                .collect()
+                }));
+            }
+            heads
         } else {
+            let (q, pos0) = (cap.queries[layer].as_slice(), n - cap.tail);
+            let mut full = vec![0.0f32; q.len()];
+            let mut out = vec![0.0f32; q.len()];
+            attend(&mut DenseAttention, shape, kv, layer, q, pos0, &mut full);
+            attend(backend, shape, kv, layer, q, pos0, &mut out);
+            let errors = head_errors(shape, &out, &full);
             (0..shape.n_head)
                 .map(|h| HeadStats {
                     head: h,
@@ -448,7 +471,7 @@ pub fn evaluate(cap: &Capture, choice: &AttentionChoice) -> Result<PolicyReport>
         phase,
         n_ctx: n,
         rows: match phase {
-            Phase::Decode => 1,
+            Phase::Decode => rows.len(),
             Phase::Prefill => cap.queries.first().map_or(0, |q| q.len() / shape.q_dim()),
         },
         block_size,

@@ -161,9 +161,8 @@ const SINKS: usize = 1;
 /// Buckets ranked before a budgeted step starts taking them (more only when all fit).
 const RANKED: usize = 128;
 
-/// Cells ranked before a step starts taking them (more only when all fit): a 5% budget at
-/// 32K is ~1,600 positions, a few hundred cells of a few keys.
-const RANKED_CELLS: usize = 1024;
+/// Cells ranked at least before a step starts taking them (more only when all fit).
+const MIN_RANKED_CELLS: usize = 64;
 
 impl SaapSettings {
     /// Checks the settings, naming the bad one.
@@ -526,9 +525,11 @@ impl HeadWork {
         // Highest first; NaN (a broken activation) last.
         let key = |s: f32| if s.is_nan() { f32::NEG_INFINITY } else { s };
         let by_score = |a: &(u32, f32), b: &(u32, f32)| key(b.1).total_cmp(&key(a.1));
-        // Rank only as far as the budget usually reaches (cells hold a few positions each):
-        // the rest only if all of those fit.
-        let mut sorted = scores.len().min(RANKED_CELLS);
+        // Rank only as far as the budget usually reaches — twice the cells of an average
+        // size it holds — and the rest only if all of those fit.
+        let average = end.max(1) as f64 / scores.len().max(1) as f64;
+        let reach = (2.0 * target as f64 / average) as usize;
+        let mut sorted = scores.len().min(reach.max(MIN_RANKED_CELLS));
         if sorted < scores.len() {
             scores.select_nth_unstable_by(sorted - 1, by_score);
         }
@@ -864,13 +865,13 @@ impl SparsePolicy for SaapAttention {
             Layout::Buckets => kv_dim * 2 * 2 + 8 * heads,
             Layout::Positions => 0,
         };
-        // Cells: per head, a bucket id per position and, per segment, C sums of a key and
-        // a count.
+        // Cells: per head, a bucket id per position and, per segment, C sums of a key, a
+        // count and its logarithm.
         let cells = match self.settings.router {
             Router::Cells => {
                 let (c, d) = (self.index.meta.clusters, self.index.meta.head_dim);
                 let segments = n_ctx.div_ceil(self.settings.segment);
-                heads * (4 * n_ctx + segments * c * (4 * d + 4))
+                heads * (4 * n_ctx + segments * c * (4 * d + 8))
             }
             _ => 0,
         };
@@ -1310,14 +1311,18 @@ mod tests {
         let end = n - window;
         // The case tells a count-and-mean ranking from a slightly different one.
         let mut sensitive = false;
-        for layout in [Layout::Buckets, Layout::Positions] {
+        // Segments of 4: more cells than are ranked up front (MIN_RANKED_CELLS).
+        let cases = [Layout::Buckets, Layout::Positions]
+            .map(|l| (l, 64))
+            .into_iter();
+        for (layout, segment) in cases.chain([(Layout::Buckets, 4)]) {
             for budget in [0.1, 0.3, 1.0] {
                 let s = SaapSettings {
                     window,
                     budget,
                     layout,
                     router: Router::Cells,
-                    segment: 64,
+                    segment,
                     ..Default::default()
                 };
                 let mut p = policy(&m, s, 6);
@@ -1347,9 +1352,9 @@ mod tests {
                         let sealed = n / 16 * 16;
                         let mut cells: Vec<(f64, Vec<usize>)> = Vec::new();
                         let mut mis_scored: Vec<(f64, Vec<usize>)> = Vec::new();
-                        for seg in 0..end.div_ceil(64) {
-                            for (b, list) in lists.iter().enumerate() {
-                                let in_cell = |x: usize| x >= 1 && x / 64 == seg && x < sealed;
+                        for seg in 0..end.div_ceil(segment) {
+                            for list in lists {
+                                let in_cell = |x: usize| x >= 1 && x / segment == seg && x < sealed;
                                 let all: Vec<usize> = list
                                     .iter()
                                     .map(|&x| x as usize)
@@ -1395,7 +1400,7 @@ mod tests {
                         sensitive |= want != fill(mis_scored);
                         assert_eq!(
                             got, want,
-                            "{layout:?} budget {budget} rewind {rewind} head {h}"
+                            "{layout:?} segment {segment} budget {budget} rewind {rewind} head {h}"
                         );
                         if budget < 1.0 {
                             assert!(got.len() < end - 1, "a budget reads less than everything");

@@ -20,6 +20,9 @@ pub struct CellStats {
     sums: Vec<f32>,
     /// `segments × clusters`.
     counts: Vec<u32>,
+    /// Per cell `ln count` (a step scores thousands of cells: the logarithm is taken when a
+    /// key is folded in, not per step).
+    ln_counts: Vec<f32>,
     /// Positions below this are folded in.
     upto: usize,
 }
@@ -34,6 +37,7 @@ impl CellStats {
             dim,
             sums: Vec::new(),
             counts: Vec::new(),
+            ln_counts: Vec::new(),
             upto: 0,
         }
     }
@@ -63,10 +67,12 @@ impl CellStats {
         let s = pos / self.segment;
         if s >= self.segments() {
             self.counts.resize((s + 1) * self.clusters, 0);
+            self.ln_counts.resize((s + 1) * self.clusters, f32::NEG_INFINITY);
             self.sums.resize((s + 1) * self.clusters * self.dim, 0.0);
         }
         let cell = s * self.clusters + bucket as usize;
         self.counts[cell] += 1;
+        self.ln_counts[cell] = (self.counts[cell] as f32).ln();
         let sum = &mut self.sums[cell * self.dim..][..self.dim];
         sum.iter_mut().zip(key).for_each(|(s, &k)| *s += k);
     }
@@ -80,6 +86,7 @@ impl CellStats {
         }
         let s = from / self.segment;
         self.counts.truncate(s * self.clusters);
+        self.ln_counts.truncate(s * self.clusters);
         self.sums.truncate(s * self.clusters * self.dim);
         self.upto = s * self.segment;
     }
@@ -111,13 +118,13 @@ impl CellStats {
                 continue;
             }
             let dot = dot8(q, &self.sums[cell * d..][..d]);
-            out.push((cell as u32, (n as f32).ln() + scale * dot / n as f32));
+            out.push((cell as u32, self.ln_counts[cell] + scale * dot / n as f32));
         }
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.sums.len() * 4 + self.counts.len() * 4
+        self.sums.len() * 4 + self.counts.len() * 8
     }
 }
 
