@@ -630,7 +630,8 @@ fn print_attention_summary(reports: &[PolicyReport]) {
     println!("| :--- | :--- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in reports {
         let on = match r.phase {
-            Phase::Decode => "decode (1 query)".to_string(),
+            Phase::Decode if r.rows == 1 => "decode (1 query)".to_string(),
+            Phase::Decode => format!("decode ({} queries)", r.rows),
             Phase::Prefill => format!("prefill (last {} rows)", r.rows),
         };
         println!(

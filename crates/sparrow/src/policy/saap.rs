@@ -118,7 +118,8 @@ pub struct SaapSettings {
     #[cfg_attr(feature = "cli", arg(id = "SAAP_LAYOUT", long = "saap-layout", value_enum, default_value_t = SaapSettings::default().layout, help_heading = crate::policy::HELP_HEADING))]
     pub layout: Layout,
     /// Saap: positions per segment of `--saap-router cells` (each bucket is split into one
-    /// cell per segment).
+    /// cell per segment). 8 × C (8,192 at the default C = 1,024) leaves ~8 keys per cell at
+    /// any length: `n/8` vectors to score per KV head, as many as Quest's page bounds.
     #[cfg_attr(feature = "cli", arg(id = "SAAP_SEGMENT", long = "saap-segment", default_value_t = SaapSettings::default().segment, help_heading = crate::policy::HELP_HEADING))]
     pub segment: usize,
     /// Saap: recent positions always read (the dense window beside the sink, position 0).
@@ -147,7 +148,7 @@ impl Default for SaapSettings {
             router_weights: RouterPrecision::Q8,
             oracle: false,
             layout: Layout::Buckets,
-            segment: 4096,
+            segment: 8192,
             window: 63,
             block: 16,
             dense_layers: vec![0],

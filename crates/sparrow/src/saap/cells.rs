@@ -67,7 +67,8 @@ impl CellStats {
         let s = pos / self.segment;
         if s >= self.segments() {
             self.counts.resize((s + 1) * self.clusters, 0);
-            self.ln_counts.resize((s + 1) * self.clusters, f32::NEG_INFINITY);
+            self.ln_counts
+                .resize((s + 1) * self.clusters, f32::NEG_INFINITY);
             self.sums.resize((s + 1) * self.clusters * self.dim, 0.0);
         }
         let cell = s * self.clusters + bucket as usize;
