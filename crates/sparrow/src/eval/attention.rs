@@ -393,7 +393,10 @@ fn decode_rows(tail: usize, queries: usize) -> Vec<usize> {
 /// back from the decode query at `N - 1` over the recorded tail, at most all of it), each
 /// a decode step at its own position: one query is one sample of a policy's routing, and
 /// which positions a query wants varies from token to token. A head's entry per row;
-/// prefill-only policies are measured as [`evaluate`] does.
+/// prefill-only policies are measured as [`evaluate`] does. As in [`evaluate_steps`], the
+/// policy has been fed every block up to `N` first: an earlier row reads nothing past its
+/// own position, but a policy's summaries (Quest's page bounds, Saap's cells) may include
+/// the later positions of the tail.
 pub fn evaluate_queries(
     cap: &Capture,
     choice: &AttentionChoice,
