@@ -151,6 +151,8 @@ fn collect_train_run_and_refusals() {
         run(&[
             "--attn",
             "saap",
+            "--saap-router",
+            "hedged",
             "--saap-index",
             idx_s,
             "--saap-probes",
@@ -172,11 +174,33 @@ fn collect_train_run_and_refusals() {
     run(&[
         "--attn",
         "saap",
+        "--saap-router",
+        "hedged",
         "--saap-index",
         idx_s,
         "--saap-probes",
         "1",
     ]);
+    // The default cells router reads a budget, not whole buckets: probes are refused.
+    let e = one_error(&sparrow(
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "x",
+            "-n",
+            "1",
+            "--attn",
+            "saap",
+            "--saap-index",
+            idx_s,
+            "--saap-probes",
+            "1",
+        ],
+        &cache,
+    ));
+    assert!(e.contains("--saap-router"), "{e}");
 
     // No index in the cache yet: refused, saying how to make one.
     let e = one_error(&sparrow(

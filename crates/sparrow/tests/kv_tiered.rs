@@ -8,7 +8,7 @@ use sparrow::attention::AttentionChoice;
 use sparrow::kv_store::KvStore;
 use sparrow::kv_tiered::{minimum_budget, ColdTier, ColdWrite, KvOptions, TieredStore};
 use sparrow::policy::quest::QuestSettings;
-use sparrow::policy::saap::SaapSettings;
+use sparrow::policy::saap::{Router, SaapSettings};
 use sparrow::synthetic::{synthetic_model, synthetic_saap_index, synthetic_tokens, SyntheticSpec};
 use sparrow::{KvType, KvTypes, Logits, Model, State};
 use std::io;
@@ -53,6 +53,7 @@ fn saap(m: &Model, dir: &std::path::Path) -> AttentionChoice {
     AttentionChoice::named("saap").with(SaapSettings {
         index: Some(index),
         probes: Some(2),
+        router: Router::Hedged,
         window: 31,
         ..Default::default()
     })

@@ -9,9 +9,11 @@
 //! at hand) and dropped on a rewind ([`SparsePolicy::forget_from`]). Policies are
 //! per-sequence and take `&mut self`: no locks.
 
+mod int8_rows;
 mod plan;
 mod quest;
 
+pub use int8_rows::{quantize_row, scaled_row_dots};
 pub use plan::{execute, PlanEntry, ReadPlan, SideRows, SideTable, Source};
 pub use quest::{center_radius, group_query, group_upper_bounds, key_bounds, upper_bound_score};
 

@@ -26,10 +26,7 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
 
 /// `saap`'s settings with the centroid router.
 fn kmeans_settings(c: &super::AttentionChoice) -> Result<SaapSettings, String> {
-    Ok(SaapSettings {
-        router: Router::Centroids,
-        ..settings(c)?
-    })
+    settings(c, Some(Router::Centroids))
 }
 
 /// `kmeans` has no flags of its own (it reads `saap`'s).

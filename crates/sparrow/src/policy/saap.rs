@@ -47,11 +47,11 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
     prefill: false,
     decode: true,
     build: |b| {
-        let s = settings(b.choice)?;
+        let s = settings(b.choice, None)?;
         let index = load_index(&s, b.model)?;
         Ok(Box::new(SaapAttention::new(s, index, Rope::of(b.model))?))
     },
-    check: |c| settings(c).map(|s| format!("{s:?}")),
+    check: |c| settings(c, None).map(|s| format!("{s:?}")),
     settings: SettingsType::of::<SaapSettings>(),
 };
 
@@ -98,6 +98,12 @@ pub struct SaapSettings {
     /// (which buckets a query favours, and how full they are); a share keeps the read fixed.
     #[cfg_attr(feature = "cli", arg(id = "SAAP_BUDGET", long = "saap-budget", default_value_t = SaapSettings::default().budget, help_heading = crate::policy::HELP_HEADING))]
     pub budget: f64,
+    /// Saap: at most this many positions per decode query (sink and window included), however
+    /// long the context; 0 for none. What a query attends to does not grow with the context
+    /// as a share does (5% is 1,600 positions at 32K, 6,400 at 128K); the default is Quest's
+    /// default budget, so the two read alike at long contexts.
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_MAX_READ", long = "saap-max-read", default_value_t = SaapSettings::default().max_read, help_heading = crate::policy::HELP_HEADING))]
+    pub max_read: usize,
     /// Saap: how a query ranks the buckets: the Q-model hedged by the centroid router, the
     /// Q-model alone (the paper), the centroids alone (as `--attn kmeans`), or no bucket
     /// ranking but the buckets' positional cells (`--saap-segment`) by their live keys.
@@ -134,17 +140,20 @@ pub struct SaapSettings {
 }
 
 impl Default for SaapSettings {
-    /// 5% of the context per sparse layer (sink, 63 recent positions, and the top buckets
-    /// that fit), hedged routing: every needle of the 8K/16K/32K grid full attention
-    /// answers (docs/long-context.md, "A key budget"); a fixed 32 of 1,024 buckets read
-    /// ~4% at 8K but ~2.2% at 32K and lost one. The paper's 1 + 2047 window would alone be
-    /// 25% at 8K; it reports 1 + 63 performing about the same.
+    /// 5% of the context per sparse layer, at most 1,024 positions (sink, 63 recent
+    /// positions, and the top cells that fit), routed by positional cells: every needle of
+    /// the 8K/16K/32K grid full attention answers, and cells capture more attention mass
+    /// than the trained router, plain k-means or Quest at equal reads (docs/long-context.md,
+    /// "Positional cells"); a fixed 32 of 1,024 buckets read ~4% at 8K but ~2.2% at 32K and
+    /// lost a needle. The paper's 1 + 2047 window would alone be 25% at 8K; it reports
+    /// 1 + 63 performing about the same.
     fn default() -> Self {
         SaapSettings {
             index: None,
             probes: None,
             budget: 0.05,
-            router: Router::Hedged,
+            max_read: 1024,
+            router: Router::Cells,
             router_weights: RouterPrecision::Q8,
             oracle: false,
             layout: Layout::Buckets,
@@ -166,6 +175,16 @@ const RANKED: usize = 128;
 const MIN_RANKED_CELLS: usize = 64;
 
 impl SaapSettings {
+    /// Positions a budgeted query of a context of `n` may read, sink and window included:
+    /// the budget's share of `n`, at most `max_read` (if set).
+    fn read_limit(&self, n: usize) -> usize {
+        let share = (self.budget * n as f64).ceil() as usize;
+        match self.max_read {
+            0 => share,
+            cap => share.min(cap),
+        }
+    }
+
     /// Checks the settings, naming the bad one.
     pub fn validate(&self) -> Result<(), String> {
         if self.probes == Some(0) {
@@ -188,7 +207,7 @@ impl SaapSettings {
         }
         if self.router == Router::Cells && self.probes.is_some() {
             return Err(
-                "saap probes count whole buckets; the cells router reads a budget (--saap-budget)"
+                "saap probes count whole buckets, which the cells router (the default) does not rank: use --saap-budget, or a bucket router (--saap-router hedged, qmodel or centroids)"
                     .into(),
             );
         }
@@ -207,11 +226,16 @@ impl SaapSettings {
     }
 }
 
-/// Saap's settings with the shared `--kv-block` and `--dense-layers` applied, checked.
-pub(super) fn settings(c: &AttentionChoice) -> Result<SaapSettings, String> {
+/// Saap's settings with the shared `--kv-block` and `--dense-layers` applied (and `router`,
+/// for a policy that fixes its own), checked.
+pub(super) fn settings(
+    c: &AttentionChoice,
+    router: Option<Router>,
+) -> Result<SaapSettings, String> {
     let mut s = c.settings::<SaapSettings>();
     s.block = c.kv_block.unwrap_or(s.block);
     s.dense_layers = c.dense_layers()?.unwrap_or(s.dense_layers);
+    s.router = router.unwrap_or(s.router);
     s.validate()?;
     Ok(s)
 }
@@ -357,6 +381,10 @@ struct HeadWork {
     /// With [`Router::Cells`]: the group's RoPE'd query rows summed, and the cells' scores.
     query_sum: Vec<f32>,
     cell_scores: Vec<(u32, f32)>,
+    /// Scratch of the cells' products.
+    cell_dots: Vec<f32>,
+    /// The cells' scores as [`rank_key`]s, ranked.
+    cell_ranks: Vec<u64>,
     /// What the step reads beside the sink and window: per chosen bucket or cell, its
     /// bucket and the range of that bucket's list entries.
     picks: Vec<(u32, Range<usize>)>,
@@ -497,7 +525,7 @@ impl HeadWork {
             // The group's mean logit: the summed query over the group size and √head_dim.
             let group = self.queries.len() / self.query_sum.len().max(1);
             let scale = prior_scale(model.head_dim()) / group.max(1) as f32;
-            let target = budget_target(settings.budget, end, n);
+            let target = budget_target(settings, end, n);
             return self.choose_cells(cells, &lists.buckets, scale, end, target);
         }
         let got = self.choose_buckets(settings, model, weights, lists, end, n);
@@ -521,28 +549,30 @@ impl HeadWork {
         end: usize,
         target: usize,
     ) -> usize {
-        cells.score(&self.query_sum, scale, end, &mut self.cell_scores);
-        let scores = &mut self.cell_scores;
-        // Highest first; NaN (a broken activation) last.
-        let key = |s: f32| if s.is_nan() { f32::NEG_INFINITY } else { s };
-        let by_score = |a: &(u32, f32), b: &(u32, f32)| key(b.1).total_cmp(&key(a.1));
+        let (q, dots) = (&self.query_sum, &mut self.cell_dots);
+        cells.score(q, scale, end, dots, &mut self.cell_scores);
+        // Highest first (NaN, a broken activation, last), as integers: a step ranks
+        // thousands of cells per layer and KV head.
+        let ranks = &mut self.cell_ranks;
+        ranks.clear();
+        ranks.extend(self.cell_scores.iter().map(|&(c, s)| rank_key(s, c)));
         // Rank only as far as the budget usually reaches — twice the cells of an average
         // size it holds — and the rest only if all of those fit.
-        let average = end.max(1) as f64 / scores.len().max(1) as f64;
+        let average = end.max(1) as f64 / ranks.len().max(1) as f64;
         let reach = (2.0 * target as f64 / average) as usize;
-        let mut sorted = scores.len().min(reach.max(MIN_RANKED_CELLS));
-        if sorted < scores.len() {
-            scores.select_nth_unstable_by(sorted - 1, by_score);
+        let mut sorted = ranks.len().min(reach.max(MIN_RANKED_CELLS));
+        if sorted < ranks.len() {
+            ranks.select_nth_unstable(sorted - 1);
         }
-        scores[..sorted].sort_unstable_by(by_score);
+        ranks[..sorted].sort_unstable();
         let mut got = 0;
         let mut take = 0;
-        while take < scores.len() {
+        while take < ranks.len() {
             if take == sorted {
-                scores[sorted..].sort_unstable_by(by_score);
-                sorted = scores.len();
+                ranks[sorted..].sort_unstable();
+                sorted = ranks.len();
             }
-            let (cell, _) = scores[take];
+            let cell = ranks[take] as u32;
             let (_, b) = cells.cell(cell);
             let span = cells.span(cell);
             let list = &buckets[b];
@@ -607,7 +637,7 @@ impl HeadWork {
             }
             return self.order.iter().map(|&b| size(b)).sum();
         }
-        let target = budget_target(settings.budget, end, n);
+        let target = budget_target(settings, end, n);
         // Rank only as far as a budget usually reaches: the top `RANKED` first, the rest
         // only if all of those fit.
         let by_mass = |a: &u32, b: &u32| key(*b).total_cmp(&key(*a));
@@ -635,11 +665,29 @@ impl HeadWork {
     }
 }
 
+/// A key that sorts cell `cell` of score `score` ascending by score descending, then by
+/// cell: the score's bits made order-preserving as an unsigned integer (NaN as −∞) and
+/// inverted, above the cell id.
+fn rank_key(score: f32, cell: u32) -> u64 {
+    let score = if score.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        score
+    };
+    let bits = score.to_bits();
+    let ordered = if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    };
+    (u64::from(!ordered) << 32) | u64::from(cell)
+}
+
 /// Positions a step that sees `n` may read beyond the sink and the window (which starts at
-/// `end`): the budget's share of `n` less that dense part.
-fn budget_target(budget: f64, end: usize, n: usize) -> usize {
+/// `end`): its read limit less that dense part.
+fn budget_target(settings: &SaapSettings, end: usize, n: usize) -> usize {
     let dense = SINKS + (n - end);
-    ((budget * n as f64).ceil() as usize).saturating_sub(dense)
+    settings.read_limit(n).saturating_sub(dense)
 }
 
 /// The router matrices of head `i` (layer-major), `model`: its Q8_0 copy if `copies` holds
@@ -826,7 +874,10 @@ impl SparsePolicy for SaapAttention {
                     let q = ctx.group_queries(0, h);
                     w.key_mass = group_key_mass(q, all_keys, shape.kv_dim(), hd, h);
                 }
-                rope.unrotate(&mut w.queries, hd, ctx.pos0);
+                if lists.heads[h].cells.is_none() {
+                    // The Q-model and centroids route de-roped queries; cells the RoPE'd.
+                    rope.unrotate(&mut w.queries, hd, ctx.pos0);
+                }
                 let model = index.head(ctx.layer, h);
                 let weights = router_weights(copies, model, ctx.layer * shape.n_head_kv + h);
                 w.reads(settings, model, weights, &lists.heads[h], window_start, n)
@@ -866,13 +917,13 @@ impl SparsePolicy for SaapAttention {
             Layout::Buckets => kv_dim * 2 * 2 + 8 * heads,
             Layout::Positions => 0,
         };
-        // Cells: per head, a bucket id per position and, per segment, C sums of a key, a
-        // count and its logarithm.
+        // Cells: per head, a bucket id per position and, per segment, C sums of a key (f32),
+        // means (8-bit and a scale), a count and its logarithm.
         let cells = match self.settings.router {
             Router::Cells => {
                 let (c, d) = (self.index.meta.clusters, self.index.meta.head_dim);
                 let segments = n_ctx.div_ceil(self.settings.segment);
-                heads * (4 * n_ctx + segments * c * (4 * d + 8))
+                heads * (4 * n_ctx + segments * c * (5 * d + 12))
             }
             _ => 0,
         };
@@ -886,7 +937,8 @@ impl SparsePolicy for SaapAttention {
         let dense = (SINKS + self.settings.window).min(n_ctx);
         let c = self.index.meta.clusters.max(1);
         let Some(probes) = self.settings.probes else {
-            return self.settings.budget.max(dense as f64 / n_ctx as f64);
+            let limit = self.settings.read_limit(n_ctx);
+            return (limit.max(dense) as f64 / n_ctx as f64).min(1.0);
         };
         let share = probes.min(c) as f64 / c as f64;
         let probed = (n_ctx - dense) as f64 * share;
@@ -1097,6 +1149,7 @@ mod tests {
         let s = SaapSettings {
             window: 32,
             probes: Some(6),
+            router: Router::Hedged,
             ..Default::default()
         };
         let mut all = policy(&m, s.clone(), 6);
@@ -1173,6 +1226,7 @@ mod tests {
             let s = SaapSettings {
                 window: 32,
                 budget,
+                router: Router::Hedged,
                 ..Default::default()
             };
             let mut p = policy(&m, s, clusters);
@@ -1234,6 +1288,7 @@ mod tests {
                     probes,
                     budget,
                     layout,
+                    router: Router::Hedged,
                     ..Default::default()
                 };
                 let mut p = policy(&m, s, 6);
@@ -1296,123 +1351,132 @@ mod tests {
     /// The cells router reads the sink, the window and the top cells that fit in the budget
     /// (at least one), ranked by an f64 reference of each cell's estimated log-mass
     /// (`ln count + mean logit` of the group's summed query over the cell's RoPE'd keys);
-    /// at a full budget, exact attention. The same after a rewind (cells refolded) and from
-    /// either layout.
+    /// at a full budget, exact attention. The same after a rewind (cells refolded), from
+    /// either layout, at head sizes 16 and 32.
     #[test]
     fn cells_read_the_top_cells_that_fit() {
         let n = 300;
-        let m = model();
-        let sh = shape(&m);
-        let c = distinct_cache(&m, n);
-        // Small enough that a cell's count weighs against its mean logit in the ranking.
-        let q: Vec<f32> = (0..sh.q_dim())
-            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 60.0)
-            .collect();
-        let (hd, group, window) = (m.head_dim, m.n_head / m.n_head_kv, 32);
-        let end = n - window;
         // The case tells a count-and-mean ranking from a slightly different one.
         let mut sensitive = false;
-        // Segments of 4: more cells than are ranked up front (MIN_RANKED_CELLS).
-        let cases = [Layout::Buckets, Layout::Positions]
-            .map(|l| (l, 64))
-            .into_iter();
-        for (layout, segment) in cases.chain([(Layout::Buckets, 4)]) {
-            for budget in [0.1, 0.3, 1.0] {
-                let s = SaapSettings {
-                    window,
-                    budget,
-                    layout,
-                    router: Router::Cells,
-                    segment,
-                    ..Default::default()
-                };
-                let mut p = policy(&m, s, 6);
-                seal(&mut p, &m, &c, n);
-                for rewind in [false, true] {
-                    if rewind {
-                        read_set(&mut p, sh, &c, 1, &q, n - 1);
-                        p.forget_from(150);
-                        seal(&mut p, &m, &c, n);
-                    }
-                    let layer = 1;
-                    let read = read_set(&mut p, sh, &c, layer, &q, n - 1);
-                    let target = ((budget * n as f64).ceil() as usize).saturating_sub(1 + window);
-                    let mut key = vec![0f32; m.kv_dim()];
-                    for (h, ranges) in read.iter().enumerate() {
-                        let got: Vec<usize> = ranges
-                            .iter()
-                            .cloned()
-                            .flatten()
-                            .filter(|&x| x >= 1 && x < end)
-                            .collect();
-                        let qsum: Vec<f64> = (0..hd)
-                            .map(|i| (0..group).map(|g| q[(h * group + g) * hd + i] as f64).sum())
-                            .collect();
-                        let lists = &p.layers[layer].heads[h].buckets;
-                        // Every (segment, bucket) with keys, scored from the definition.
-                        let sealed = n / 16 * 16;
-                        let mut cells: Vec<(f64, Vec<usize>)> = Vec::new();
-                        let mut mis_scored: Vec<(f64, Vec<usize>)> = Vec::new();
-                        for seg in 0..end.div_ceil(segment) {
-                            for list in lists {
-                                let in_cell = |x: usize| x >= 1 && x / segment == seg && x < sealed;
-                                let all: Vec<usize> = list
-                                    .iter()
-                                    .map(|&x| x as usize)
-                                    .filter(|&x| in_cell(x))
-                                    .collect();
-                                if all.is_empty() {
-                                    continue;
-                                }
-                                let mean = all
-                                    .iter()
-                                    .map(|&x| {
-                                        c.read_keys(layer, x, &mut key);
-                                        key[h * hd..(h + 1) * hd]
-                                            .iter()
-                                            .zip(&qsum)
-                                            .map(|(&k, &q)| k as f64 * q)
-                                            .sum::<f64>()
-                                    })
-                                    .sum::<f64>()
-                                    / all.len() as f64;
-                                let logit = mean / (group as f64 * (hd as f64).sqrt());
-                                let ln_count = (all.len() as f64).ln();
-                                let readable: Vec<usize> =
-                                    all.into_iter().filter(|&x| x < end).collect();
-                                cells.push((ln_count + logit, readable.clone()));
-                                // Scored as a sum over the group instead of its mean.
-                                mis_scored.push((ln_count + logit * group as f64, readable));
-                            }
+        let wide = SyntheticSpec {
+            n_embd: 128,
+            ..Default::default()
+        };
+        for m in [model(), synthetic_config(&wide).unwrap()] {
+            let sh = shape(&m);
+            let c = distinct_cache(&m, n);
+            // Small enough that a cell's count weighs against its mean logit in the ranking.
+            let q: Vec<f32> = (0..sh.q_dim())
+                .map(|i| ((i * 7 % 11) as f32 - 5.0) / 60.0)
+                .collect();
+            let (hd, group, window) = (m.head_dim, m.n_head / m.n_head_kv, 32);
+            let end = n - window;
+            // Segments of 4: more cells than are ranked up front (MIN_RANKED_CELLS).
+            let cases = [Layout::Buckets, Layout::Positions]
+                .map(|l| (l, 64))
+                .into_iter();
+            for (layout, segment) in cases.chain([(Layout::Buckets, 4)]) {
+                for budget in [0.1, 0.3, 1.0] {
+                    let s = SaapSettings {
+                        window,
+                        budget,
+                        layout,
+                        router: Router::Cells,
+                        segment,
+                        ..Default::default()
+                    };
+                    let mut p = policy(&m, s, 6);
+                    seal(&mut p, &m, &c, n);
+                    for rewind in [false, true] {
+                        if rewind {
+                            read_set(&mut p, sh, &c, 1, &q, n - 1);
+                            p.forget_from(150);
+                            seal(&mut p, &m, &c, n);
                         }
-                        let fill = |mut cells: Vec<(f64, Vec<usize>)>| {
-                            cells.sort_by(|a, b| b.0.total_cmp(&a.0));
-                            let mut want: Vec<usize> = Vec::new();
-                            for (k, (_, positions)) in cells.iter().enumerate() {
-                                if k > 0 && want.len() + positions.len() > target {
-                                    break;
+                        let layer = 1;
+                        let read = read_set(&mut p, sh, &c, layer, &q, n - 1);
+                        let target =
+                            ((budget * n as f64).ceil() as usize).saturating_sub(1 + window);
+                        let mut key = vec![0f32; m.kv_dim()];
+                        for (h, ranges) in read.iter().enumerate() {
+                            let got: Vec<usize> = ranges
+                                .iter()
+                                .cloned()
+                                .flatten()
+                                .filter(|&x| x >= 1 && x < end)
+                                .collect();
+                            let qsum: Vec<f64> = (0..hd)
+                                .map(|i| {
+                                    (0..group).map(|g| q[(h * group + g) * hd + i] as f64).sum()
+                                })
+                                .collect();
+                            let lists = &p.layers[layer].heads[h].buckets;
+                            // Every (segment, bucket) with keys, scored from the definition.
+                            let sealed = n / 16 * 16;
+                            let mut cells: Vec<(f64, Vec<usize>)> = Vec::new();
+                            let mut mis_scored: Vec<(f64, Vec<usize>)> = Vec::new();
+                            for seg in 0..end.div_ceil(segment) {
+                                for list in lists {
+                                    let in_cell =
+                                        |x: usize| x >= 1 && x / segment == seg && x < sealed;
+                                    let all: Vec<usize> = list
+                                        .iter()
+                                        .map(|&x| x as usize)
+                                        .filter(|&x| in_cell(x))
+                                        .collect();
+                                    if all.is_empty() {
+                                        continue;
+                                    }
+                                    let mean = all
+                                        .iter()
+                                        .map(|&x| {
+                                            c.read_keys(layer, x, &mut key);
+                                            key[h * hd..(h + 1) * hd]
+                                                .iter()
+                                                .zip(&qsum)
+                                                .map(|(&k, &q)| k as f64 * q)
+                                                .sum::<f64>()
+                                        })
+                                        .sum::<f64>()
+                                        / all.len() as f64;
+                                    let logit = mean / (group as f64 * (hd as f64).sqrt());
+                                    let ln_count = (all.len() as f64).ln();
+                                    let readable: Vec<usize> =
+                                        all.into_iter().filter(|&x| x < end).collect();
+                                    cells.push((ln_count + logit, readable.clone()));
+                                    // Scored as a sum over the group instead of its mean.
+                                    mis_scored.push((ln_count + logit * group as f64, readable));
                                 }
-                                want.extend(positions);
                             }
-                            want.sort_unstable();
-                            want
-                        };
-                        let want = fill(cells);
-                        sensitive |= want != fill(mis_scored);
-                        assert_eq!(
+                            let fill = |mut cells: Vec<(f64, Vec<usize>)>| {
+                                cells.sort_by(|a, b| b.0.total_cmp(&a.0));
+                                let mut want: Vec<usize> = Vec::new();
+                                for (k, (_, positions)) in cells.iter().enumerate() {
+                                    if k > 0 && want.len() + positions.len() > target {
+                                        break;
+                                    }
+                                    want.extend(positions);
+                                }
+                                want.sort_unstable();
+                                want
+                            };
+                            let want = fill(cells);
+                            sensitive |= want != fill(mis_scored);
+                            assert_eq!(
                             got, want,
                             "{layout:?} segment {segment} budget {budget} rewind {rewind} head {h}"
                         );
-                        if budget < 1.0 {
-                            assert!(got.len() < end - 1, "a budget reads less than everything");
+                            if budget < 1.0 {
+                                assert!(got.len() < end - 1, "a budget reads less than everything");
+                            }
                         }
-                    }
-                    if budget == 1.0 {
-                        for layer in 0..m.n_layer {
-                            let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-                            attend(&mut p, sh, &c, layer, &q, n - 1, &mut a);
-                            attend(&mut DenseAttention, sh, &c, layer, &q, n - 1, &mut b);
-                            assert_eq!(a, b, "full budget, layer {layer}");
+                        if budget == 1.0 {
+                            for layer in 0..m.n_layer {
+                                let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+                                attend(&mut p, sh, &c, layer, &q, n - 1, &mut a);
+                                attend(&mut DenseAttention, sh, &c, layer, &q, n - 1, &mut b);
+                                assert_eq!(a, b, "full budget, layer {layer}");
+                            }
                         }
                     }
                 }
@@ -1422,6 +1486,90 @@ mod tests {
             sensitive,
             "the case cannot tell the group's mean logit from its sum"
         );
+    }
+
+    /// A read limit caps the budget: a full budget capped at 90 positions reads what a 30%
+    /// budget does at 300 (⌈0.3 · 300⌉ = 90), for the bucket and the cell routers, and the
+    /// policy reports that share.
+    #[test]
+    fn the_read_limit_caps_the_budget() {
+        let n = 300;
+        let m = model();
+        let sh = shape(&m);
+        let c = distinct_cache(&m, n);
+        let q: Vec<f32> = (0..sh.q_dim())
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 60.0)
+            .collect();
+        for router in [Router::Hedged, Router::Cells] {
+            let at = |budget, max_read| {
+                let s = SaapSettings {
+                    window: 32,
+                    budget,
+                    max_read,
+                    router,
+                    segment: 64,
+                    ..Default::default()
+                };
+                let mut p = policy(&m, s, 6);
+                seal(&mut p, &m, &c, n);
+                let read = read_set(&mut p, sh, &c, 1, &q, n - 1);
+                (read, p.fraction_read(n))
+            };
+            let (share, share_fraction) = at(0.3, 0);
+            let (capped, capped_fraction) = at(1.0, 90);
+            let (uncapped, _) = at(1.0, 0);
+            assert_eq!(capped, share, "{router:?}");
+            assert_ne!(capped, uncapped, "{router:?}: the cap changes the read");
+            assert_eq!(capped_fraction, share_fraction);
+            assert_eq!(capped_fraction, 90.0 / n as f64);
+        }
+    }
+
+    /// Rank keys sort as scores descending (an f64-free reference: the scores' own order,
+    /// NaN last), ties by cell.
+    #[test]
+    fn rank_keys_sort_by_score_descending_then_cell() {
+        let scores = [
+            0.5,
+            -0.0,
+            0.0,
+            -3.25,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-30,
+            -1e-30,
+            0.5,
+            7.0,
+            -f32::NAN,
+        ];
+        let mut keys: Vec<u64> = (0..scores.len() as u32)
+            .map(|c| rank_key(scores[c as usize], c))
+            .collect();
+        keys.sort_unstable();
+        let got: Vec<u32> = keys.iter().map(|&k| k as u32).collect();
+        let mut want: Vec<u32> = (0..scores.len() as u32).collect();
+        let value = |c: u32| {
+            let s = scores[c as usize];
+            if s.is_nan() {
+                f64::NEG_INFINITY
+            } else {
+                s as f64
+            }
+        };
+        // -0.0 and 0.0 differ by bits, as `total_cmp` orders them.
+        want.sort_by(|&a, &b| {
+            let (x, y) = (scores[a as usize], scores[b as usize]);
+            value(b)
+                .total_cmp(&value(a))
+                .then(if x == 0.0 && y == 0.0 {
+                    y.total_cmp(&x)
+                } else {
+                    std::cmp::Ordering::Equal
+                })
+                .then(a.cmp(&b))
+        });
+        assert_eq!(got, want);
     }
 
     #[test]
