@@ -67,33 +67,40 @@ fn policy_step(c: &mut Criterion) {
     }
     let q = values(shape.q_dim(), &mut seed);
     let index = Arc::new(synthetic_saap_index(&m, 1024, 64, 7));
-    let saap = |router, budget| {
+    let saap = |router, budget, max_read, segment| {
         let s = SaapSettings {
             router,
             budget,
+            max_read,
+            segment,
             ..Default::default()
         };
         let p = SaapAttention::new(s, index.clone(), Rope::of(&m)).expect("valid settings");
         Box::new(p) as Box<dyn SparsePolicy>
     };
     let quest = QuestAttention::new(QuestSettings::default(), m.n_layer).expect("defaults");
-    // Saap at its default budget (5% of the context) and at Quest's default read (1,024
-    // positions).
-    let (default, quest_read) = (SaapSettings::default().budget, 1024.0 / n as f64);
+    // Saap at its defaults (5% of the context, at most 1,024 positions: Quest's default
+    // read at 32K), at 5% uncapped, with half the default segment, and with the trained
+    // router over whole buckets.
+    let d = SaapSettings::default();
     let policies: Vec<(String, Box<dyn SparsePolicy>)> = vec![
         ("full".into(), Box::new(DenseAttention)),
         ("quest".into(), Box::new(quest)),
         (
-            format!("saap-cells@{default}"),
-            saap(SaapRouter::Cells, default),
+            "saap (cells)".into(),
+            saap(SaapRouter::Cells, d.budget, d.max_read, d.segment),
         ),
         (
-            format!("saap-cells@{quest_read:.3}"),
-            saap(SaapRouter::Cells, quest_read),
+            "saap (cells, uncapped)".into(),
+            saap(SaapRouter::Cells, d.budget, 0, d.segment),
         ),
         (
-            format!("saap-hedged@{default}"),
-            saap(SaapRouter::Hedged, default),
+            format!("saap (cells, segment {})", d.segment / 2),
+            saap(SaapRouter::Cells, d.budget, d.max_read, d.segment / 2),
+        ),
+        (
+            "saap (hedged)".into(),
+            saap(SaapRouter::Hedged, d.budget, d.max_read, d.segment),
         ),
     ];
     let mut group = c.benchmark_group(format!("decode step, one layer, depth {n}"));

@@ -143,8 +143,9 @@ impl Default for SaapSettings {
     /// 5% of the context per sparse layer, at most 1,024 positions (sink, 63 recent
     /// positions, and the top cells that fit), routed by positional cells: every needle of
     /// the 8K/16K/32K grid full attention answers, and cells capture more attention mass
-    /// than the trained router, plain k-means or Quest at equal reads (docs/long-context.md,
-    /// "Positional cells"); a fixed 32 of 1,024 buckets read ~4% at 8K but ~2.2% at 32K and
+    /// than the trained router or plain k-means, level with Quest at equal reads, for less
+    /// cost than the trained router (docs/long-context.md, "Positional cells" and "Cells by
+    /// default"); a fixed 32 of 1,024 buckets read ~4% at 8K but ~2.2% at 32K and
     /// lost a needle. The paper's 1 + 2047 window would alone be 25% at 8K; it reports
     /// 1 + 63 performing about the same.
     fn default() -> Self {
