@@ -94,7 +94,11 @@ mod tests {
             let q: Vec<f32> = (0..dim).map(|_| r() * 2.0).collect();
             let rows: Vec<i8> = (0..n * dim).map(|_| (r() * 127.0) as i8).collect();
             let scales: Vec<f32> = (0..n).map(|_| r().abs() * 0.05).collect();
-            let bound: f64 = q.iter().map(|x| x.abs() as f64).sum::<f64>() * 127.0 * 1e-6;
+            // f32 rounding of `dim` products and sums, each within ε of the running total
+            // (at most Σ|q| · 127), then the scale's product.
+            let eps = f32::EPSILON as f64;
+            let bound =
+                q.iter().map(|x| x.abs() as f64).sum::<f64>() * 127.0 * (dim + 2) as f64 * eps;
             for level in Level::supported() {
                 let mut got = vec![f32::NAN; n];
                 scaled_row_dots(level, &rows, &scales, &q, &mut got);
@@ -104,7 +108,7 @@ mod tests {
                             .map(|d| q[d] as f64 * rows[i * dim + d] as f64)
                             .sum::<f64>();
                     assert!(
-                        (g as f64 - want).abs() <= bound * scales[i] as f64 + 1e-7,
+                        (g as f64 - want).abs() <= bound * scales[i] as f64,
                         "{level:?} dim {dim} row {i}: {g} vs {want}"
                     );
                 }
