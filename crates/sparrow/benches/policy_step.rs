@@ -11,6 +11,7 @@ use sparrow::attention::{attend, AttnShape, DenseAttention, KeysView, SparsePoli
 use sparrow::kv_cache::KvCache;
 use sparrow::model::rope::Rope;
 use sparrow::policy::{QuestAttention, QuestSettings, SaapAttention, SaapRouter, SaapSettings};
+use sparrow::saap::SaapIndex;
 use sparrow::synthetic::{synthetic_config, synthetic_saap_index, SyntheticSpec};
 use sparrow::KvType;
 use std::sync::Arc;
@@ -19,6 +20,9 @@ use std::time::Duration;
 /// The layer measured (layer 0 is dense under every sparse policy's defaults; Quest's
 /// keep layer 1 dense too).
 const LAYER: usize = 2;
+
+/// Buckets of the default trained index (`sparrow saap train`'s `--clusters`).
+const DEFAULT_CLUSTERS: usize = 1024;
 
 fn depth() -> usize {
     std::env::var("POLICY_STEP_DEPTH")
@@ -66,11 +70,12 @@ fn policy_step(c: &mut Criterion) {
         }
     }
     let q = values(shape.q_dim(), &mut seed);
-    let index = Arc::new(synthetic_saap_index(&m, 1024, 64, 7));
-    let saap = |router, budget, max_read, segment| {
+    // An index of the default bucket count, and one of 128 buckets.
+    let index = Arc::new(synthetic_saap_index(&m, DEFAULT_CLUSTERS, 64, 7));
+    let index_128 = Arc::new(synthetic_saap_index(&m, 128, 64, 7));
+    let saap = |index: &Arc<SaapIndex>, router, max_read, segment| {
         let s = SaapSettings {
             router,
-            budget,
             max_read,
             segment,
             ..Default::default()
@@ -80,27 +85,37 @@ fn policy_step(c: &mut Criterion) {
     };
     let quest = QuestAttention::new(QuestSettings::default(), m.n_layer).expect("defaults");
     // Saap at its defaults (5% of the context, at most 1,024 positions: Quest's default
-    // read at 32K), at 5% uncapped, with half the default segment, and with the trained
-    // router over whole buckets.
+    // read at 32K; segments of 8 × C), at 5% uncapped, with half the default segment, over
+    // 128 buckets (segments of 8 × C and 4 × C), and with the trained router over whole
+    // buckets.
     let d = SaapSettings::default();
+    let segment = d.segment_for(DEFAULT_CLUSTERS);
     let policies: Vec<(String, Box<dyn SparsePolicy>)> = vec![
         ("full".into(), Box::new(DenseAttention)),
         ("quest".into(), Box::new(quest)),
         (
             "saap (cells)".into(),
-            saap(SaapRouter::Cells, d.budget, d.max_read, d.segment),
+            saap(&index, SaapRouter::Cells, d.max_read, None),
         ),
         (
             "saap (cells, uncapped)".into(),
-            saap(SaapRouter::Cells, d.budget, 0, d.segment),
+            saap(&index, SaapRouter::Cells, 0, None),
         ),
         (
-            format!("saap (cells, segment {})", d.segment / 2),
-            saap(SaapRouter::Cells, d.budget, d.max_read, d.segment / 2),
+            format!("saap (cells, segment {})", segment / 2),
+            saap(&index, SaapRouter::Cells, d.max_read, Some(segment / 2)),
+        ),
+        (
+            "saap (cells, C 128)".into(),
+            saap(&index_128, SaapRouter::Cells, d.max_read, None),
+        ),
+        (
+            "saap (cells, C 128, segment 512)".into(),
+            saap(&index_128, SaapRouter::Cells, d.max_read, Some(512)),
         ),
         (
             "saap (hedged)".into(),
-            saap(SaapRouter::Hedged, d.budget, d.max_read, d.segment),
+            saap(&index, SaapRouter::Hedged, d.max_read, None),
         ),
     ];
     let mut group = c.benchmark_group(format!("decode step, one layer, depth {n}"));

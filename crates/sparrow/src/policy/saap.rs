@@ -18,10 +18,12 @@
 //! similarity to the centroids, plain k-means as in the paper's baseline — is the `kmeans`
 //! policy ([`super::kmeans`]).
 //!
-//! `--saap-router cells` keeps the partition but not the bucket ranking: each bucket is
-//! split by position segment into cells ([`crate::saap::cells`]), and a step reads the
-//! cells whose live statistics (count and mean RoPE'd key) promise the most mass for the
-//! group's summed query — direction from the partition, locality from the segments.
+//! The default router (`--saap-router cells`) keeps the partition but not the bucket
+//! ranking: each bucket is split by position segment (8 × C positions by default) into
+//! cells ([`crate::saap::cells`]), and a step reads the cells whose live statistics (count
+//! and mean RoPE'd key) promise the most mass for the group's summed query — direction
+//! from the partition, locality from the segments. The Q-model routers above remain
+//! (`--saap-router hedged` or `qmodel`).
 
 use super::oracle::group_key_mass;
 use super::{AttentionChoice, PolicyEntry, SettingsType};
@@ -124,10 +126,13 @@ pub struct SaapSettings {
     #[cfg_attr(feature = "cli", arg(id = "SAAP_LAYOUT", long = "saap-layout", value_enum, default_value_t = SaapSettings::default().layout, help_heading = crate::policy::HELP_HEADING))]
     pub layout: Layout,
     /// Saap: positions per segment of `--saap-router cells` (each bucket is split into one
-    /// cell per segment). 8 × C (8,192 at the default C = 1,024) leaves ~8 keys per cell at
-    /// any length: `n/8` vectors to score per KV head, as many as Quest's page bounds.
-    #[cfg_attr(feature = "cli", arg(id = "SAAP_SEGMENT", long = "saap-segment", default_value_t = SaapSettings::default().segment, help_heading = crate::policy::HELP_HEADING))]
-    pub segment: usize,
+    /// cell per segment) [default: 8 × the index's buckets C, 8,192 at the default C =
+    /// 1,024]. 8 × C leaves ~8 keys per cell at any length and any C: `n/8` vectors to
+    /// score per KV head, as many as Quest's page bounds. An index of 128 buckets (segments
+    /// of 1,024) routes better at that cost, but lost a 32K needle's last digit
+    /// (docs/long-context.md, "Fewer buckets, shorter segments").
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_SEGMENT", long = "saap-segment", help_heading = crate::policy::HELP_HEADING))]
+    pub segment: Option<usize>,
     /// Saap: recent positions always read (the dense window beside the sink, position 0).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_WINDOW", long = "saap-window", default_value_t = SaapSettings::default().window, help_heading = crate::policy::HELP_HEADING))]
     pub window: usize,
@@ -141,12 +146,12 @@ pub struct SaapSettings {
 
 impl Default for SaapSettings {
     /// 5% of the context per sparse layer, at most 1,024 positions (sink, 63 recent
-    /// positions, and the top cells that fit), routed by positional cells: every needle of
-    /// the 8K/16K/32K grid full attention answers, and cells capture more attention mass
-    /// than the trained router or plain k-means, level with Quest at equal reads, for less
-    /// cost than the trained router (docs/long-context.md, "Positional cells" and "Cells by
-    /// default"); a fixed 32 of 1,024 buckets read ~4% at 8K but ~2.2% at 32K and
-    /// lost a needle. The paper's 1 + 2047 window would alone be 25% at 8K; it reports
+    /// positions, and the top cells that fit), routed by positional cells of 8 keys: every
+    /// needle of the 8K/16K/32K grid full attention answers, and cells capture more
+    /// attention mass than the trained router or plain k-means, level with Quest at equal
+    /// reads, for less cost than the trained router (docs/long-context.md, "Positional
+    /// cells", "Cells by default" and "Fewer buckets, shorter segments"); a fixed 32 of
+    /// 1,024 buckets read ~4% at 8K but ~2.2% at 32K and lost a needle. The paper's 1 + 2047 window would alone be 25% at 8K; it reports
     /// 1 + 63 performing about the same.
     fn default() -> Self {
         SaapSettings {
@@ -158,7 +163,7 @@ impl Default for SaapSettings {
             router_weights: RouterPrecision::Q8,
             oracle: false,
             layout: Layout::Buckets,
-            segment: 8192,
+            segment: None,
             window: 63,
             block: 16,
             dense_layers: vec![0],
@@ -169,6 +174,10 @@ impl Default for SaapSettings {
 /// Positions always read at the start (the attention sink).
 const SINKS: usize = 1;
 
+/// Keys per cell of the cells router's default segment (8 × C positions): `n/8` cell means
+/// to score per KV head at any length, as many vectors as Quest's page bounds.
+pub const KEYS_PER_CELL: usize = 8;
+
 /// Buckets ranked before a budgeted step starts taking them (more only when all fit).
 const RANKED: usize = 128;
 
@@ -176,6 +185,14 @@ const RANKED: usize = 128;
 const MIN_RANKED_CELLS: usize = 64;
 
 impl SaapSettings {
+    /// Positions per segment of the cells router over an index of `clusters` buckets:
+    /// `--saap-segment`, else [`KEYS_PER_CELL`] × `clusters`.
+    pub fn segment_for(&self, clusters: usize) -> usize {
+        self.segment
+            .unwrap_or(KEYS_PER_CELL * clusters.max(1))
+            .max(1)
+    }
+
     /// Positions a budgeted query of a context of `n` may read, sink and window included:
     /// the budget's share of `n`, at most `max_read` (if set).
     fn read_limit(&self, n: usize) -> usize {
@@ -203,7 +220,7 @@ impl SaapSettings {
                 self.block
             ));
         }
-        if self.segment == 0 {
+        if self.segment == Some(0) {
             return Err("saap segment 0 is out of range (at least 1 position)".into());
         }
         if self.router == Router::Cells && self.probes.is_some() {
@@ -410,8 +427,9 @@ impl SaapAttention {
                             .then(|| BucketRows::new(m.clusters, m.head_dim)),
                         unfiled: Vec::new(),
                         bucket_of: Vec::new(),
-                        cells: (cells && !settings.dense_layers.contains(&l))
-                            .then(|| CellStats::new(settings.segment, m.clusters, m.head_dim)),
+                        cells: (cells && !settings.dense_layers.contains(&l)).then(|| {
+                            CellStats::new(settings.segment_for(m.clusters), m.clusters, m.head_dim)
+                        }),
                     };
                     m.n_head_kv
                 ],
@@ -923,7 +941,7 @@ impl SparsePolicy for SaapAttention {
         let cells = match self.settings.router {
             Router::Cells => {
                 let (c, d) = (self.index.meta.clusters, self.index.meta.head_dim);
-                let segments = n_ctx.div_ceil(self.settings.segment);
+                let segments = n_ctx.div_ceil(self.settings.segment_for(c));
                 heads * (4 * n_ctx + segments * c * (5 * d + 12))
             }
             _ => 0,
@@ -1383,7 +1401,7 @@ mod tests {
                         budget,
                         layout,
                         router: Router::Cells,
-                        segment,
+                        segment: Some(segment),
                         ..Default::default()
                     };
                     let mut p = policy(&m, s, 6);
@@ -1489,6 +1507,39 @@ mod tests {
         );
     }
 
+    /// Without `--saap-segment` the cells router cuts segments of 8 × C positions, whatever
+    /// C the index has: a policy at the default reads what one told 8 × C reads.
+    #[test]
+    fn the_default_segment_is_eight_keys_per_bucket() {
+        let d = SaapSettings::default();
+        assert_eq!(d.segment_for(128), 1024);
+        assert_eq!(d.segment_for(1024), 8192);
+        let told = SaapSettings {
+            segment: Some(40),
+            ..d.clone()
+        };
+        assert_eq!(told.segment_for(128), 40);
+        let (n, m) = (300, model());
+        let sh = shape(&m);
+        let c = distinct_cache(&m, n);
+        let q: Vec<f32> = (0..sh.q_dim())
+            .map(|i| ((i * 5 % 13) as f32 - 6.0) / 50.0)
+            .collect();
+        let read = |segment| {
+            let s = SaapSettings {
+                window: 32,
+                budget: 0.3,
+                segment,
+                ..Default::default()
+            };
+            let mut p = policy(&m, s, 6);
+            seal(&mut p, &m, &c, n);
+            read_set(&mut p, sh, &c, 1, &q, n - 1)
+        };
+        assert_eq!(read(None), read(Some(48)), "8 × C = 48 at C = 6");
+        assert_ne!(read(None), read(Some(300)), "a segment the default is not");
+    }
+
     /// A read limit caps the budget: a full budget capped at 90 positions reads what a 30%
     /// budget does at 300 (⌈0.3 · 300⌉ = 90), for the bucket and the cell routers, and the
     /// policy reports that share.
@@ -1508,7 +1559,7 @@ mod tests {
                     budget,
                     max_read,
                     router,
-                    segment: 64,
+                    segment: Some(64),
                     ..Default::default()
                 };
                 let mut p = policy(&m, s, 6);
@@ -1598,7 +1649,7 @@ mod tests {
         assert!(cells.validate().is_ok());
         for bad in [
             SaapSettings {
-                segment: 0,
+                segment: Some(0),
                 ..cells.clone()
             },
             SaapSettings {
