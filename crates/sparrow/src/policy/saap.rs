@@ -151,8 +151,8 @@ impl Default for SaapSettings {
     /// attention mass than the trained router or plain k-means, level with Quest at equal
     /// reads, for less cost than the trained router (docs/long-context.md, "Positional
     /// cells", "Cells by default" and "Fewer buckets, shorter segments"); a fixed 32 of
-    /// 1,024 buckets read ~4% at 8K but ~2.2% at 32K and lost a needle. The paper's 1 + 2047 window would alone be 25% at 8K; it reports
-    /// 1 + 63 performing about the same.
+    /// 1,024 buckets read ~4% at 8K but ~2.2% at 32K and lost a needle. The paper's 1 +
+    /// 2047 window would alone be 25% at 8K; it reports 1 + 63 performing about the same.
     fn default() -> Self {
         SaapSettings {
             index: None,
