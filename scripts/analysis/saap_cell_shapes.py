@@ -60,6 +60,7 @@ for layer in layers:
         K = keys[layer, :, kvh]
         Kr = rope(K, np.arange(n), base, d)
         bucket = {C: assign(K, centroids(C, layer, kvh)) for C in sorted({c for c, _ in shapes})}
+        resid = {C: np.linalg.norm(K - centroids(C, layer, kvh)[b], axis=1) for C, b in bucket.items()}
         for qi in qidx:
             p = qpos[qi]
             Qr = rope(qs[layer, qi, kvh * g:(kvh + 1) * g], np.full(g, p), base, d)
@@ -71,8 +72,10 @@ for layer in layers:
             if MAXREAD:
                 target = min(target, MAXREAD)
             budget = target - dense.sum()
+            top = np.argmax(A[:, cand], axis=1)  # each query head's strongest far key
             def captured(sel):
-                return A[:, dense].sum(1).mean() + A[:, cand[sel]].sum(1).mean(), (sel.sum() + dense.sum()) / (p + 1)
+                return (A[:, dense].sum(1).mean() + A[:, cand[sel]].sum(1).mean(),
+                        (sel.sum() + dense.sum()) / (p + 1), sel[top].mean())
             Kc = Kr[cand]; qbar = Qr.mean(0)
             for C, S in shapes:
                 cell = (cand // S) * C + bucket[C][cand]
@@ -83,7 +86,18 @@ for layer in layers:
                 var = np.maximum(sq / div[:, None] - mu ** 2, 0)
                 mean = np.where(nz, np.log(div) + mu @ qbar / np.sqrt(d), -np.inf)
                 spread = var @ (qbar ** 2) / d
-                for name, score in [('mean', mean), ('+diag/2', mean + 0.5 * spread), ('+diag/4', mean + 0.25 * spread)]:
+                variants = [('mean', mean), ('+diag/2', mean + 0.5 * spread)]
+                for oname, far in [('outlier', resid[C][cand]), ('outlier|k|', np.linalg.norm(Kc, axis=1))]:
+                    # Each cell's farthest key scored alone, the rest by their mean.
+                    order = np.lexsort((-far, cell))
+                    first = order[np.r_[True, cell[order][1:] != cell[order][:-1]]]
+                    kout = np.zeros((ncell, d)); kout[cell[first]] = Kc[first]
+                    rest = np.maximum(size - 1, 0)
+                    mu_rest = (mu * div[:, None] - kout) / np.maximum(rest, 1)[:, None]
+                    one = kout @ qbar / np.sqrt(d)
+                    others = np.where(rest > 0, np.log(np.maximum(rest, 1)) + mu_rest @ qbar / np.sqrt(d), -np.inf)
+                    variants.append((oname, np.where(nz, np.logaddexp(one, others), -np.inf)))
+                for name, score in variants:
                     res.setdefault(f'C={C} S={S} {name}', []).append(captured(top_that_fit(score, size, budget)[cell]))
             page = cand // 16
             pages, inv = np.unique(page, return_inverse=True)
@@ -96,4 +110,4 @@ for layer in layers:
     print(f'layer {layer} done', file=sys.stderr, flush=True)
 for k, v in res.items():
     v = np.array(v)
-    print(f'{k:28s} mass {v[:, 0].mean():.3f}  read {v[:, 1].mean() * 100:.2f}%')
+    print(f'{k:28s} mass {v[:, 0].mean():.3f}  read {v[:, 1].mean() * 100:.2f}%  top key {v[:, 2].mean():.3f}')

@@ -1368,8 +1368,9 @@ mod tests {
     }
 
     /// The cells router reads the sink, the window and the top cells that fit in the budget
-    /// (at least one), ranked by an f64 reference of each cell's estimated log-mass
-    /// (`ln count + mean logit` of the group's summed query over the cell's RoPE'd keys);
+    /// (at least one), ranked by an f64 reference of each cell's estimated log-mass (the
+    /// exponent of its longest RoPE'd key's logit for the group's summed query, plus the
+    /// other keys' count times the exponent of their mean logit, in log);
     /// at a full budget, exact attention. The same after a rewind (cells refolded), from
     /// either layout, at head sizes 16 and 32.
     #[test]
@@ -1446,25 +1447,47 @@ mod tests {
                                     if all.is_empty() {
                                         continue;
                                     }
-                                    let mean = all
+                                    // Per key: its logit for the group's summed query
+                                    // (over the group size and √head_dim) and its length.
+                                    let scale = 1.0 / (group as f64 * (hd as f64).sqrt());
+                                    let per_key: Vec<(f64, f64)> = all
                                         .iter()
                                         .map(|&x| {
                                             c.read_keys(layer, x, &mut key);
-                                            key[h * hd..(h + 1) * hd]
+                                            let k = &key[h * hd..(h + 1) * hd];
+                                            let dot: f64 = k
                                                 .iter()
                                                 .zip(&qsum)
                                                 .map(|(&k, &q)| k as f64 * q)
-                                                .sum::<f64>()
+                                                .sum();
+                                            let norm: f64 =
+                                                k.iter().map(|&k| k as f64 * k as f64).sum();
+                                            (dot * scale, norm)
                                         })
-                                        .sum::<f64>()
-                                        / all.len() as f64;
-                                    let logit = mean / (group as f64 * (hd as f64).sqrt());
-                                    let ln_count = (all.len() as f64).ln();
+                                        .collect();
+                                    // The first longest key alone, the rest by their mean.
+                                    let longest = (0..per_key.len())
+                                        .reduce(
+                                            |b, i| if per_key[i].1 > per_key[b].1 { i } else { b },
+                                        )
+                                        .unwrap();
+                                    let rest = per_key.len() - 1;
+                                    let score = |times: f64| {
+                                        let one = (per_key[longest].0 * times).exp();
+                                        let others = if rest == 0 {
+                                            0.0
+                                        } else {
+                                            let sum: f64 = per_key.iter().map(|k| k.0).sum();
+                                            let mean = (sum - per_key[longest].0) / rest as f64;
+                                            rest as f64 * (mean * times).exp()
+                                        };
+                                        (one + others).ln()
+                                    };
                                     let readable: Vec<usize> =
                                         all.into_iter().filter(|&x| x < end).collect();
-                                    cells.push((ln_count + logit, readable.clone()));
+                                    cells.push((score(1.0), readable.clone()));
                                     // Scored as a sum over the group instead of its mean.
-                                    mis_scored.push((ln_count + logit * group as f64, readable));
+                                    mis_scored.push((score(group as f64), readable));
                                 }
                             }
                             let fill = |mut cells: Vec<(f64, Vec<usize>)>| {

@@ -1,5 +1,6 @@
 //! Positional cells of a Saap partition: each bucket of one (layer, KV head) split by
-//! position segment, with the sum of the RoPE'd keys filed in each (segment, bucket).
+//! position segment, with the sum of the RoPE'd keys filed in each (segment, bucket) and
+//! its longest key apart.
 //!
 //! Why: a bucket groups keys by direction from the whole context, so at 32K a bucket of
 //! ~31 keys holds a few a query wants among many it does not, and no ranking of whole
@@ -10,15 +11,23 @@
 //! (`q · mean(k) = mean(q · k)`), position effects included, which the de-roped centroids
 //! cannot. The statistics are the live context's, not the index's.
 //!
+//! A mean hides the one key a needle query wants among others it does not (the mass of a
+//! cell is `Σ exp(q · k)`, which a single high logit dominates and `n · exp(mean)`
+//! understates most), so each cell keeps its longest key (the largest `|k|`, the one that
+//! can give the largest logit) apart and is scored as that key's exact term plus the rest
+//! by their mean: never below the mean's estimate, and still below the true mass
+//! (docs/long-context.md, "A cell's longest key").
+//!
 //! A decode step scores every cell of every sparse layer and KV head (4,096 cells per head
 //! at 32K with the default segment): the sums stay f32 so keys fold in and out exactly,
-//! and each cell's mean is also kept as 8-bit quants with one scale (68 bytes at head size
-//! 64 instead of 256), which the step scores with [`scaled_row_dots`]'s SIMD kernel.
+//! and each cell's rest mean and longest key are also kept as 8-bit quants with one scale
+//! each (68 bytes at head size 64 instead of 256), which the step scores with
+//! [`scaled_row_dots`]'s SIMD kernel.
 
 use sparrow_attn::kernel::Level;
 use sparrow_attn::policy::{quantize_row, scaled_row_dots};
 
-/// Per (segment, bucket): sum of the keys (f32) and how many.
+/// Per (segment, bucket): sum of the keys (f32), how many, and the longest one.
 #[derive(Clone, Debug)]
 pub struct CellStats {
     segment: usize,
@@ -28,12 +37,17 @@ pub struct CellStats {
     sums: Vec<f32>,
     /// `segments × clusters`.
     counts: Vec<u32>,
-    /// Per cell `ln count` (a step scores thousands of cells: the logarithm is taken when a
-    /// key is folded in, not per step).
-    ln_counts: Vec<f32>,
-    /// Per cell its mean key quantized (`dim` each, [`quantize_row`]) and that row's scale.
+    /// Per cell `ln (count − 1)`, the keys beside the longest (−∞ for none; a step scores
+    /// thousands of cells: the logarithm is taken when a key is folded in, not per step).
+    ln_rests: Vec<f32>,
+    /// Per cell the mean of its keys but the longest, quantized (`dim` each,
+    /// [`quantize_row`]), and that row's scale.
     means: Vec<i8>,
     mean_scales: Vec<f32>,
+    /// Per cell its longest key quantized, that row's scale, and its squared length.
+    longest: Vec<i8>,
+    longest_scales: Vec<f32>,
+    longest_norms: Vec<f32>,
     /// Scratch: a mean being quantized.
     mean_buf: Vec<f32>,
     /// Positions below this are folded in.
@@ -50,9 +64,12 @@ impl CellStats {
             dim,
             sums: Vec::new(),
             counts: Vec::new(),
-            ln_counts: Vec::new(),
+            ln_rests: Vec::new(),
             means: Vec::new(),
             mean_scales: Vec::new(),
+            longest: Vec::new(),
+            longest_scales: Vec::new(),
+            longest_norms: Vec::new(),
             mean_buf: Vec::new(),
             upto: 0,
         }
@@ -82,23 +99,44 @@ impl CellStats {
         let Some(key) = key else { return };
         let s = pos / self.segment;
         if s >= self.segments() {
-            self.counts.resize((s + 1) * self.clusters, 0);
-            self.ln_counts
-                .resize((s + 1) * self.clusters, f32::NEG_INFINITY);
-            self.sums.resize((s + 1) * self.clusters * self.dim, 0.0);
-            self.means.resize((s + 1) * self.clusters * self.dim, 0);
-            self.mean_scales.resize((s + 1) * self.clusters, 0.0);
+            let cells = (s + 1) * self.clusters;
+            self.counts.resize(cells, 0);
+            self.ln_rests.resize(cells, f32::NEG_INFINITY);
+            self.sums.resize(cells * self.dim, 0.0);
+            self.means.resize(cells * self.dim, 0);
+            self.mean_scales.resize(cells, 0.0);
+            self.longest.resize(cells * self.dim, 0);
+            self.longest_scales.resize(cells, 0.0);
+            self.longest_norms.resize(cells, f32::NEG_INFINITY);
         }
         let cell = s * self.clusters + bucket as usize;
+        let d = self.dim;
         self.counts[cell] += 1;
         let n = self.counts[cell];
-        self.ln_counts[cell] = (n as f32).ln();
-        let d = self.dim;
         let sum = &mut self.sums[cell * d..][..d];
         sum.iter_mut().zip(key).for_each(|(s, &k)| *s += k);
+        // The first of the longest keys stays apart (a NaN key never replaces one).
+        let norm: f32 = key.iter().map(|&k| k * k).sum();
+        if norm > self.longest_norms[cell] || n == 1 {
+            self.longest_norms[cell] = norm;
+            let row = &mut self.longest[cell * d..][..d];
+            self.longest_scales[cell] = quantize_row(key, row);
+        }
+        if n == 1 {
+            return;
+        }
+        // The rest: the sum less the longest key (as its quants hold it).
+        self.ln_rests[cell] = ((n - 1) as f32).ln();
+        let (row, scale) = (&self.longest[cell * d..][..d], self.longest_scales[cell]);
+        let rest = (n - 1) as f32;
         let mean = &mut self.mean_buf;
         mean.clear();
-        mean.extend(sum.iter().map(|&s| s / n as f32));
+        mean.extend(
+            self.sums[cell * d..][..d]
+                .iter()
+                .zip(row)
+                .map(|(&s, &l)| (s - scale * l as f32) / rest),
+        );
         self.mean_scales[cell] = quantize_row(mean, &mut self.means[cell * d..][..d]);
     }
 
@@ -110,11 +148,15 @@ impl CellStats {
             return;
         }
         let s = from / self.segment;
-        self.counts.truncate(s * self.clusters);
-        self.ln_counts.truncate(s * self.clusters);
-        self.sums.truncate(s * self.clusters * self.dim);
-        self.means.truncate(s * self.clusters * self.dim);
-        self.mean_scales.truncate(s * self.clusters);
+        let cells = s * self.clusters;
+        self.counts.truncate(cells);
+        self.ln_rests.truncate(cells);
+        self.sums.truncate(cells * self.dim);
+        self.means.truncate(cells * self.dim);
+        self.mean_scales.truncate(cells);
+        self.longest.truncate(cells * self.dim);
+        self.longest_scales.truncate(cells);
+        self.longest_norms.truncate(cells);
         self.upto = s * self.segment;
     }
 
@@ -132,9 +174,10 @@ impl CellStats {
 
     /// Writes to `out` every non-empty cell of the segments starting below `end` with its
     /// estimated log-mass for the summed query `q` (`dim` values, the GQA group's RoPE'd
-    /// query rows added up): `ln count + scale · q · mean`, the count times the exponent of
-    /// the cell's mean logit (`scale`: 1 / (group · √head_dim) makes it the group's mean
-    /// logit), `mean` read from its quants; `dots` is scratch.
+    /// query rows added up): `ln(exp(scale · q · longest) + (count − 1) · exp(scale · q ·
+    /// rest mean))`, the longest key's term plus the others' count times the exponent of
+    /// their mean logit (`scale`: 1 / (group · √head_dim) makes these the group's mean
+    /// logits), rows read from their quants; `dots` is scratch.
     pub fn score(
         &self,
         q: &[f32],
@@ -146,20 +189,38 @@ impl CellStats {
         out.clear();
         let cells = self.segments().min(end.div_ceil(self.segment)) * self.clusters;
         dots.clear();
-        dots.resize(cells, 0.0);
+        dots.resize(2 * cells, 0.0);
         let q = &q[..self.dim];
-        scaled_row_dots(Level::active(), &self.means, &self.mean_scales, q, dots);
-        for (cell, &dot) in dots.iter().enumerate() {
-            if self.counts[cell] > 0 {
-                out.push((cell as u32, self.ln_counts[cell] + scale * dot));
+        let (rests, longest) = dots.split_at_mut(cells);
+        let level = Level::active();
+        scaled_row_dots(level, &self.means, &self.mean_scales, q, rests);
+        scaled_row_dots(level, &self.longest, &self.longest_scales, q, longest);
+        for cell in 0..cells {
+            if self.counts[cell] == 0 {
+                continue;
             }
+            let one = scale * longest[cell];
+            let others = self.ln_rests[cell] + scale * rests[cell];
+            out.push((cell as u32, log_add_exp(one, others)));
         }
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.sums.len() * 4 + self.counts.len() * 8 + self.means.len() + self.mean_scales.len() * 4
+        self.sums.len() * 4
+            + self.counts.len() * 8
+            + (self.means.len() + self.longest.len())
+            + (self.mean_scales.len() + self.longest_scales.len() + self.longest_norms.len()) * 4
     }
+}
+
+/// `ln(exp(a) + exp(b))` without overflow; `b = −∞` gives `a` (NaN stays NaN).
+fn log_add_exp(a: f32, b: f32) -> f32 {
+    let (hi, lo) = if a >= b { (a, b) } else { (b, a) };
+    if lo == f32::NEG_INFINITY {
+        return hi;
+    }
+    hi + (lo - hi).exp().ln_1p()
 }
 
 #[cfg(test)]
@@ -183,47 +244,56 @@ mod tests {
     }
 
     /// Every cell's score against an f64 reference written from the definition: the keys of
-    /// the cell's positions (sink left out), their count and mean logit; the score may differ
-    /// by what quantizing the mean can move it (half the row's scale per value, times
-    /// `|q|`).
+    /// the cell's positions (sink left out), the first of the longest scored alone, the
+    /// others by their count and mean logit; the score may differ by what quantizing the
+    /// rows can move it (half a row's scale per value, times `|q|`, for the longest key and
+    /// for the rest mean, which the longest key's quants enter).
     fn assert_scores_match(st: &CellStats, keys: &[f32], buckets: &[u32], n: usize, end: usize) {
         let (d, seg, c) = (st.dim, st.segment, st.clusters);
         let q: Vec<f32> = (0..d).map(|i| (i as f32 * 0.37).sin()).collect();
         let scale = 0.25;
         let (mut got, mut dots) = (Vec::new(), Vec::new());
         st.score(&q, scale, end, &mut dots, &mut got);
+        let logit = |p: usize| -> f64 {
+            let k = &keys[p * d..][..d];
+            let dot: f64 = k.iter().zip(&q).map(|(&a, &b)| a as f64 * b as f64).sum();
+            scale as f64 * dot
+        };
+        let norm = |p: usize| -> f64 {
+            keys[p * d..][..d]
+                .iter()
+                .map(|&a| a as f64 * a as f64)
+                .sum()
+        };
         let mut want = Vec::new();
         for s in 0..end.div_ceil(seg) {
             for b in 0..c {
-                let ps: Vec<usize> = (s * seg..((s + 1) * seg).min(n))
+                let mut ps: Vec<usize> = (s * seg..((s + 1) * seg).min(n))
                     .filter(|&p| p >= 1 && buckets[p] as usize == b)
                     .collect();
-                if ps.is_empty() {
+                let Some(longest) =
+                    ps.iter()
+                        .copied()
+                        .reduce(|best, p| if norm(p) > norm(best) { p } else { best })
+                else {
                     continue;
+                };
+                ps.retain(|&p| p != longest);
+                let mut mass = logit(longest).exp();
+                if !ps.is_empty() {
+                    let mean = ps.iter().map(|&p| logit(p)).sum::<f64>() / ps.len() as f64;
+                    mass += ps.len() as f64 * mean.exp();
                 }
-                let mean: f64 = ps
-                    .iter()
-                    .map(|&p| {
-                        let k = &keys[p * d..][..d];
-                        k.iter()
-                            .zip(&q)
-                            .map(|(&a, &b)| a as f64 * b as f64)
-                            .sum::<f64>()
-                    })
-                    .sum::<f64>()
-                    / ps.len() as f64;
-                want.push((
-                    (s * c + b) as u32,
-                    (ps.len() as f64).ln() + scale as f64 * mean,
-                ));
+                want.push(((s * c + b) as u32, mass.ln()));
             }
         }
         assert_eq!(got.len(), want.len(), "non-empty cells");
         let q_abs: f64 = q.iter().map(|x| x.abs() as f64).sum();
         for ((gc, gs), (wc, ws)) in got.iter().zip(&want) {
             assert_eq!(gc, wc);
-            let half_step = st.mean_scales[*gc as usize] as f64 / 2.0;
-            let tolerance = 1e-5 + scale as f64 * half_step * q_abs * (1.0 + 1e-4);
+            let i = *gc as usize;
+            let half_steps = (st.mean_scales[i] + st.longest_scales[i]) as f64 / 2.0;
+            let tolerance = 1e-5 + scale as f64 * half_steps * q_abs * (1.0 + 1e-4);
             assert!(
                 (*gs as f64 - ws).abs() < tolerance,
                 "cell {gc}: {gs} vs {ws} (tolerance {tolerance})"
@@ -273,6 +343,8 @@ mod tests {
         assert_eq!(st.counts, fresh.counts);
         assert_eq!(st.means, fresh.means);
         assert_eq!(st.mean_scales, fresh.mean_scales);
+        assert_eq!(st.longest, fresh.longest);
+        assert_eq!(st.longest_scales, fresh.longest_scales);
         assert_scores_match(&st, &keys, &buckets, n, n);
     }
 }
