@@ -30,9 +30,9 @@ pub use train::train;
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainSettings {
     /// Buckets per (layer, KV head): `C`. With the cells router (saap's default, segments
-    /// of 8 × C positions) 128 buckets capture more attention mass than 1,024 at the same
-    /// cost, but lost a 32K needle's last digit that 1,024 find (docs/long-context.md,
-    /// "Fewer buckets, shorter segments"); the bucket routers were tuned at 1,024.
+    /// of 4 × C positions) 128 buckets capture about as much attention mass as 1,024, but
+    /// lost a 32K needle's last digit that 1,024 find (docs/long-context.md, "Fewer buckets,
+    /// shorter segments" and "A cell's longest key"); the bucket routers were tuned at 1,024.
     pub clusters: usize,
     /// Q-model hidden width.
     pub hidden: usize,

@@ -85,8 +85,8 @@ fn policy_step(c: &mut Criterion) {
     };
     let quest = QuestAttention::new(QuestSettings::default(), m.n_layer).expect("defaults");
     // Saap at its defaults (5% of the context, at most 1,024 positions: Quest's default
-    // read at 32K; segments of 8 × C), at 5% uncapped, with half the default segment, over
-    // 128 buckets (segments of 8 × C and 4 × C), and with the trained router over whole
+    // read at 32K; segments of 4 × C), at 5% uncapped, with twice the default segment, over
+    // 128 buckets (segments of 4 × C and 8 × C), and with the trained router over whole
     // buckets.
     let d = SaapSettings::default();
     let segment = d.segment_for(DEFAULT_CLUSTERS);
@@ -102,16 +102,16 @@ fn policy_step(c: &mut Criterion) {
             saap(&index, SaapRouter::Cells, 0, None),
         ),
         (
-            format!("saap (cells, segment {})", segment / 2),
-            saap(&index, SaapRouter::Cells, d.max_read, Some(segment / 2)),
+            format!("saap (cells, segment {})", segment * 2),
+            saap(&index, SaapRouter::Cells, d.max_read, Some(segment * 2)),
         ),
         (
             "saap (cells, C 128)".into(),
             saap(&index_128, SaapRouter::Cells, d.max_read, None),
         ),
         (
-            "saap (cells, C 128, segment 512)".into(),
-            saap(&index_128, SaapRouter::Cells, d.max_read, Some(512)),
+            "saap (cells, C 128, segment 1024)".into(),
+            saap(&index_128, SaapRouter::Cells, d.max_read, Some(1024)),
         ),
         (
             "saap (hedged)".into(),

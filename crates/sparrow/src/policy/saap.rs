@@ -19,10 +19,10 @@
 //! policy ([`super::kmeans`]).
 //!
 //! The default router (`--saap-router cells`) keeps the partition but not the bucket
-//! ranking: each bucket is split by position segment (8 × C positions by default) into
-//! cells ([`crate::saap::cells`]), and a step reads the cells whose live statistics (count
-//! and mean RoPE'd key) promise the most mass for the group's summed query — direction
-//! from the partition, locality from the segments. The Q-model routers above remain
+//! ranking: each bucket is split by position segment (4 × C positions by default) into
+//! cells ([`crate::saap::cells`]), and a step reads the cells whose live statistics (the
+//! longest RoPE'd key, and the count and mean of the others) promise the most mass for the
+//! group's summed query — direction from the partition, locality from the segments. The Q-model routers above remain
 //! (`--saap-router hedged` or `qmodel`).
 
 use super::oracle::group_key_mass;
@@ -126,11 +126,12 @@ pub struct SaapSettings {
     #[cfg_attr(feature = "cli", arg(id = "SAAP_LAYOUT", long = "saap-layout", value_enum, default_value_t = SaapSettings::default().layout, help_heading = crate::policy::HELP_HEADING))]
     pub layout: Layout,
     /// Saap: positions per segment of `--saap-router cells` (each bucket is split into one
-    /// cell per segment) [default: 8 × the index's buckets C, 8,192 at the default C =
-    /// 1,024]. 8 × C leaves ~8 keys per cell at any length and any C: `n/8` vectors to
-    /// score per KV head, as many as Quest's page bounds. An index of 128 buckets (segments
-    /// of 1,024) routes better at that cost, but lost a 32K needle's last digit
-    /// (docs/long-context.md, "Fewer buckets, shorter segments").
+    /// cell per segment) [default: 4 × the index's buckets C, 4,096 at the default C =
+    /// 1,024]. 4 × C leaves ~4 keys per cell at any length and any C: `n/4` cells to score
+    /// per KV head (two rows each: the longest key and the others' mean). At 8 × C cells
+    /// route only level with Quest; over 128 buckets they route as well as 1,024 at 4 × C
+    /// but lost a 32K needle's last digit (docs/long-context.md, "Fewer buckets, shorter
+    /// segments" and "A cell's longest key").
     #[cfg_attr(feature = "cli", arg(id = "SAAP_SEGMENT", long = "saap-segment", help_heading = crate::policy::HELP_HEADING))]
     pub segment: Option<usize>,
     /// Saap: recent positions always read (the dense window beside the sink, position 0).
@@ -146,11 +147,11 @@ pub struct SaapSettings {
 
 impl Default for SaapSettings {
     /// 5% of the context per sparse layer, at most 1,024 positions (sink, 63 recent
-    /// positions, and the top cells that fit), routed by positional cells of 8 keys: every
+    /// positions, and the top cells that fit), routed by positional cells of 4 keys: every
     /// needle of the 8K/16K/32K grid full attention answers, and cells capture more
-    /// attention mass than the trained router or plain k-means, level with Quest at equal
-    /// reads, for less cost than the trained router (docs/long-context.md, "Positional
-    /// cells", "Cells by default" and "Fewer buckets, shorter segments"); a fixed 32 of
+    /// attention mass than the trained router, plain k-means or Quest at equal reads, for
+    /// less cost than the trained router (docs/long-context.md, "Positional cells", "Cells
+    /// by default", "Fewer buckets, shorter segments", "A cell's longest key"); a fixed 32 of
     /// 1,024 buckets read ~4% at 8K but ~2.2% at 32K and lost a needle. The paper's 1 +
     /// 2047 window would alone be 25% at 8K; it reports 1 + 63 performing about the same.
     fn default() -> Self {
@@ -174,9 +175,10 @@ impl Default for SaapSettings {
 /// Positions always read at the start (the attention sink).
 const SINKS: usize = 1;
 
-/// Keys per cell of the cells router's default segment (8 × C positions): `n/8` cell means
-/// to score per KV head at any length, as many vectors as Quest's page bounds.
-pub const KEYS_PER_CELL: usize = 8;
+/// Keys per cell of the cells router's default segment (4 × C positions): `n/4` cells to
+/// score per KV head at any length. At 8 the cells routed only level with Quest over the
+/// default 1,024 buckets (docs/long-context.md, "A cell's longest key").
+pub const KEYS_PER_CELL: usize = 4;
 
 /// Buckets ranked before a budgeted step starts taking them (more only when all fit).
 const RANKED: usize = 128;
@@ -936,13 +938,14 @@ impl SparsePolicy for SaapAttention {
             Layout::Buckets => kv_dim * 2 * 2 + 8 * heads,
             Layout::Positions => 0,
         };
-        // Cells: per head, a bucket id per position and, per segment, C sums of a key (f32),
-        // means (8-bit and a scale), a count and its logarithm.
+        // Cells: per head, a bucket id per position; per segment, C cells of two 8-bit rows
+        // (the longest key, the others' mean) with their scales, a count and a logarithm;
+        // and the open segment's C f32 sums and lengths.
         let cells = match self.settings.router {
             Router::Cells => {
                 let (c, d) = (self.index.meta.clusters, self.index.meta.head_dim);
                 let segments = n_ctx.div_ceil(self.settings.segment_for(c));
-                heads * (4 * n_ctx + segments * c * (5 * d + 12))
+                heads * (4 * n_ctx + segments * c * (2 * d + 16) + c * (4 * d + 4))
             }
             _ => 0,
         };
@@ -1530,13 +1533,13 @@ mod tests {
         );
     }
 
-    /// Without `--saap-segment` the cells router cuts segments of 8 × C positions, whatever
-    /// C the index has: a policy at the default reads what one told 8 × C reads.
+    /// Without `--saap-segment` the cells router cuts segments of 4 × C positions, whatever
+    /// C the index has: a policy at the default reads what one told 4 × C reads.
     #[test]
-    fn the_default_segment_is_eight_keys_per_bucket() {
+    fn the_default_segment_is_four_keys_per_bucket() {
         let d = SaapSettings::default();
-        assert_eq!(d.segment_for(128), 1024);
-        assert_eq!(d.segment_for(1024), 8192);
+        assert_eq!(d.segment_for(128), 512);
+        assert_eq!(d.segment_for(1024), 4096);
         let told = SaapSettings {
             segment: Some(40),
             ..d.clone()
@@ -1559,7 +1562,7 @@ mod tests {
             seal(&mut p, &m, &c, n);
             read_set(&mut p, sh, &c, 1, &q, n - 1)
         };
-        assert_eq!(read(None), read(Some(48)), "8 × C = 48 at C = 6");
+        assert_eq!(read(None), read(Some(24)), "4 × C = 24 at C = 6");
         assert_ne!(read(None), read(Some(300)), "a segment the default is not");
     }
 
