@@ -1,6 +1,6 @@
 //! Positional cells of a Saap partition: each bucket of one (layer, KV head) split by
-//! position segment, with the sum of the RoPE'd keys filed in each (segment, bucket) and
-//! its longest key apart.
+//! position segment, with the count, the longest RoPE'd key and the mean of the others
+//! filed in each (segment, bucket).
 //!
 //! Why: a bucket groups keys by direction from the whole context, so at 32K a bucket of
 //! ~31 keys holds a few a query wants among many it does not, and no ranking of whole
