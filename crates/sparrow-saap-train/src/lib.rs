@@ -30,9 +30,11 @@ pub use train::train;
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainSettings {
     /// Buckets per (layer, KV head): `C`. With the cells router (saap's default, segments
-    /// of 4 × C positions) 128 buckets capture about as much attention mass as 1,024, but
-    /// lost a 32K needle's last digit that 1,024 find (docs/long-context.md, "Fewer buckets,
-    /// shorter segments" and "A cell's longest key"); the bucket routers were tuned at 1,024.
+    /// of 8 × C positions) 256 buckets capture as much attention mass as 1,024 at 4 × C for
+    /// half the cells to score, and find every needle of the grid; 128 lost a 32K needle's
+    /// last digit (docs/long-context.md, "Fewer buckets, shorter segments" and "256 buckets
+    /// by default"). The bucket routers (`kmeans`, `--saap-router hedged`) were tuned at
+    /// 1,024: train with `--clusters 1024` for them.
     pub clusters: usize,
     /// Q-model hidden width.
     pub hidden: usize,
@@ -72,7 +74,7 @@ pub struct TrainSettings {
 impl Default for TrainSettings {
     fn default() -> Self {
         TrainSettings {
-            clusters: 1024,
+            clusters: 256,
             hidden: 64,
             centroid_prior: true,
             kmeans_iterations: 10,

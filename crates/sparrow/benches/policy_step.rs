@@ -22,7 +22,10 @@ use std::time::Duration;
 const LAYER: usize = 2;
 
 /// Buckets of the default trained index (`sparrow saap train`'s `--clusters`).
-const DEFAULT_CLUSTERS: usize = 1024;
+const DEFAULT_CLUSTERS: usize = 256;
+
+/// Buckets the bucket routers were tuned at, and the cells router's previous default.
+const FINE_CLUSTERS: usize = 1024;
 
 fn depth() -> usize {
     std::env::var("POLICY_STEP_DEPTH")
@@ -70,9 +73,9 @@ fn policy_step(c: &mut Criterion) {
         }
     }
     let q = values(shape.q_dim(), &mut seed);
-    // An index of the default bucket count, and one of 128 buckets.
+    // An index of the default bucket count, and one of 1,024 buckets.
     let index = Arc::new(synthetic_saap_index(&m, DEFAULT_CLUSTERS, 64, 7));
-    let index_128 = Arc::new(synthetic_saap_index(&m, 128, 64, 7));
+    let index_fine = Arc::new(synthetic_saap_index(&m, FINE_CLUSTERS, 64, 7));
     let saap = |index: &Arc<SaapIndex>, router, max_read, segment| {
         let s = SaapSettings {
             router,
@@ -85,11 +88,11 @@ fn policy_step(c: &mut Criterion) {
     };
     let quest = QuestAttention::new(QuestSettings::default(), m.n_layer).expect("defaults");
     // Saap at its defaults (5% of the context, at most 1,024 positions: Quest's default
-    // read at 32K; segments of 4 × C), at 5% uncapped, with twice the default segment, over
-    // 128 buckets (segments of 4 × C and 8 × C), and with the trained router over whole
-    // buckets.
+    // read at 32K; segments of 8 × C), at 5% uncapped, over 1,024 buckets (segments of
+    // 4 × C, the previous default, and 8 × C), and with the trained router over whole
+    // buckets of the 1,024-bucket index.
     let d = SaapSettings::default();
-    let segment = d.segment_for(DEFAULT_CLUSTERS);
+    let fine_segment = |keys_per_cell| Some(keys_per_cell * FINE_CLUSTERS);
     let policies: Vec<(String, Box<dyn SparsePolicy>)> = vec![
         ("full".into(), Box::new(DenseAttention)),
         ("quest".into(), Box::new(quest)),
@@ -102,20 +105,16 @@ fn policy_step(c: &mut Criterion) {
             saap(&index, SaapRouter::Cells, 0, None),
         ),
         (
-            format!("saap (cells, segment {})", segment * 2),
-            saap(&index, SaapRouter::Cells, d.max_read, Some(segment * 2)),
+            "saap (cells, C 1024, segment 4096)".into(),
+            saap(&index_fine, SaapRouter::Cells, d.max_read, fine_segment(4)),
         ),
         (
-            "saap (cells, C 128)".into(),
-            saap(&index_128, SaapRouter::Cells, d.max_read, None),
+            "saap (cells, C 1024, segment 8192)".into(),
+            saap(&index_fine, SaapRouter::Cells, d.max_read, fine_segment(8)),
         ),
         (
-            "saap (cells, C 128, segment 1024)".into(),
-            saap(&index_128, SaapRouter::Cells, d.max_read, Some(1024)),
-        ),
-        (
-            "saap (hedged)".into(),
-            saap(&index, SaapRouter::Hedged, d.max_read, None),
+            "saap (hedged, C 1024)".into(),
+            saap(&index_fine, SaapRouter::Hedged, d.max_read, None),
         ),
     ];
     let mut group = c.benchmark_group(format!("decode step, one layer, depth {n}"));

@@ -19,7 +19,7 @@
 //! policy ([`super::kmeans`]).
 //!
 //! The default router (`--saap-router cells`) keeps the partition but not the bucket
-//! ranking: each bucket is split by position segment (4 × C positions by default) into
+//! ranking: each bucket is split by position segment (8 × C positions by default) into
 //! cells ([`crate::saap::cells`]), and a step reads the cells whose live statistics (the
 //! longest RoPE'd key, and the count and mean of the others) promise the most mass for the
 //! group's summed query — direction from the partition, locality from the segments. The
@@ -126,12 +126,12 @@ pub struct SaapSettings {
     #[cfg_attr(feature = "cli", arg(id = "SAAP_LAYOUT", long = "saap-layout", value_enum, default_value_t = SaapSettings::default().layout, help_heading = crate::policy::HELP_HEADING))]
     pub layout: Layout,
     /// Saap: positions per segment of `--saap-router cells` (each bucket is split into one
-    /// cell per segment) [default: 4 × the index's buckets C, 4,096 at the default C =
-    /// 1,024]. 4 × C leaves ~4 keys per cell at any length and any C: `n/4` cells to score
-    /// per KV head (two rows each: the longest key and the others' mean). At 8 × C cells
-    /// route only level with Quest; over 128 buckets they route as well as 1,024 at 4 × C
-    /// but lost a 32K needle's last digit (docs/long-context.md, "Fewer buckets, shorter
-    /// segments" and "A cell's longest key").
+    /// cell per segment) [default: 8 × the index's buckets C, 2,048 at the default C =
+    /// 256]. 8 × C leaves ~8 keys per cell at any length and any C: `n/8` cells to score
+    /// per KV head (two rows each: the longest key and the others' mean). 1,024 buckets at
+    /// 4 × C route about as well but score twice the cells; 128 buckets lost a 32K needle's
+    /// last digit (docs/long-context.md, "Fewer buckets, shorter segments", "A cell's
+    /// longest key" and "256 buckets by default").
     #[cfg_attr(feature = "cli", arg(id = "SAAP_SEGMENT", long = "saap-segment", help_heading = crate::policy::HELP_HEADING))]
     pub segment: Option<usize>,
     /// Saap: recent positions always read (the dense window beside the sink, position 0).
@@ -147,13 +147,13 @@ pub struct SaapSettings {
 
 impl Default for SaapSettings {
     /// 5% of the context per sparse layer, at most 1,024 positions (sink, 63 recent
-    /// positions, and the top cells that fit), routed by positional cells of 4 keys: every
-    /// needle of the 8K/16K/32K grid full attention answers, and cells capture more
-    /// attention mass than the trained router, plain k-means or Quest at equal reads, for
-    /// less cost than the trained router but more than Quest (at 32K it decodes at 0.91×
-    /// Quest's speed; docs/long-context.md, "Positional cells", "Cells by default", "Fewer
-    /// buckets, shorter segments", "A cell's longest key"); a fixed 32 of
-    /// 1,024 buckets read ~4% at 8K but ~2.2% at 32K and lost a needle. The paper's 1 +
+    /// positions, and the top cells that fit), routed by positional cells of 8 keys over
+    /// the default 256 buckets: every needle of the 8K/16K/32K grid full attention
+    /// answers, and cells capture more attention mass than the trained router, plain
+    /// k-means or Quest at equal reads, for less cost than the trained router (at 32K it
+    /// decodes at 1.2× Quest's speed; docs/long-context.md, "Positional cells", "Fewer
+    /// buckets, shorter segments", "A cell's longest key", "256 buckets by default"); a
+    /// fixed 32 of 1,024 buckets read ~4% at 8K but ~2.2% at 32K and lost a needle. The paper's 1 +
     /// 2047 window would alone be 25% at 8K; it reports 1 + 63 performing about the same.
     fn default() -> Self {
         SaapSettings {
@@ -176,10 +176,10 @@ impl Default for SaapSettings {
 /// Positions always read at the start (the attention sink).
 const SINKS: usize = 1;
 
-/// Keys per cell of the cells router's default segment (4 × C positions): `n/4` cells to
-/// score per KV head at any length. At 8 the cells routed only level with Quest over the
-/// default 1,024 buckets (docs/long-context.md, "A cell's longest key").
-pub const KEYS_PER_CELL: usize = 4;
+/// Keys per cell of the cells router's default segment (8 × C positions): `n/8` cells to
+/// score per KV head at any length. Over 256 buckets, 8 route as well as 4 over 1,024 for
+/// half the cells (docs/long-context.md, "256 buckets by default").
+pub const KEYS_PER_CELL: usize = 8;
 
 /// Buckets ranked before a budgeted step starts taking them (more only when all fit).
 const RANKED: usize = 128;
@@ -1534,13 +1534,13 @@ mod tests {
         );
     }
 
-    /// Without `--saap-segment` the cells router cuts segments of 4 × C positions, whatever
-    /// C the index has: a policy at the default reads what one told 4 × C reads.
+    /// Without `--saap-segment` the cells router cuts segments of 8 × C positions, whatever
+    /// C the index has: a policy at the default reads what one told 8 × C reads.
     #[test]
-    fn the_default_segment_is_four_keys_per_bucket() {
+    fn the_default_segment_is_eight_keys_per_bucket() {
         let d = SaapSettings::default();
-        assert_eq!(d.segment_for(128), 512);
-        assert_eq!(d.segment_for(1024), 4096);
+        assert_eq!(d.segment_for(256), 2048);
+        assert_eq!(d.segment_for(1024), 8192);
         let told = SaapSettings {
             segment: Some(40),
             ..d.clone()
@@ -1563,7 +1563,7 @@ mod tests {
             seal(&mut p, &m, &c, n);
             read_set(&mut p, sh, &c, 1, &q, n - 1)
         };
-        assert_eq!(read(None), read(Some(24)), "4 × C = 24 at C = 6");
+        assert_eq!(read(None), read(Some(48)), "8 × C = 48 at C = 6");
         assert_ne!(read(None), read(Some(300)), "a segment the default is not");
     }
 

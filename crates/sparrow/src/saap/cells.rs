@@ -18,7 +18,7 @@
 //! by their mean: never below the mean's estimate, and still below the true mass
 //! (docs/long-context.md, "A cell's longest key").
 //!
-//! A decode step scores every cell of every sparse layer and KV head (8,192 cells per head
+//! A decode step scores every cell of every sparse layer and KV head (4,096 cells per head
 //! at 32K with the default segment): each cell's rest mean and longest key are kept as
 //! 8-bit quants with one scale each (68 bytes at head size 64 instead of 256), which the
 //! step scores with [`scaled_row_dots`]'s SIMD kernel. Exact f32 sums are kept only for
