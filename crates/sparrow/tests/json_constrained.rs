@@ -1,25 +1,29 @@
 //! JSON-constrained generation end to end: sampled completions at temperature 1.0 always
 //! parse with serde_json, on the synthetic model and on the real Qwen2.5 (100 completions
 //! each, of varied token budgets, so many are closed by the budget rather than by EOS).
+//! The real model's completions continue a state holding their prompt but its last token
+//! (prefilled once per prompt, truncated back after each completion), as a server reusing
+//! a prefix does: most of the model's work is then the completions themselves.
 
 mod common;
 
 use sparrow::grammar::{generate_json, JsonConstraint, JsonVocab, Root};
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
-use sparrow::{Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
+use sparrow::{Engine, GenerateOptions, KvType, Sampler, SamplerConfig, State};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
+/// Samples a JSON completion of at most `n` tokens of `prompt` (fed after what `state`
+/// already holds).
 fn complete(
     engine: &Engine,
     vocab: &Arc<JsonVocab>,
-    prompt: &str,
+    state: &mut State,
+    prompt: &[u32],
     seed: u64,
     n: usize,
     root: Root,
 ) -> String {
-    let ids = engine.tokenizer.encode(prompt, true, true);
-    let mut state = engine.model.new_state(512, KvType::F16).unwrap();
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: 1.0,
         top_k: 0,
@@ -37,8 +41,8 @@ fn complete(
     generate_json(
         &engine.model,
         &engine.tokenizer,
-        &mut state,
-        &ids,
+        state,
+        prompt,
         &mut sampler,
         &opts,
         &mut c,
@@ -68,7 +72,9 @@ fn hundred_synthetic_completions_parse() {
             Root::Object
         };
         let n = 8 + (seed as usize * 7) % 120;
-        let out = complete(&engine, &vocab, "Give me JSON: ", seed, n, root);
+        let ids = engine.tokenizer.encode("Give me JSON: ", true, true);
+        let mut state = engine.model.new_state(512, KvType::F16).unwrap();
+        let out = complete(&engine, &vocab, &mut state, &ids, seed, n, root);
         let v: serde_json::Value =
             serde_json::from_str(&out).unwrap_or_else(|e| panic!("seed {seed}: {e}: {out:?}"));
         if root == Root::Object {
@@ -95,14 +101,33 @@ fn real_model_json_completions_parse() {
         "Give a JSON config for a web server with nested settings.",
         "Return a JSON object with a quoted string, a number, a list and null.",
     ];
+    // Per ask: its prompt's ids and a state holding all of them but the last.
+    let mut prompts: Vec<(Vec<u32>, State)> = asks
+        .iter()
+        .map(|ask| {
+            let text = tmpl
+                .render(&[sparrow::ChatMessage::new("user", ask)], true)
+                .unwrap();
+            let ids = engine.tokenizer.encode(&text, true, true);
+            let mut state = engine.model.new_state(512, KvType::F16).unwrap();
+            sparrow::generate::prefill(
+                &engine.model,
+                &mut state,
+                &ids[..ids.len() - 1],
+                64,
+                |_, _| {},
+            )
+            .unwrap();
+            (ids, state)
+        })
+        .collect();
     let mut distinct = std::collections::HashSet::new();
     for seed in 0..100u64 {
-        let ask = asks[seed as usize % asks.len()];
-        let prompt = tmpl
-            .render(&[sparrow::ChatMessage::new("user", ask)], true)
-            .unwrap();
+        let (ids, state) = &mut prompts[seed as usize % asks.len()];
+        let held = ids.len() - 1;
         let n = 4 + (seed as usize * 7) % 17;
-        let out = complete(&engine, &vocab, &prompt, seed, n, Root::Object);
+        let out = complete(&engine, &vocab, state, &ids[held..], seed, n, Root::Object);
+        assert_eq!(state.truncate(held), held, "the prompt's prefix is kept");
         let v: serde_json::Value = serde_json::from_str(&out)
             .unwrap_or_else(|e| panic!("seed {seed} ({n} tokens): {e}: {out:?}"));
         assert!(v.is_object(), "seed {seed}: {out}");
