@@ -153,8 +153,9 @@ impl Default for SaapSettings {
     /// k-means or Quest at equal reads, for less cost than the trained router (at 32K it
     /// decodes at 1.2× Quest's speed; docs/long-context.md, "Positional cells", "Fewer
     /// buckets, shorter segments", "A cell's longest key", "256 buckets by default"); a
-    /// fixed 32 of 1,024 buckets read ~4% at 8K but ~2.2% at 32K and lost a needle. The paper's 1 +
-    /// 2047 window would alone be 25% at 8K; it reports 1 + 63 performing about the same.
+    /// fixed 32 of 1,024 buckets read ~4% at 8K but ~2.2% at 32K and lost a needle. The
+    /// paper's 1 + 2047 window would alone be 25% at 8K; it reports 1 + 63 performing about
+    /// the same.
     fn default() -> Self {
         SaapSettings {
             index: None,
