@@ -64,6 +64,7 @@ fn hundred_synthetic_completions_parse() {
     std::fs::write(&p, synthetic_gguf(&SyntheticSpec::default())).unwrap();
     let engine = Engine::load(&p).unwrap();
     let vocab = Arc::new(JsonVocab::new(&engine.tokenizer));
+    let ids = engine.tokenizer.encode("Give me JSON: ", true, true);
     let mut ended_by_eos = 0;
     for seed in 0..100u64 {
         let root = if seed % 4 == 3 {
@@ -72,7 +73,6 @@ fn hundred_synthetic_completions_parse() {
             Root::Object
         };
         let n = 8 + (seed as usize * 7) % 120;
-        let ids = engine.tokenizer.encode("Give me JSON: ", true, true);
         let mut state = engine.model.new_state(512, KvType::F16).unwrap();
         let out = complete(&engine, &vocab, &mut state, &ids, seed, n, root);
         let v: serde_json::Value =
