@@ -125,8 +125,8 @@ fn smollm2_greedy_matches_llama_cpp() {
 /// One configuration of the test above (f16 cache, the prompt in one batch) over the first
 /// 16 forced tokens of each prompt: what `scripts/test-aarch64.sh` runs under qemu, where
 /// the three whole configurations take ten minutes and this one whole took three. Every
-/// prompt's batched prefill and 16 decode steps still run through the NEON kernels; the
-/// host's run has the full test and ignores this one.
+/// prompt's batched prefill and 15 decode steps still run through the NEON kernels, 16
+/// steps checked; the host's run has the full test and ignores this one.
 #[test]
 #[ignore = "a quicker subset of smollm2_greedy_matches_llama_cpp, for scripts/test-aarch64.sh"]
 fn smollm2_greedy_f16_batch_matches_llama_cpp() {
