@@ -201,7 +201,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
 
 /// What the KV cache holds: bytes each new position adds (in the layers that keep every
 /// position), the sliding-window layers' rings (a fixed size), and what is resident.
-fn kv_summary(kv: &dyn sparrow::kv_store::KvStore) -> String {
+fn kv_summary(kv: &dyn sparrow::kv::KvStore) -> String {
     let types = kv.types();
     let row = types.k.row_bytes(kv.kv_dim()) + types.v.row_bytes(kv.kv_dim());
     let rings: Vec<usize> = (0..kv.n_layer())

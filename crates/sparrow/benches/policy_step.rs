@@ -8,7 +8,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use sparrow::attention::{attend, AttnShape, DenseAttention, KeysView, SparsePolicy};
-use sparrow::kv_cache::KvCache;
+use sparrow::kv::RamStore;
 use sparrow::model::rope::Rope;
 use sparrow::policy::{QuestAttention, QuestSettings, SaapAttention, SaapRouter, SaapSettings};
 use sparrow::saap::SaapIndex;
@@ -63,7 +63,7 @@ fn policy_step(c: &mut Criterion) {
         head_dim: m.head_dim,
     };
     let kv_dim = m.kv_dim();
-    let mut cache = KvCache::new(KvType::F16, m.n_layer, n, kv_dim);
+    let mut cache = RamStore::new(KvType::F16, m.n_layer, n, kv_dim);
     let mut seed = 1;
     for l in 0..m.n_layer {
         for t in 0..n {

@@ -6,7 +6,7 @@
 
 use sparrow::attention::{attend, AttnShape, DenseAttention, SparsePolicy};
 use sparrow::policy::{QuestAttention, QuestSettings};
-use sparrow::{KvCache, KvType};
+use sparrow::{KvType, RamStore};
 use std::time::Instant;
 
 fn main() {
@@ -27,7 +27,7 @@ fn main() {
     let batch = 64;
     let n_ctx = depth + batch;
     let mut rnd = sparrow_attn::kernel::reference::uniform(1);
-    let mut cache = KvCache::new(ty, 1, n_ctx, kv_dim);
+    let mut cache = RamStore::new(ty, 1, n_ctx, kv_dim);
     for t in 0..n_ctx {
         let k: Vec<f32> = (0..kv_dim).map(|_| rnd()).collect();
         let v: Vec<f32> = (0..kv_dim).map(|_| rnd()).collect();

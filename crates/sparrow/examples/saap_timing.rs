@@ -9,7 +9,7 @@
 
 use sparrow::attention::{attend, read_set, AttentionChoice, AttnShape, KeysView, SparsePolicy};
 use sparrow::policy::SaapSettings;
-use sparrow::{KvCache, KvType};
+use sparrow::{KvType, RamStore};
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let rope = sparrow::model::rope::Rope::of(&config);
     let (hd, c) = (config.head_dim, index.meta.clusters);
-    let mut cache = KvCache::new(KvType::F16, n_layer, n, kv_dim);
+    let mut cache = RamStore::new(KvType::F16, n_layer, n, kv_dim);
     for l in 0..n_layer {
         for t in 0..n {
             let mut k = vec![0f32; kv_dim];

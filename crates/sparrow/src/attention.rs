@@ -5,7 +5,7 @@
 //! so a new policy is a plan, and a store that keeps blocks elsewhere only has to serve
 //! what plans name.
 
-use crate::kv_store::{KvStore, StoreLayer};
+use crate::kv::{KvStore, StoreLayer};
 pub use crate::policy::full::DenseAttention;
 pub use crate::policy::streaming::StreamingAttention;
 pub use crate::policy::{policy_names, AttentionChoice};

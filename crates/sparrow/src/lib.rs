@@ -8,10 +8,7 @@ pub mod error;
 pub mod eval;
 pub mod generate;
 pub mod grammar;
-pub mod kv_blocks;
-pub mod kv_cache;
-pub mod kv_store;
-pub mod kv_tiered;
+pub mod kv;
 pub mod memory;
 pub mod model;
 pub mod perplexity;
@@ -30,8 +27,7 @@ pub use generate::{
     drive, generate, prefill, GenerateOptions, Generation, GenerationStats, Next, Output,
     StopReason, TokenLogprob,
 };
-pub use kv_cache::{KvCache, KvType, KvTypes};
-pub use kv_tiered::{ColdTier, KvOptions};
+pub use kv::{ColdTier, KvOptions, KvStore, KvType, KvTypes, RamStore, TieredStore};
 pub use model::{LoadOptions, Logits, Model, ModelConfig, SeqStep, State, Workspace};
 pub use sampler::{LogProbs, Sampler, SamplerConfig};
 pub use session::{Session, SessionStep};

@@ -23,7 +23,7 @@
 //! exact size, then the checksum; each failure is a [`PromptCacheError`] that says what is
 //! wrong, and callers fall back to a normal prefill.
 
-use crate::kv_cache::{KvType, KvTypes};
+use crate::kv::{KvType, KvTypes};
 use crate::model::{Model, State};
 use sha2::{Digest, Sha256};
 use std::path::Path;
@@ -194,7 +194,7 @@ pub fn encode(
     tokens: &[u32],
 ) -> Result<Vec<u8>, PromptCacheError> {
     let mut out = Vec::with_capacity(
-        HEADER + 4 * tokens.len() + crate::kv_store::prefix_bytes(state.kv(), tokens.len()) + 32,
+        HEADER + 4 * tokens.len() + crate::kv::prefix_bytes(state.kv(), tokens.len()) + 32,
     );
     write_image(fingerprint, state, tokens, &mut out)?;
     Ok(out)

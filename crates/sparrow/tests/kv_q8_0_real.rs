@@ -29,7 +29,7 @@ mod common;
 
 use common::{assert_close, forced_logits, mismatch, Prefill, ORDER_TOL};
 use sparrow::attention::{PlanContext, ReadPlan, SideTable, Source, SparsePolicy};
-use sparrow::kv_cache::{BlockQ8_0, QK8_0};
+use sparrow::kv::{BlockQ8_0, QK8_0};
 use sparrow::{Engine, KvType, KvTypes, Model};
 use sparrow_attn::kernel::{read_f32, F32Rows};
 

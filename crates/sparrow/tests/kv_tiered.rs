@@ -5,8 +5,8 @@
 //! directory, a budget below the minimum) is an error naming it.
 
 use sparrow::attention::AttentionChoice;
-use sparrow::kv_store::KvStore;
-use sparrow::kv_tiered::{minimum_budget, ColdTier, ColdWrite, KvOptions, TieredStore};
+use sparrow::kv::KvStore;
+use sparrow::kv::{minimum_budget, ColdTier, ColdWrite, KvOptions, TieredStore};
 use sparrow::policy::quest::QuestSettings;
 use sparrow::policy::saap::{Router, SaapSettings};
 use sparrow::synthetic::{synthetic_model, synthetic_saap_index, synthetic_tokens, SyntheticSpec};

@@ -9,7 +9,7 @@ use sparrow::attention::{
     attend, AttentionChoice, AttnShape, DenseAttention, PlanContext, ReadPlan, SparsePolicy,
     StreamingAttention,
 };
-use sparrow::kv_cache::KvCache;
+use sparrow::kv::RamStore;
 use sparrow::policy::xattention::{XAttention, XAttentionSettings, DENSE_CONTEXT};
 use sparrow::{Engine, KvType, Logits, Model, State};
 use sparrow_attn::kernel::reference::{attention_f64, uniform};
@@ -22,9 +22,9 @@ fn cache_of(
     ty: KvType,
     keys: Vec<Vec<f32>>,
     vals: Vec<Vec<f32>>,
-) -> (KvCache, Vec<Vec<f32>>, Vec<Vec<f32>>) {
+) -> (RamStore, Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let kv_dim = keys[0].len();
-    let mut cache = KvCache::new(ty, 1, keys.len(), kv_dim);
+    let mut cache = RamStore::new(ty, 1, keys.len(), kv_dim);
     let (mut hk, mut hv) = (keys.clone(), vals.clone());
     for t in 0..keys.len() {
         cache.write(0, t, &keys[t], &vals[t]);
@@ -88,7 +88,7 @@ fn every_block_selected_equals_full_bit_for_bit() {
 /// noise. The estimate
 /// must select exactly the planted block beside the forced ones (sink, diagonal, previous).
 struct Planted {
-    cache: KvCache,
+    cache: RamStore,
     keys: Vec<Vec<f32>>,
     vals: Vec<Vec<f32>>,
     q: Vec<f32>,

@@ -5,7 +5,7 @@
 
 mod common;
 
-use sparrow::kv_tiered::minimum_budget;
+use sparrow::kv::minimum_budget;
 use sparrow::prompt_cache::{self, model_fingerprint};
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow::{

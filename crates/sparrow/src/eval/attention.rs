@@ -23,8 +23,8 @@ use crate::attention::{
     SparsePolicy,
 };
 use crate::error::{Error, Result};
-use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
-use crate::kv_store::StoreLayer;
+use crate::kv::StoreLayer;
+use crate::kv::{BlockTable, DEFAULT_BLOCK};
 use crate::model::ModelConfig;
 use crate::model::{Logits, Model, State};
 use crate::tokenizer::Tokenizer;

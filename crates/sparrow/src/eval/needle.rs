@@ -8,7 +8,7 @@ use crate::chat::ChatMessage;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::generate::{generate, GenerateOptions};
-use crate::kv_tiered::KvOptions;
+use crate::kv::KvOptions;
 use crate::sampler::{Sampler, SamplerConfig};
 use serde::Serialize;
 use std::ops::ControlFlow;

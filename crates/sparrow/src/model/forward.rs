@@ -11,7 +11,7 @@ use super::weights::{self, Linear};
 use super::{LayerAttention, LayerSpec, Logits, Model, State, LEAN_BATCH};
 use crate::attention::{attend, attend_sliding, AttnShape};
 use crate::error::{Error, Result};
-use crate::kv_store::KvStore;
+use crate::kv::KvStore;
 use sparrow_quant::{matmul, matvec, matvec_multi};
 use std::ops::Range;
 

@@ -2,6 +2,7 @@
 //! bottom like the model's equations. The [`Model`] is immutable and shareable; everything a
 //! sequence owns (KV cache, position, scratch) lives in a [`State`].
 
+pub mod arch;
 pub mod config;
 mod forward;
 pub mod rope;
@@ -10,11 +11,9 @@ pub mod weights;
 
 use crate::attention::{DenseAttention, SparsePolicy};
 use crate::error::{Error, Result};
-use crate::kv_blocks::{BlockTable, DEFAULT_BLOCK};
-use crate::kv_cache::{KvCache, KvTypes};
-use crate::kv_store::KvStore;
-use crate::kv_tiered::{KvOptions, TieredStore};
-pub use config::{Architecture, ModelConfig, RopeLayout};
+use crate::kv::{BlockTable, KvOptions, KvShape, KvStore, KvTypes, DEFAULT_BLOCK};
+pub use arch::{Architecture, RopeLayout};
+pub use config::ModelConfig;
 pub use forward::{SeqStep, Workspace};
 use rope::RopeTable;
 use sparrow_gguf::GgufFile;
@@ -393,24 +392,15 @@ impl Model {
             .iter()
             .map(|w| w.filter(|_| rings).map(|w| ring_rows(w, n_ctx)))
             .collect();
-        let store: Box<dyn KvStore> = match &kv.cold {
-            Some(tier) => Box::new(
-                TieredStore::new(
-                    kv_types,
-                    &rings,
-                    n_ctx,
-                    c.kv_dim(),
-                    c.head_dim,
-                    tier,
-                    kv.reserved,
-                )
-                .map_err(Error::KvTier)?,
-            ),
-            None => Box::new(
-                KvCache::with_rings(kv_types, &rings, n_ctx, c.kv_dim(), c.head_dim)
-                    .map_err(Error::Other)?,
-            ),
-        };
+        let store = crate::kv::open(
+            &kv,
+            &KvShape {
+                n_ctx,
+                kv_dim: c.kv_dim(),
+                head_dim: c.head_dim,
+                rings,
+            },
+        )?;
         Ok(State {
             kv: store,
             attention: Box::new(DenseAttention),

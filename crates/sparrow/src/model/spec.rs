@@ -3,7 +3,7 @@
 //! function from its GGUF metadata to specs ([`family`]), not a branch in the loop.
 
 use crate::error::{Error, Result};
-use crate::model::config::Architecture;
+use crate::model::arch::Architecture;
 use sparrow_gguf::Metadata;
 
 /// Which keys a layer's queries may see.

@@ -413,7 +413,7 @@ impl SparsePolicy for H2oAttention {
 mod tests {
     use super::*;
     use crate::attention::{attend, read_set, AttnShape, DenseAttention, FixedReads};
-    use crate::kv_cache::{KvCache, KvType};
+    use crate::kv::{KvType, RamStore};
 
     use sparrow_attn::kernel::reference::uniform as rng;
 
@@ -437,9 +437,9 @@ mod tests {
         .unwrap()
     }
 
-    fn random_cache(ty: KvType, n: usize, seed: u64) -> KvCache {
+    fn random_cache(ty: KvType, n: usize, seed: u64) -> RamStore {
         let mut r = rng(seed);
-        let mut c = KvCache::new(ty, 2, n, KV_DIM);
+        let mut c = RamStore::new(ty, 2, n, KV_DIM);
         for t in 0..n {
             let k: Vec<f32> = (0..KV_DIM).map(|_| r() * 2.0).collect();
             let v: Vec<f32> = (0..KV_DIM).map(|_| r()).collect();
@@ -551,7 +551,7 @@ mod tests {
         let dir: Vec<f32> = (0..16).map(|_| r()).collect();
         let norm = dir.iter().map(|x| x * x).sum::<f32>().sqrt();
         let dir: Vec<f32> = dir.iter().map(|x| x / norm).collect();
-        let mut cache = KvCache::new(KvType::F16, 2, n, KV_DIM);
+        let mut cache = RamStore::new(KvType::F16, 2, n, KV_DIM);
         for t in 0..n {
             let mut k: Vec<f32> = (0..KV_DIM).map(|_| r() * 0.3).collect();
             if t == 37 {

@@ -365,7 +365,7 @@ impl SparsePolicy for LadderAttention {
 mod tests {
     use super::*;
     use crate::attention::{attend, read_set, AttnShape, DenseAttention};
-    use crate::kv_cache::{KvCache, KvType};
+    use crate::kv::{KvType, RamStore};
     use sparrow_attn::{candidates_for, LandmarkMode, SparseConfig};
 
     use sparrow_attn::kernel::reference::uniform as rng;
@@ -449,9 +449,9 @@ mod tests {
         n: usize,
         kv_dim: usize,
         seed: u64,
-    ) -> (KvCache, Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    ) -> (RamStore, Vec<Vec<f32>>, Vec<Vec<f32>>) {
         let mut r = rng(seed);
-        let mut cache = KvCache::new(ty, 2, n, kv_dim);
+        let mut cache = RamStore::new(ty, 2, n, kv_dim);
         let mut hk = vec![vec![0f32; kv_dim]; n];
         let mut hv = vec![vec![0f32; kv_dim]; n];
         for t in 0..n {

@@ -180,7 +180,7 @@ impl SparsePolicy for OracleAttention {
 mod tests {
     use super::*;
     use crate::attention::{attend, read_set, AttnShape, DenseAttention};
-    use crate::kv_cache::{KvCache, KvType};
+    use crate::kv::{KvType, RamStore};
 
     const SHAPE: AttnShape = AttnShape {
         n_head: 4,
@@ -188,8 +188,8 @@ mod tests {
         head_dim: 8,
     };
 
-    fn cache(n: usize) -> KvCache {
-        let mut c = KvCache::new(KvType::F32, 1, n, 16);
+    fn cache(n: usize) -> RamStore {
+        let mut c = RamStore::new(KvType::F32, 1, n, 16);
         for t in 0..n {
             let k: Vec<f32> = (0..16)
                 .map(|d| (((t * 31 + d * 7) % 17) as f32 - 8.0) / 8.0)

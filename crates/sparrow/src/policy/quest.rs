@@ -326,10 +326,10 @@ impl SparsePolicy for QuestAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::{KvCache, KvType};
+    use crate::kv::{KvType, RamStore};
 
-    fn cache_with(keys: &[Vec<f32>], kv_dim: usize) -> KvCache {
-        let mut c = KvCache::new(KvType::F32, 1, keys.len(), kv_dim);
+    fn cache_with(keys: &[Vec<f32>], kv_dim: usize) -> RamStore {
+        let mut c = RamStore::new(KvType::F32, 1, keys.len(), kv_dim);
         for (p, k) in keys.iter().enumerate() {
             c.write(0, p, k, k);
         }

@@ -974,7 +974,7 @@ impl SparsePolicy for SaapAttention {
 mod tests {
     use super::*;
     use crate::attention::{attend, read_set, AttnShape, DenseAttention};
-    use crate::kv_cache::{KvCache, KvType};
+    use crate::kv::{KvType, RamStore};
     use crate::synthetic::synthetic_saap_index;
     use crate::synthetic::{synthetic_config, SyntheticSpec};
 
@@ -991,9 +991,9 @@ mod tests {
     }
 
     /// A cache of `n` positions of pseudo-random keys for every layer.
-    fn cache(m: &crate::ModelConfig, n: usize) -> KvCache {
+    fn cache(m: &crate::ModelConfig, n: usize) -> RamStore {
         let kv_dim = m.kv_dim();
-        let mut c = KvCache::new(KvType::F32, m.n_layer, n, kv_dim);
+        let mut c = RamStore::new(KvType::F32, m.n_layer, n, kv_dim);
         for l in 0..m.n_layer {
             for t in 0..n {
                 let k: Vec<f32> = (0..kv_dim)
@@ -1006,7 +1006,7 @@ mod tests {
     }
 
     /// Feed every complete block of `cache` (positions `0..n`) to `p`, as the engine does.
-    fn seal(p: &mut SaapAttention, m: &crate::ModelConfig, c: &KvCache, n: usize) {
+    fn seal(p: &mut SaapAttention, m: &crate::ModelConfig, c: &RamStore, n: usize) {
         let (bs, kv_dim) = (p.settings.block, m.kv_dim());
         let mut keys = vec![0f32; bs * kv_dim];
         for l in 0..m.n_layer {
@@ -1095,7 +1095,7 @@ mod tests {
     fn decode_case(
         n: usize,
         value: impl Fn(usize) -> f32,
-    ) -> (crate::ModelConfig, AttnShape, KvCache, Vec<f32>) {
+    ) -> (crate::ModelConfig, AttnShape, RamStore, Vec<f32>) {
         let m = model();
         let sh = shape(&m);
         let c = cache(&m, n);
@@ -1109,7 +1109,7 @@ mod tests {
     fn ranked_buckets(
         p: &SaapAttention,
         m: &crate::ModelConfig,
-        c: &KvCache,
+        c: &RamStore,
         q: &[f32],
         layer: usize,
         h: usize,
@@ -1201,7 +1201,7 @@ mod tests {
     /// its router, recomputed here.
     fn reads_the_chosen_buckets(
         m: &crate::ModelConfig,
-        c: &KvCache,
+        c: &RamStore,
         n: usize,
         q: &[f32],
         s: SaapSettings,
@@ -1352,9 +1352,9 @@ mod tests {
 
     /// A cache of `n` positions of keys without repeats (`cache`'s repeat every 23
     /// positions, which would tie cells).
-    fn distinct_cache(m: &crate::ModelConfig, n: usize) -> KvCache {
+    fn distinct_cache(m: &crate::ModelConfig, n: usize) -> RamStore {
         let kv_dim = m.kv_dim();
-        let mut c = KvCache::new(KvType::F32, m.n_layer, n, kv_dim);
+        let mut c = RamStore::new(KvType::F32, m.n_layer, n, kv_dim);
         let mut x = 0x2545_f491u32;
         for l in 0..m.n_layer {
             for t in 0..n {

@@ -91,7 +91,7 @@ impl SparsePolicy for StreamingAttention {
 mod tests {
     use super::*;
     use crate::attention::{attend, AttnShape, DenseAttention};
-    use crate::kv_cache::{KvCache, KvType};
+    use crate::kv::{KvType, RamStore};
 
     /// Naive f64 causal attention as the reference.
     fn reference(
@@ -149,7 +149,7 @@ mod tests {
         let vals: Vec<Vec<f32>> = (0..n)
             .map(|_| (0..kv_dim).map(|_| rnd()).collect())
             .collect();
-        let mut cache = KvCache::new(KvType::F32, 1, n, kv_dim);
+        let mut cache = RamStore::new(KvType::F32, 1, n, kv_dim);
         for t in 0..n {
             cache.write(0, t, &keys[t], &vals[t]);
         }

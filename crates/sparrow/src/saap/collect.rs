@@ -5,8 +5,8 @@
 use super::record::{ContextRecord, RecordMeta, RopeParams};
 use crate::attention::{PlanContext, ReadPlan, SparsePolicy};
 use crate::error::{Error, Result};
-use crate::kv_cache::KvType;
-use crate::kv_store::StoreLayer;
+use crate::kv::KvType;
+use crate::kv::StoreLayer;
 use crate::model::rope::Rope;
 use crate::model::{Logits, Model};
 use crate::tokenizer::Tokenizer;

@@ -28,8 +28,10 @@
 
 mod residency;
 
-use crate::kv_cache::{KvCache, KvRows, KvTypes};
-use crate::kv_store::KvStore;
+use super::options::ColdTier;
+use super::ram::RamStore;
+use super::store::{prefix_bytes, KvStore};
+use super::types::{bytes_of, KvRows, KvType, KvTypes};
 use memmap2::{Advice, Mmap, UncheckedAdvice};
 use residency::Residency;
 use sparrow_attn::policy::{ReadPlan, Source};
@@ -38,44 +40,6 @@ use std::io;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-
-/// Where keys and values beyond a RAM budget go (`--kv-ram-budget`, `--kv-dir`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ColdTier {
-    /// Bytes of anonymous memory the store's keys and values may take, with what a policy
-    /// reserves for its summaries (see [`KvOptions::reserved`]).
-    pub ram_budget: usize,
-    /// Directory for the session's file; the system temp dir when `None`.
-    pub dir: Option<PathBuf>,
-}
-
-/// How a sequence's KV store is made: element types, and optionally a cold tier.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KvOptions {
-    /// Key and value element types.
-    pub types: KvTypes,
-    /// Keep only a RAM budget's worth of rows in memory, the rest in a file.
-    pub cold: Option<ColdTier>,
-    /// Bytes of the budget a policy's summaries will take (Quest's page bounds, Saap's
-    /// lists), taken off what the store may keep in RAM.
-    pub reserved: usize,
-}
-
-impl From<KvTypes> for KvOptions {
-    fn from(types: KvTypes) -> Self {
-        KvOptions {
-            types,
-            cold: None,
-            reserved: 0,
-        }
-    }
-}
-
-impl From<crate::KvType> for KvOptions {
-    fn from(t: crate::KvType) -> Self {
-        KvOptions::from(KvTypes::from(t))
-    }
-}
 
 /// Positioned writes to the cold file: a trait so tests can make a disk fill up or a write
 /// come back short.
@@ -260,7 +224,7 @@ impl ColdFile {
         };
     }
 
-    fn rows(&self, at: usize, n: usize, row: usize, ty: crate::KvType) -> KvRows<'_> {
+    fn rows(&self, at: usize, n: usize, row: usize, ty: KvType) -> KvRows<'_> {
         rows_of(&self.map[at..at + n * row], ty)
     }
 
@@ -277,20 +241,11 @@ impl ColdFile {
 }
 
 /// Raw little-endian row bytes as the kernel's typed rows.
-fn rows_of(bytes: &[u8], ty: crate::KvType) -> KvRows<'_> {
+fn rows_of(bytes: &[u8], ty: KvType) -> KvRows<'_> {
     match ty {
-        crate::KvType::F16 => KvRows::F16(bytemuck::cast_slice(bytes)),
-        crate::KvType::F32 => KvRows::F32(bytemuck::cast_slice(bytes)),
-        crate::KvType::Q8_0 => KvRows::Q8_0(bytemuck::cast_slice(bytes)),
-    }
-}
-
-/// Typed rows as their raw bytes (what the file and prompt caches hold).
-pub(crate) fn bytes_of<'a>(rows: &KvRows<'a>) -> &'a [u8] {
-    match *rows {
-        KvRows::F16(r) => bytemuck::cast_slice(r),
-        KvRows::F32(r) => bytemuck::cast_slice(r),
-        KvRows::Q8_0(r) => bytemuck::cast_slice(r),
+        KvType::F16 => KvRows::F16(bytemuck::cast_slice(bytes)),
+        KvType::F32 => KvRows::F32(bytemuck::cast_slice(bytes)),
+        KvType::Q8_0 => KvRows::Q8_0(bytemuck::cast_slice(bytes)),
     }
 }
 
@@ -359,9 +314,9 @@ compile_error!("the KV file layouts (prompt caches, the cold tier) are little-en
 /// file (module docs).
 pub struct TieredStore {
     /// Sliding layers' rings (never cold) and each global layer's ring of recent rows.
-    hot: KvCache,
+    hot: RamStore,
     /// The first `sink_rows` positions of every layer.
-    sinks: KvCache,
+    sinks: RamStore,
     cold: ColdFile,
     /// Per layer: its index among the global layers, `None` for a sliding one.
     global: Vec<Option<usize>>,
@@ -412,9 +367,9 @@ impl TieredStore {
         }
         let hot_rings: Vec<Option<usize>> =
             rings.iter().map(|r| Some(r.unwrap_or(hot_rows))).collect();
-        let hot = KvCache::with_rings(types, &hot_rings, n_ctx, kv_dim, head_dim)?;
+        let hot = RamStore::with_rings(types, &hot_rings, n_ctx, kv_dim, head_dim)?;
         let sinks =
-            KvCache::with_rings(types, &vec![None; rings.len()], sink_rows, kv_dim, head_dim)?;
+            RamStore::with_rings(types, &vec![None; rings.len()], sink_rows, kv_dim, head_dim)?;
         let dir = tier.dir.clone().unwrap_or_else(std::env::temp_dir);
         let cold = ColdFile::create(
             &dir,
@@ -683,7 +638,7 @@ impl KvStore for TieredStore {
     }
 
     fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
-        let want = crate::kv_store::prefix_bytes(self, n);
+        let want = prefix_bytes(self, n);
         if n > self.n_ctx {
             return Err(format!(
                 "{n} cached positions do not fit a context of {}",

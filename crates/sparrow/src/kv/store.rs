@@ -3,9 +3,10 @@
 //! the executor borrows runs of rows through [`StoreLayer`] (a kernel `KvSource`), and
 //! between a policy's plan and its execution the store is told what will be read
 //! ([`KvStore::prefetch`]) — the moment a store that keeps cold blocks outside RAM fetches
-//! them. Today's one store is the RAM cache ([`KvCache`]), for which prefetching is a no-op.
+//! them. Two stores implement it: [`super::RamStore`] (everything in anonymous memory; prefetching is a
+//! no-op) and [`super::TieredStore`] (a RAM budget, the rest in a file).
 
-use crate::kv_cache::{KvCache, KvRows, KvTypes};
+use super::types::{bytes_of, KvRows, KvTypes};
 use sparrow_attn::kernel::KvSource;
 use sparrow_attn::policy::ReadPlan;
 
@@ -94,53 +95,6 @@ impl<S: KvStore + ?Sized> KvSource for StoreLayer<'_, S> {
     }
 }
 
-/// The RAM store: one contiguous, lazily backed buffer per layer. Everything is resident,
-/// so prefetching has nothing to do.
-impl KvStore for KvCache {
-    fn kv_dim(&self) -> usize {
-        KvCache::kv_dim(self)
-    }
-    fn n_layer(&self) -> usize {
-        KvCache::n_layer(self)
-    }
-    fn types(&self) -> KvTypes {
-        KvCache::types(self)
-    }
-    fn bytes_per_token(&self) -> usize {
-        KvCache::bytes_per_token(self)
-    }
-    fn n_ctx(&self) -> usize {
-        KvCache::n_ctx(self)
-    }
-    fn append(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), String> {
-        self.write(layer, pos, k, v);
-        Ok(())
-    }
-    fn key_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
-        KvCache::key_rows(self, layer, start, n)
-    }
-    fn value_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
-        KvCache::value_rows(self, layer, start, n)
-    }
-    fn run_len(&self, layer: usize, start: usize, max: usize) -> usize {
-        KvCache::run_len(self, layer, start, max)
-    }
-    fn intact_from(&self, layer: usize) -> usize {
-        KvCache::intact_from(self, layer)
-    }
-    fn layer_rows(&self, layer: usize) -> usize {
-        KvCache::layer_rows(self, layer)
-    }
-    /// The rows of the positions written so far (the high-water mark; a ring at most its
-    /// rows): the untouched rest of the zeroed allocation is not backed by memory.
-    fn bytes_resident(&self) -> usize {
-        self.bytes_for(self.high_water())
-    }
-    fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
-        KvCache::import_prefix(self, n, bytes)
-    }
-}
-
 /// The positions of `layer` a prefix of `n` keeps: all of them, or a ring's last rows.
 fn kept(store: &(impl KvStore + ?Sized), layer: usize, n: usize) -> std::ops::Range<usize> {
     n - n.min(store.layer_rows(layer))..n
@@ -181,7 +135,7 @@ pub fn write_prefix(
                 } else {
                     store.value_rows(l, at, len)
                 };
-                out.write_all(crate::kv_tiered::bytes_of(&rows))?;
+                out.write_all(bytes_of(&rows))?;
                 at += len;
             }
         }

@@ -1,7 +1,5 @@
-//! The KV cache: keys and values of every past position, per layer, in FP16 by default
-//! (half the memory and bandwidth of f32, with errors far below what 4-bit weights already
-//! introduce), f32 on request, or Q8_0 (ggml's 8-bit blocks: about half of f16 again). Keys
-//! and values may use different types (llama.cpp's `-ctk` / `-ctv`).
+//! The RAM store: keys and values of every past position, per layer, of the element types
+//! in [`super::types`], all in anonymous memory.
 //!
 //! Layout per layer is `[position][kv_head * head_dim]`, so one position's keys for all heads
 //! are contiguous and a run of positions is a contiguous tile. A Q8_0 row is `kv_dim / 32`
@@ -10,91 +8,10 @@
 //! The buffers are zero-initialised allocations: the OS backs them lazily, so a large
 //! `-c` costs memory only as positions are actually written.
 
-use crate::kv_store::StoreLayer;
+use super::store::{export_prefix, KvStore, StoreLayer};
+use super::types::{BlockQ8_0, KvRows, KvType, KvTypes, BLOCK_Q8_0_BYTES, QK8_0};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-
-/// Element type of the cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum KvType {
-    #[default]
-    F16,
-    F32,
-    /// ggml's Q8_0: blocks of 32 values, an f16 scale and 32 `i8` quants.
-    Q8_0,
-}
-
-/// Names [`KvType`] parses, for messages.
-pub const KV_TYPE_NAMES: &str = "f16, f32, q8_0";
-
-impl KvType {
-    /// The lowercase name (`f16`, `f32`, `q8_0`), as parsed.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvType::F16 => "f16",
-            KvType::F32 => "f32",
-            KvType::Q8_0 => "q8_0",
-        }
-    }
-
-    /// Bytes one row of `kv_dim` elements takes (`kv_dim` a multiple of 32 for Q8_0).
-    pub fn row_bytes(self, kv_dim: usize) -> usize {
-        match self {
-            KvType::F16 => 2 * kv_dim,
-            KvType::F32 => 4 * kv_dim,
-            KvType::Q8_0 => kv_dim / QK8_0 * BLOCK_Q8_0_BYTES,
-        }
-    }
-}
-
-impl std::fmt::Display for KvType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for KvType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "f16" => Ok(KvType::F16),
-            "f32" => Ok(KvType::F32),
-            "q8_0" => Ok(KvType::Q8_0),
-            other => Err(format!(
-                "unknown KV cache type '{other}' (use one of {KV_TYPE_NAMES})"
-            )),
-        }
-    }
-}
-
-/// The element types of keys and of values. A single [`KvType`] converts into both.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct KvTypes {
-    pub k: KvType,
-    pub v: KvType,
-}
-
-impl KvTypes {
-    /// Keys of type `k`, values of type `v`.
-    pub fn new(k: KvType, v: KvType) -> Self {
-        KvTypes { k, v }
-    }
-}
-
-impl From<KvType> for KvTypes {
-    fn from(t: KvType) -> Self {
-        KvTypes { k: t, v: t }
-    }
-}
-
-impl std::fmt::Display for KvTypes {
-    /// `k/v`, e.g. `f16/q8_0`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.k, self.v)
-    }
-}
-
-pub use sparrow_attn::kernel::{BlockQ8_0, KvRows, BLOCK_Q8_0_BYTES, QK8_0};
 
 fn block_from_bytes(b: &[u8]) -> BlockQ8_0 {
     let mut qs = [0i8; QK8_0];
@@ -217,7 +134,7 @@ impl Store {
 }
 
 /// Keys and values for `n_layer` layers and up to `n_ctx` positions.
-pub struct KvCache {
+pub struct RamStore {
     /// One past the highest position written (any layer).
     high_water: usize,
     types: KvTypes,
@@ -236,16 +153,16 @@ pub struct KvCache {
     v: Store,
 }
 
-impl KvCache {
+impl RamStore {
     /// A cache for `n_ctx` positions of width `kv_dim` (kv heads × head size) per layer, with
     /// keys and values of `types` (one [`KvType`] for both, or a [`KvTypes`]).
     ///
-    /// Panics when the shape does not suit the types (see [`KvCache::try_new`]).
+    /// Panics when the shape does not suit the types (see [`RamStore::try_new`]).
     pub fn new(types: impl Into<KvTypes>, n_layer: usize, n_ctx: usize, kv_dim: usize) -> Self {
         Self::try_new(types, n_layer, n_ctx, kv_dim, kv_dim).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Like [`KvCache::new`], but a Q8_0 key or value cache whose `head_dim` (which must
+    /// Like [`RamStore::new`], but a Q8_0 key or value cache whose `head_dim` (which must
     /// divide `kv_dim`) is not a multiple of 32 is an error, as is a size that overflows.
     pub fn try_new(
         types: impl Into<KvTypes>,
@@ -267,7 +184,7 @@ impl KvCache {
         Self::with_rings(types, &vec![None; n_layer], n_ctx, kv_dim, head_dim)
     }
 
-    /// Like [`KvCache::try_new`], with one entry per layer: `None` for a layer that holds
+    /// Like [`RamStore::try_new`], with one entry per layer: `None` for a layer that holds
     /// every position, `Some(rows)` for a ring of that many rows (a sliding-window layer,
     /// whose memory then does not grow with the context).
     pub fn with_rings(
@@ -309,7 +226,7 @@ impl KvCache {
         if len.checked_mul(4).is_none() {
             return Err(too_large());
         }
-        Ok(KvCache {
+        Ok(RamStore {
             high_water: 0,
             types,
             n_layer,
@@ -328,7 +245,7 @@ impl KvCache {
         self.types
     }
 
-    /// Element type of the keys (see [`KvCache::types`] for both).
+    /// Element type of the keys (see [`RamStore::types`] for both).
     pub fn kv_type(&self) -> KvType {
         self.types.k
     }
@@ -419,19 +336,19 @@ impl KvCache {
         self.k.rows(self.span(layer, start, n))
     }
 
-    /// Values of positions `start..start + n` of `layer`, like [`KvCache::key_rows`].
+    /// Values of positions `start..start + n` of `layer`, like [`RamStore::key_rows`].
     pub fn value_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
         self.v.rows(self.span(layer, start, n))
     }
 
     /// One layer's rows as a `sparrow_attn::kernel::KvSource` for the attention kernels.
-    pub fn layer(&self, layer: usize) -> StoreLayer<'_, KvCache> {
+    pub fn layer(&self, layer: usize) -> StoreLayer<'_, RamStore> {
         assert!(layer < self.n_layer, "KV layer out of range");
         StoreLayer { store: self, layer }
     }
 
     /// Element range of positions `start..start + n` of `layer`, which must be one run
-    /// ([`KvCache::run_len`]).
+    /// ([`RamStore::run_len`]).
     fn span(&self, layer: usize, start: usize, n: usize) -> std::ops::Range<usize> {
         assert!(
             layer < self.n_layer
@@ -472,8 +389,8 @@ impl KvCache {
 
 /// Export and import of the first positions (prompt cache files, prefix reuse). Added for the
 /// serving issue; nothing above depends on it.
-impl KvCache {
-    /// Bytes [`KvCache::export_prefix`] produces for `n` positions.
+impl RamStore {
+    /// Bytes [`RamStore::export_prefix`] produces for `n` positions.
     pub fn prefix_bytes(&self, n: usize) -> usize {
         self.bytes_for(n)
     }
@@ -499,10 +416,10 @@ impl KvCache {
     /// each one's type (for Q8_0, ggml's 34-byte blocks). A ring layer contributes its last
     /// `min(n, rows)` positions, in position order.
     pub fn export_prefix(&self, n: usize) -> Vec<u8> {
-        crate::kv_store::export_prefix(self, n)
+        export_prefix(self, n)
     }
 
-    /// Overwrite positions `0..n` from bytes made by [`KvCache::export_prefix`] of a cache
+    /// Overwrite positions `0..n` from bytes made by [`RamStore::export_prefix`] of a cache
     /// with the same types and shape.
     pub fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
         if n > self.n_ctx {
@@ -538,7 +455,7 @@ impl KvCache {
     }
 
     /// Overwrite layer `l`'s share of a prefix of `n` positions (what
-    /// [`KvCache::layer_prefix_bytes`] sizes) from raw keys `k` and values `v`.
+    /// [`RamStore::layer_prefix_bytes`] sizes) from raw keys `k` and values `v`.
     pub fn import_layer(&mut self, l: usize, n: usize, k: &[u8], v: &[u8]) {
         let (krow, vrow) = (
             self.types.k.row_bytes(self.kv_dim),
@@ -558,7 +475,7 @@ impl KvCache {
     }
 
     /// Copy positions `0..n` of every layer from `other` (same types, width and rows).
-    pub fn copy_prefix_from(&mut self, other: &KvCache, n: usize) -> Result<(), String> {
+    pub fn copy_prefix_from(&mut self, other: &RamStore, n: usize) -> Result<(), String> {
         if other.types != self.types {
             return Err(format!(
                 "KV caches of different types ({} and {})",
@@ -593,6 +510,53 @@ impl KvCache {
     }
 }
 
+/// The RAM store: one contiguous, lazily backed buffer per layer. Everything is resident,
+/// so prefetching has nothing to do.
+impl KvStore for RamStore {
+    fn kv_dim(&self) -> usize {
+        RamStore::kv_dim(self)
+    }
+    fn n_layer(&self) -> usize {
+        RamStore::n_layer(self)
+    }
+    fn types(&self) -> KvTypes {
+        RamStore::types(self)
+    }
+    fn bytes_per_token(&self) -> usize {
+        RamStore::bytes_per_token(self)
+    }
+    fn n_ctx(&self) -> usize {
+        RamStore::n_ctx(self)
+    }
+    fn append(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), String> {
+        self.write(layer, pos, k, v);
+        Ok(())
+    }
+    fn key_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
+        RamStore::key_rows(self, layer, start, n)
+    }
+    fn value_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
+        RamStore::value_rows(self, layer, start, n)
+    }
+    fn run_len(&self, layer: usize, start: usize, max: usize) -> usize {
+        RamStore::run_len(self, layer, start, max)
+    }
+    fn intact_from(&self, layer: usize) -> usize {
+        RamStore::intact_from(self, layer)
+    }
+    fn layer_rows(&self, layer: usize) -> usize {
+        RamStore::layer_rows(self, layer)
+    }
+    /// The rows of the positions written so far (the high-water mark; a ring at most its
+    /// rows): the untouched rest of the zeroed allocation is not backed by memory.
+    fn bytes_resident(&self) -> usize {
+        self.bytes_for(self.high_water())
+    }
+    fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
+        RamStore::import_prefix(self, n, bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,7 +581,7 @@ mod tests {
     #[test]
     fn f16_and_f32_round_trip() {
         for ty in [KvType::F16, KvType::F32] {
-            let mut c = KvCache::new(ty, 2, 4, 3);
+            let mut c = RamStore::new(ty, 2, 4, 3);
             c.write(1, 2, &[1.0, -2.5, 0.125], &[4.0, 5.0, 6.0]);
             let mut k = [0.0; 3];
             let mut v = [0.0; 3];
@@ -637,8 +601,8 @@ mod tests {
     fn q8_0_round_trip_within_half_a_step() {
         let kv_dim = 128;
         let mut r = rng(3);
-        let mut c = KvCache::new(KvTypes::new(KvType::Q8_0, KvType::F32), 3, 5, kv_dim);
-        let mut q = KvCache::new(KvType::Q8_0, 3, 5, kv_dim);
+        let mut c = RamStore::new(KvTypes::new(KvType::Q8_0, KvType::F32), 3, 5, kv_dim);
+        let mut q = RamStore::new(KvType::Q8_0, 3, 5, kv_dim);
         for scale in [1e-3f32, 0.7, 30.0, 900.0] {
             // Blocks with very different magnitudes, including an all-zero block.
             let mut k: Vec<f32> = (0..kv_dim)
@@ -698,31 +662,31 @@ mod tests {
 
     #[test]
     fn q8_0_needs_whole_blocks_per_head() {
-        assert!(KvCache::try_new(KvType::Q8_0, 2, 4, 128, 64).is_ok());
-        assert!(KvCache::try_new(KvType::Q8_0, 2, 4, 128, 128).is_ok());
-        let e = KvCache::try_new(KvTypes::new(KvType::F16, KvType::Q8_0), 2, 4, 96, 48)
+        assert!(RamStore::try_new(KvType::Q8_0, 2, 4, 128, 64).is_ok());
+        assert!(RamStore::try_new(KvType::Q8_0, 2, 4, 128, 128).is_ok());
+        let e = RamStore::try_new(KvTypes::new(KvType::F16, KvType::Q8_0), 2, 4, 96, 48)
             .err()
             .unwrap();
         assert!(
             e.contains("value cache type q8_0") && e.contains("48"),
             "{e}"
         );
-        let e = KvCache::try_new(KvType::Q8_0, 2, 4, 40, 20).err().unwrap();
+        let e = RamStore::try_new(KvType::Q8_0, 2, 4, 40, 20).err().unwrap();
         assert!(e.contains("key cache"), "{e}");
         // Not q8_0: any width.
-        assert!(KvCache::try_new(KvType::F16, 2, 4, 40, 20).is_ok());
-        assert!(KvCache::try_new(KvType::F32, usize::MAX, 4, 40, 20).is_err());
+        assert!(RamStore::try_new(KvType::F16, 2, 4, 40, 20).is_ok());
+        assert!(RamStore::try_new(KvType::F32, usize::MAX, 4, 40, 20).is_err());
     }
 
     #[test]
     fn bytes_per_token_sums_both_sides() {
         // Qwen2.5-0.5B: 24 layers, 2 kv heads of 64.
-        let bpt = |k, v| KvCache::new(KvTypes::new(k, v), 24, 1, 128).bytes_per_token();
+        let bpt = |k, v| RamStore::new(KvTypes::new(k, v), 24, 1, 128).bytes_per_token();
         assert_eq!(bpt(KvType::F16, KvType::F16), 12_288);
         assert_eq!(bpt(KvType::F32, KvType::F32), 24_576);
         assert_eq!(bpt(KvType::Q8_0, KvType::Q8_0), 6_528);
         assert_eq!(bpt(KvType::F16, KvType::Q8_0), 9_408);
-        assert_eq!(KvCache::new(KvType::Q8_0, 24, 10, 128).bytes(), 10 * 6_528);
+        assert_eq!(RamStore::new(KvType::Q8_0, 24, 10, 128).bytes(), 10 * 6_528);
     }
 
     #[test]
@@ -737,14 +701,14 @@ mod tests {
         for ty in types {
             let w = 64;
             let row = |x: f32| -> Vec<f32> { (0..w).map(|i| x + i as f32 * 0.25).collect() };
-            let mut a = KvCache::new(ty, 2, 4, w);
+            let mut a = RamStore::new(ty, 2, 4, w);
             a.write(0, 0, &row(1.0), &row(4.0));
             a.write(1, 1, &row(-1.0), &row(0.5));
             a.write(1, 2, &row(9.0), &row(9.0));
             let bytes = a.export_prefix(2);
             assert_eq!(bytes.len(), a.prefix_bytes(2));
             assert_eq!(bytes.len(), 2 * a.bytes_per_token());
-            let mut b = KvCache::new(ty, 2, 8, w);
+            let mut b = RamStore::new(ty, 2, 8, w);
             b.import_prefix(2, &bytes).unwrap();
             let (mut ka, mut kb) = (vec![0.0; w], vec![0.0; w]);
             a.read_keys(1, 1, &mut ka);
@@ -756,7 +720,7 @@ mod tests {
             b.read_keys(1, 2, &mut kb);
             assert_eq!(kb, vec![0.0; w]);
             assert!(b.import_prefix(3, &bytes).is_err());
-            let mut c = KvCache::new(ty, 2, 4, w);
+            let mut c = RamStore::new(ty, 2, 4, w);
             c.copy_prefix_from(&b, 2).unwrap();
             assert_eq!(c.export_prefix(2), bytes);
             let other = if ty.k == KvType::Q8_0 {
@@ -764,7 +728,7 @@ mod tests {
             } else {
                 KvType::Q8_0
             };
-            let mut d = KvCache::new(KvTypes::new(other, ty.v), 2, 4, w);
+            let mut d = RamStore::new(KvTypes::new(other, ty.v), 2, 4, w);
             assert!(d.copy_prefix_from(&b, 2).unwrap_err().contains("types"));
         }
     }
@@ -775,7 +739,7 @@ mod tests {
     #[test]
     fn ring_layers_hold_their_last_rows() {
         let row = |l: usize, p: usize| [l as f32 * 100.0 + p as f32, -(p as f32)];
-        let mut c = KvCache::with_rings(KvType::F32, &[None, Some(5)], 16, 2, 2).unwrap();
+        let mut c = RamStore::with_rings(KvType::F32, &[None, Some(5)], 16, 2, 2).unwrap();
         assert_eq!((c.layer_rows(0), c.layer_rows(1)), (16, 5));
         for p in 0..12 {
             for l in 0..2 {
@@ -803,18 +767,18 @@ mod tests {
         // the same rows back.
         let bytes = c.export_prefix(12);
         assert_eq!(bytes.len(), c.prefix_bytes(12));
-        let mut d = KvCache::with_rings(KvType::F32, &[None, Some(5)], 16, 2, 2).unwrap();
+        let mut d = RamStore::with_rings(KvType::F32, &[None, Some(5)], 16, 2, 2).unwrap();
         d.import_prefix(12, &bytes).unwrap();
         assert_eq!(d.intact_from(1), 7);
         for p in 7..12 {
             d.read_keys(1, p, &mut k);
             assert_eq!(k, row(1, p));
         }
-        let mut e = KvCache::with_rings(KvType::F32, &[None, Some(5)], 16, 2, 2).unwrap();
+        let mut e = RamStore::with_rings(KvType::F32, &[None, Some(5)], 16, 2, 2).unwrap();
         e.copy_prefix_from(&c, 12).unwrap();
         assert_eq!(e.export_prefix(12), bytes);
         // A ring that has lost positions the copy needs is refused.
-        let mut f = KvCache::with_rings(KvType::F32, &[None, Some(8)], 16, 2, 2).unwrap();
+        let mut f = RamStore::with_rings(KvType::F32, &[None, Some(8)], 16, 2, 2).unwrap();
         assert!(f.copy_prefix_from(&c, 12).is_err());
     }
 }

@@ -4,13 +4,11 @@
 //! ([`SparsePolicy::on_block_sealed`]) while they are hot, which is where block summaries
 //! (Quest's min/max keys, landmark means) are built.
 //!
-//! The storage itself stays one contiguous, lazily backed buffer per layer
-//! ([`KvCache`]): the attention kernels read runs of positions in 64-key tiles, and a block
-//! table would only add an indirection until blocks move out of RAM. The block table here is
-//! the bookkeeping a tiered store would extend.
+//! The table is bookkeeping only: the stores keep positions in runs of rows (the attention
+//! kernels read 64-key tiles), not in blocks, so sealing moves no data.
 
+use super::store::{KvStore, StoreLayer};
 use crate::attention::{AttnShape, SparsePolicy};
-use crate::kv_store::{KvStore, StoreLayer};
 use sparrow_attn::kernel::read_f32;
 use sparrow_attn::policy::KeysView;
 
@@ -100,7 +98,7 @@ impl BlockTable {
 mod tests {
     use super::*;
     use crate::attention::{PlanContext, ReadPlan};
-    use crate::kv_cache::{KvCache, KvType};
+    use crate::kv::{KvType, RamStore};
 
     /// Records every seal call: (layer, block, first key value of head 1).
     struct Recorder {
@@ -131,8 +129,8 @@ mod tests {
     };
 
     /// A cache whose key at (layer, pos) holds `pos + 1000 * layer` everywhere.
-    fn cache(n: usize) -> KvCache {
-        let mut c = KvCache::new(KvType::F32, 2, n, 8);
+    fn cache(n: usize) -> RamStore {
+        let mut c = RamStore::new(KvType::F32, 2, n, 8);
         for l in 0..2 {
             for p in 0..n {
                 let k = vec![(p + 1000 * l) as f32; 8];

@@ -1,0 +1,76 @@
+//! Where a sequence's keys and values live.
+//!
+//! The model appends each position's rows to a [`KvStore`]; the attention executor borrows
+//! runs of them ([`StoreLayer`]); between a policy's plan and its execution the store is told
+//! what will be read ([`KvStore::prefetch`]). [`open`] builds the store that [`KvOptions`]
+//! ask for — the model never names a store type:
+//!
+//! * [`types`] — element types (f16, f32, Q8_0) and the row views the kernels read;
+//! * [`store`](KvStore) — the trait, one layer as a kernel source, prefix export (prompt caches);
+//! * [`ram`] — [`RamStore`], every row in anonymous memory;
+//! * [`tiered`] — [`TieredStore`], a RAM budget and the rest in a file (`--kv-ram-budget`);
+//! * [`blocks`] — which blocks of positions are sealed, so policies build their summaries.
+//!
+//! Arrows run one way: `mod.rs` → `ram`, `tiered` → `store`, `options` → `types`.
+//! Adding a tier: a file (or folder) beside `ram.rs` implementing [`KvStore`], a field in
+//! [`KvOptions`] that asks for it, and one arm in [`open`].
+
+pub mod blocks;
+mod options;
+pub mod ram;
+mod store;
+pub mod tiered;
+pub mod types;
+
+pub use blocks::{BlockTable, DEFAULT_BLOCK};
+pub use options::{ColdTier, KvOptions};
+pub use ram::RamStore;
+pub use store::{export_prefix, prefix_bytes, write_prefix, KvStore, StoreLayer};
+pub use tiered::{minimum_budget, ColdWrite, TieredStore};
+pub use types::{
+    bytes_of, BlockQ8_0, KvRows, KvType, KvTypes, BLOCK_Q8_0_BYTES, KV_TYPE_NAMES, QK8_0,
+};
+
+/// The shape of one sequence's store: what the model, not the user, decides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    /// Positions a layer holds at most.
+    pub n_ctx: usize,
+    /// Values per row: KV heads × head size.
+    pub kv_dim: usize,
+    /// Head size (Q8_0 rows need a multiple of 32).
+    pub head_dim: usize,
+    /// One entry per layer: `None` for a layer holding every position, `Some(rows)` for a
+    /// ring of that many rows (a sliding-window layer).
+    pub rings: Vec<Option<usize>>,
+}
+
+/// The store `options` ask for, of `shape`: in RAM, or under a RAM budget with a cold file.
+/// An impossible request (a Q8_0 type the head size does not allow, a budget too small for
+/// the policy's summaries, an unwritable directory) is an error naming it.
+pub fn open(options: &KvOptions, shape: &KvShape) -> crate::Result<Box<dyn KvStore>> {
+    let KvShape {
+        n_ctx,
+        kv_dim,
+        head_dim,
+        ref rings,
+    } = *shape;
+    Ok(match &options.cold {
+        Some(tier) => Box::new(
+            TieredStore::new(
+                options.types,
+                rings,
+                n_ctx,
+                kv_dim,
+                head_dim,
+                tier,
+                options.reserved,
+            )
+            .map_err(crate::Error::KvTier)?,
+        ),
+        None => Box::new(
+            RamStore::with_rings(options.types, rings, n_ctx, kv_dim, head_dim)
+                .map_err(crate::Error::Other)?,
+        ),
+    })
+}
