@@ -6,14 +6,13 @@ use crate::progress::PrefillProgress;
 use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
 use sparrow::attention::AttentionChoice;
-use sparrow::eval::attention::{
-    capture, evaluate_queries, evaluate_steps, text_tokens, Capture, Phase, PolicyReport, Summary,
-};
-use sparrow::eval::needle::{
-    load_haystack, needle_prompt, run_cell_policies, NeedleFormat, NeedleResult,
-};
 use sparrow::policy::SaapSettings;
 use sparrow::Engine;
+use sparrow_eval::attention::{
+    capture, evaluate_queries, evaluate_steps, text_tokens, Capture, Phase, PolicyReport, Summary,
+};
+use sparrow_eval::needle::{needle_prompt, run_cell_policies, NeedleFormat, NeedleResult};
+use sparrow_eval::text::load_haystack;
 
 // The heatmap writer lives beside this file; only `eval needle` uses it.
 #[path = "heatmap.rs"]
@@ -103,7 +102,7 @@ pub struct AttentionArgs {
     n_tokens: usize,
     /// Query rows of the last prefill batch measured for policies that do not decode
     /// (xattention); the rows `--decode-queries` are drawn from.
-    #[arg(long = "prefill-rows", default_value_t = sparrow::eval::attention::DEFAULT_TAIL)]
+    #[arg(long = "prefill-rows", default_value_t = sparrow_eval::attention::DEFAULT_TAIL)]
     prefill_rows: usize,
     /// Decode queries measured per decode policy: this many of the last --prefill-rows
     /// positions, evenly spaced back from N - 1, each a decode step at its own position

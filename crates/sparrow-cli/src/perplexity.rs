@@ -2,7 +2,7 @@
 
 use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
-use sparrow::perplexity::{score_chunk_with, Perplexity};
+use sparrow_eval::perplexity::{score_chunk_with, Perplexity};
 use std::io::Write;
 use std::time::Instant;
 

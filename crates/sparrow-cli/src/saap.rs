@@ -6,7 +6,8 @@
 use crate::progress::PrefillProgress;
 use crate::run::init_threads;
 use crate::ModelArgs;
-use sparrow::saap::{collect_context, text_contexts, CollectSettings, ContextRecord};
+use sparrow::saap::ContextRecord;
+use sparrow_eval::{collect_context, text_contexts, CollectSettings};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 

@@ -7,9 +7,9 @@
 //! are taken round-robin from the books, the k-th from a book starting a third further
 //! in (past the front matter), every 8th position from 1024 recorded.
 
-use sparrow::eval::attention::text_tokens;
-use sparrow::saap::{collect_context, CollectSettings};
 use sparrow::Engine;
+use sparrow_eval::attention::text_tokens;
+use sparrow_eval::{collect_context, CollectSettings};
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -5,18 +5,17 @@ pub mod attention;
 pub mod chat;
 pub mod engine;
 pub mod error;
-pub mod eval;
 pub mod generate;
 pub mod grammar;
 pub mod kv;
 pub mod memory;
 pub mod model;
-pub mod perplexity;
 pub mod policy;
 pub mod prompt_cache;
 pub mod saap;
 pub mod sampler;
 pub mod session;
+#[cfg(any(test, feature = "testing"))]
 pub mod synthetic;
 pub mod tokenizer;
 

@@ -198,39 +198,6 @@ fn phases_route_to_their_own_policy() {
     );
 }
 
-/// Decode-mode perplexity scores the same tokens as llama.cpp's batched scoring when asked
-/// for the same half, and it is what sees a decode policy: with full attention both agree,
-/// with a small Quest budget only the decode-mode figure moves.
-#[test]
-fn decode_scored_perplexity_sees_decode_policies() {
-    use sparrow::perplexity::score_chunk_with;
-    let m = model();
-    let chunk = synthetic_tokens(256, 21);
-    let full = AttentionChoice::default();
-    let batched = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, None).unwrap();
-    let k = 256 - 1 - 128;
-    let stepped = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, Some(k)).unwrap();
-    assert_eq!((batched.count, stepped.count), (k, k));
-    assert!(
-        (batched.nll - stepped.nll).abs() < 1e-3 * k as f64,
-        "{} vs {}",
-        batched.nll,
-        stepped.nll
-    );
-    let sparse = quest(8, 16);
-    let q_batched = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &sparse, None).unwrap();
-    let q_stepped = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &sparse, Some(k)).unwrap();
-    assert_eq!(
-        q_batched.nll, batched.nll,
-        "quest must not touch batched prefill"
-    );
-    assert!(
-        (q_stepped.nll - stepped.nll).abs() > 1e-3,
-        "quest had no effect in decode"
-    );
-    assert!(score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, Some(256)).is_err());
-}
-
 /// A small model's shapes, for building policies whose settings are refused before use.
 fn shapes() -> sparrow::ModelConfig {
     sparrow::synthetic::synthetic_config(&sparrow::synthetic::SyntheticSpec::default()).unwrap()

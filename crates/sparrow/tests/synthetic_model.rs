@@ -271,36 +271,6 @@ fn writer_metadata_override_is_rejected_as_duplicate() {
 }
 
 #[test]
-fn chunk_perplexity_equals_token_by_token_scoring() {
-    use sparrow::perplexity::{log_prob, score_chunk};
-    let full = sparrow::attention::AttentionChoice::default();
-    let model = load(synthetic_gguf(&SyntheticSpec::default())).unwrap();
-    let chunk: Vec<u32> = (0..24).map(|i| (i * 37 % 250) as u32).collect();
-    // Reference: one token at a time, scoring positions 12..23 (second half).
-    let mut st = model.new_state(24, KvType::F32).unwrap();
-    let mut nll = 0.0;
-    for j in 0..23 {
-        let logits = model.forward(&mut st, &[chunk[j]], Logits::Last).unwrap();
-        if j >= 12 {
-            nll -= log_prob(logits, chunk[j + 1]);
-        }
-    }
-    for batch in [1, 5, 12, 64] {
-        let s = score_chunk(&model, &chunk, None, batch, KvType::F32, &full).unwrap();
-        assert_eq!(s.count, 11);
-        assert!(
-            (s.nll - nll).abs() < 1e-3,
-            "batch {batch}: {} vs {nll}",
-            s.nll
-        );
-    }
-    // BOS replacement changes the first token only, and so the score.
-    let s = score_chunk(&model, &chunk, Some(256), 8, KvType::F32, &full).unwrap();
-    assert!((s.nll - nll).abs() > 1e-6);
-    assert!(score_chunk(&model, &chunk[..3], None, 8, KvType::F32, &full).is_err());
-}
-
-#[test]
 fn streaming_attention_in_the_model() {
     use sparrow::attention::StreamingAttention;
     let model = load(synthetic_gguf(&SyntheticSpec::default())).unwrap();

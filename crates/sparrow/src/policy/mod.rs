@@ -14,7 +14,6 @@ pub mod settings;
 
 pub mod full;
 pub mod h2o;
-pub mod kmeans;
 pub mod ladder;
 pub mod oracle;
 pub mod quest;
@@ -34,7 +33,7 @@ pub const REGISTRY: &[PolicyEntry] = &[
     h2o::ENTRY,
     oracle::ENTRY,
     saap::ENTRY,
-    kmeans::ENTRY,
+    saap::kmeans::ENTRY,
 ];
 
 pub use full::DenseAttention;

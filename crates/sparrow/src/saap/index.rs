@@ -187,7 +187,7 @@ pub enum Router {
     Centroids,
     /// Not a bucket ranking: each bucket split by position segment into cells, ranked by
     /// the live mean of their RoPE'd keys against the group's summed query
-    /// ([`crate::saap::cells`]); the index supplies the partition only.
+    /// ([`crate::policy::saap::cells`]); the index supplies the partition only.
     Cells,
 }
 

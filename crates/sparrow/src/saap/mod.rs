@@ -1,16 +1,11 @@
-//! Saap's offline half: recording training contexts ([`collect`]), the record file
-//! ([`record`]) and the index file the trainer writes and the `saap` policy
-//! ([`crate::policy::saap`]) reads ([`index`]), and the policy's inverted file of key and
-//! value rows grouped by bucket ([`buckets`]) and its positional cells ([`cells`]). Training itself (k-means, the Q-model)
-//! lives in the `sparrow-saap-train` crate, so the engine carries no training library.
+//! Saap's files: the record file of a training context ([`record`]) and the index file the
+//! trainer writes and the `saap` policy ([`crate::policy::saap`]) reads ([`index`]), with
+//! the trained router it carries. Recording contexts lives in `sparrow-eval`, training
+//! (k-means, the Q-model) in `sparrow-saap-train`, so the engine carries neither.
 
-pub mod buckets;
-pub mod cells;
-pub mod collect;
 pub mod index;
 pub mod record;
 
-pub use collect::{collect_context, text_contexts, CollectSettings, TextContext};
 pub use index::{
     default_index_path, prior_scale, HeadModel, IndexError, IndexMeta, Router, RouterCopy,
     RouterRows, RouterWeights, SaapIndex, Scratch, TrainingInfo,

@@ -3,16 +3,15 @@
 //! of context lengths × depths, it shows where a model (or an attention policy) stops
 //! finding what it was told.
 
-use crate::attention::AttentionChoice;
-use crate::chat::ChatMessage;
-use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::generate::{generate, GenerateOptions};
-use crate::kv::KvOptions;
-use crate::sampler::{Sampler, SamplerConfig};
 use serde::Serialize;
+use sparrow::attention::AttentionChoice;
+use sparrow::chat::ChatMessage;
+use sparrow::engine::Engine;
+use sparrow::generate::{generate, GenerateOptions};
+use sparrow::kv::KvOptions;
+use sparrow::sampler::{Sampler, SamplerConfig};
+use sparrow::{Error, Result};
 use std::ops::ControlFlow;
-use std::path::Path;
 
 /// Keys for needles: words that do not occur near a long number in the haystack corpus.
 const KEYS: &[&str] = &[
@@ -97,34 +96,6 @@ impl Needle {
             .split(|c: char| !c.is_ascii_digit())
             .any(|run| run == self.value)
     }
-}
-
-/// The `.txt` files of `dir` in file-name order; an error naming the folder when it cannot
-/// be read or holds none.
-pub fn text_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| Error::Other(format!("cannot read text folder {}: {e}", dir.display())))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "txt"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(Error::Other(format!("no .txt files in {}", dir.display())));
-    }
-    Ok(files)
-}
-
-/// Filler text: every `.txt` file of `dir` in file-name order, concatenated.
-pub fn load_haystack(dir: &Path) -> Result<String> {
-    let files = text_files(dir)?;
-    let mut text = String::new();
-    for f in files {
-        let t = std::fs::read_to_string(&f)
-            .map_err(|e| Error::Other(format!("cannot read {}: {e}", f.display())))?;
-        text.push_str(&t);
-        text.push('\n');
-    }
-    Ok(text)
 }
 
 /// Build the document of about `n_tokens` prompt tokens (filler plus needle, before the
@@ -403,7 +374,7 @@ pub fn run_cell_policies(
                 .max(p.summary_bytes(n_ctx, engine.model.config.kv_dim()));
         }
     }
-    let mut shared: Option<(crate::model::State, f64)> = None;
+    let mut shared: Option<(sparrow::model::State, f64)> = None;
     let mut out = Vec::with_capacity(choices.len());
     for choice in choices {
         let exact_prefill = choice.phase_names().map_err(Error::Other)?.0 == "full";
@@ -411,7 +382,7 @@ pub fn run_cell_policies(
             if shared.is_none() {
                 let mut st = engine.model.new_state(n_ctx, kv.clone())?;
                 let t0 = std::time::Instant::now();
-                crate::generate::prefill(&engine.model, &mut st, head, batch_size, |d, t| {
+                sparrow::generate::prefill(&engine.model, &mut st, head, batch_size, |d, t| {
                     progress("prefill (shared by exact-prefill policies)", d, t)
                 })?;
                 shared = Some((st, t0.elapsed().as_secs_f64()));
@@ -449,7 +420,7 @@ pub fn run_cell_policies(
             // Give the shared prefix back for the next policy, rewound to the prompt's head
             // (unless a sliding layer's ring has lost it: then the next one prefills again).
             if state.truncate(head.len()) == head.len() {
-                state.set_attention(Box::new(crate::attention::DenseAttention));
+                state.set_attention(Box::new(sparrow::attention::DenseAttention));
                 shared = Some((state, prefill_seconds));
             }
             prefill_seconds

@@ -3,9 +3,9 @@
 //! (its first token replaced by BOS when the model adds one), and only the second half of
 //! each chunk is scored, so every scored token has at least `n_ctx / 2` tokens of context.
 
-use crate::attention::AttentionChoice;
-use crate::error::{Error, Result};
-use crate::model::{Logits, Model};
+use sparrow::attention::AttentionChoice;
+use sparrow::model::{Logits, Model};
+use sparrow::{Error, Result};
 
 /// Natural-log probability of `target` under `logits` (a stable log-softmax in f64).
 pub fn log_prob(logits: &[f32], target: u32) -> f64 {
@@ -65,7 +65,7 @@ pub fn score_chunk(
     chunk: &[u32],
     bos: Option<u32>,
     batch: usize,
-    kv: impl Into<crate::KvOptions>,
+    kv: impl Into<sparrow::KvOptions>,
     attention: &AttentionChoice,
 ) -> Result<ChunkScore> {
     score_chunk_with(model, chunk, bos, batch, kv, attention, None)
@@ -80,7 +80,7 @@ pub fn score_chunk_with(
     chunk: &[u32],
     bos: Option<u32>,
     batch: usize,
-    kv: impl Into<crate::KvOptions>,
+    kv: impl Into<sparrow::KvOptions>,
     attention: &AttentionChoice,
     decode: Option<usize>,
 ) -> Result<ChunkScore> {

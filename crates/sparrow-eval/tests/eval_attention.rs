@@ -2,16 +2,17 @@
 //! window reads exactly its positions and misses some mass, and Quest on the real model is
 //! exact with a budget covering the context and selective with a small one.
 
+#[path = "../../sparrow/tests/common.rs"]
 mod common;
 
 use sparrow::attention::AttentionChoice;
 use sparrow::attention::StreamingAttention;
-use sparrow::eval::attention::{
-    capture, evaluate, evaluate_queries, evaluate_steps, text_tokens, Capture, Phase, PolicyReport,
-};
 use sparrow::policy::QuestSettings;
 use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
 use sparrow::{Engine, KvType, Model};
+use sparrow_eval::attention::{
+    capture, evaluate, evaluate_queries, evaluate_steps, text_tokens, Capture, Phase, PolicyReport,
+};
 
 fn model() -> Model {
     let spec = SyntheticSpec {
@@ -26,7 +27,7 @@ fn tokens(n: usize) -> Vec<u32> {
     synthetic_tokens(n, 17)
 }
 
-fn heads(r: &PolicyReport) -> impl Iterator<Item = &sparrow::eval::attention::HeadStats> {
+fn heads(r: &PolicyReport) -> impl Iterator<Item = &sparrow_eval::attention::HeadStats> {
     r.layers.iter().flat_map(|l| &l.heads)
 }
 

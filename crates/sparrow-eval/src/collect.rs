@@ -2,14 +2,15 @@
 //! a recording policy keeps the (de-roped) query rows of sampled positions as each layer
 //! plans its reads, and at the end every cached key is read back and de-roped.
 
-use super::record::{ContextRecord, RecordMeta, RopeParams};
-use crate::attention::{PlanContext, ReadPlan, SparsePolicy};
-use crate::error::{Error, Result};
-use crate::kv::KvType;
-use crate::kv::StoreLayer;
-use crate::model::rope::Rope;
-use crate::model::{Logits, Model};
-use crate::tokenizer::Tokenizer;
+use crate::text::{read_text, text_files};
+use sparrow::attention::{PlanContext, ReadPlan, SparsePolicy};
+use sparrow::kv::KvType;
+use sparrow::kv::StoreLayer;
+use sparrow::model::rope::Rope;
+use sparrow::model::{Logits, Model};
+use sparrow::saap::record::{ContextRecord, RecordMeta, RopeParams};
+use sparrow::tokenizer::Tokenizer;
+use sparrow::{Error, Result};
 use sparrow_attn::kernel::read_f32;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -173,7 +174,7 @@ pub fn text_contexts(
     n: usize,
     count: usize,
 ) -> Result<Vec<TextContext>> {
-    let files = crate::eval::needle::text_files(dir)?;
+    let files = text_files(dir)?;
     let bos = tokenizer.encode("", true, false);
     let body = n
         .checked_sub(bos.len())
@@ -184,8 +185,7 @@ pub fn text_contexts(
     let per_file = count.div_ceil(files.len());
     let mut chunks: Vec<Vec<TextContext>> = Vec::new();
     for f in &files {
-        let text = std::fs::read_to_string(f)
-            .map_err(|e| Error::Other(format!("cannot read {}: {e}", f.display())))?;
+        let text = read_text(f)?;
         let mut bytes = (per_file * body * 5).max(4096);
         let ids = loop {
             let mut end = bytes.min(text.len());
@@ -235,7 +235,7 @@ pub fn text_contexts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synthetic::{synthetic_model, SyntheticSpec};
+    use sparrow::synthetic::{synthetic_model, SyntheticSpec};
 
     /// The record holds what the model computed: rotating a recorded key and query again
     /// gives the cached key and a query whose exact attention output (computed here in
@@ -283,7 +283,7 @@ mod tests {
         bad[bytes.len() / 2] ^= 4;
         assert!(matches!(
             ContextRecord::decode(&bad),
-            Err(super::super::record::RecordError::Checksum)
+            Err(sparrow::saap::RecordError::Checksum)
         ));
         assert!(ContextRecord::decode(&bytes[..bytes.len() - 1]).is_err());
     }

@@ -18,17 +18,17 @@
 //! Everything goes through the [`SparsePolicy`] trait and the executor, so a policy's
 //! internals do not matter here.
 
-use crate::attention::{
+use serde::Serialize;
+use sparrow::attention::{
     attend, read_set, AttentionChoice, AttnShape, DenseAttention, PlanContext, ReadPlan,
     SparsePolicy,
 };
-use crate::error::{Error, Result};
-use crate::kv::StoreLayer;
-use crate::kv::{BlockTable, DEFAULT_BLOCK};
-use crate::model::ModelConfig;
-use crate::model::{Logits, Model, State};
-use crate::tokenizer::Tokenizer;
-use serde::Serialize;
+use sparrow::kv::StoreLayer;
+use sparrow::kv::{BlockTable, DEFAULT_BLOCK};
+use sparrow::model::ModelConfig;
+use sparrow::model::{Logits, Model, State};
+use sparrow::tokenizer::Tokenizer;
+use sparrow::{Error, Result};
 use sparrow_attn::kernel::read_f32;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -108,7 +108,7 @@ pub fn text_tokens(tokenizer: &Tokenizer, text: &str, n: usize) -> Result<Vec<u3
 pub fn capture(
     model: &Model,
     tokens: &[u32],
-    kv: impl Into<crate::KvOptions>,
+    kv: impl Into<sparrow::KvOptions>,
     batch_size: usize,
     tail: usize,
     mut progress: impl FnMut(usize, usize),

@@ -5,9 +5,10 @@
 //! plain inverted-file index would. Everything else — sink, window, probes, dense layers,
 //! the index file — is `saap`'s, with `saap`'s flags, so the two compare at equal reads.
 
-use super::saap::{load_index, settings, Router, SaapAttention, SaapSettings};
-use super::{PolicyEntry, SettingsType};
+use super::settings::{load_index, settings, Router, SaapSettings};
+use super::SaapAttention;
 use crate::model::rope::Rope;
+use crate::policy::{AttentionChoice, PolicyEntry, SettingsType};
 
 /// The registry's entry: a decode policy configured by `saap`'s flags.
 pub const ENTRY: PolicyEntry = PolicyEntry {
@@ -25,7 +26,7 @@ pub const ENTRY: PolicyEntry = PolicyEntry {
 };
 
 /// `saap`'s settings with the centroid router.
-fn kmeans_settings(c: &super::AttentionChoice) -> Result<SaapSettings, String> {
+fn kmeans_settings(c: &AttentionChoice) -> Result<SaapSettings, String> {
     settings(c, Some(Router::Centroids))
 }
 

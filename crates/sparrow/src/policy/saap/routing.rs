@@ -1,0 +1,315 @@
+//! One decode step's routing for one KV head's query group: rank buckets (the trained
+//! Q-model, the centroids, or the hedged mix) or cells, take the top ones that fit the
+//! budget, and turn them into the ranges the step reads.
+
+use super::cells::CellStats;
+use super::lists::Lists;
+use super::settings::{SaapSettings, MIN_RANKED_CELLS, RANKED, SINKS};
+use crate::saap::index::{prior_scale, HeadModel, RouterCopy, RouterWeights, Scratch};
+use sparrow_attn::kernel::{runs, union, Level};
+use std::ops::Range;
+
+/// Scratch of one KV head's routing, kept between calls.
+#[derive(Clone, Default)]
+pub(super) struct HeadWork {
+    /// The group's de-roped query rows.
+    pub(super) queries: Vec<f32>,
+    pub(super) scratch: Scratch,
+    /// Router mass per bucket.
+    pub(super) mass: Vec<f32>,
+    /// With [`SaapSettings::oracle`]: each position's exact attention mass for the group.
+    pub(super) key_mass: Vec<f64>,
+    /// Bucket ids, most mass first once ranked.
+    pub(super) order: Vec<u32>,
+    /// With [`Router::Cells`](super::Router::Cells): the group's RoPE'd query rows summed,
+    /// and the cells' scores.
+    pub(super) query_sum: Vec<f32>,
+    pub(super) cell_scores: Vec<(u32, f32)>,
+    /// Scratch of the cells' products.
+    pub(super) cell_dots: Vec<f32>,
+    /// The cells' scores as [`rank_key`]s, ranked.
+    pub(super) cell_ranks: Vec<u64>,
+    /// What the step reads beside the sink and window: per chosen bucket or cell, its
+    /// bucket and the range of that bucket's list entries.
+    pub(super) picks: Vec<(u32, Range<usize>)>,
+    /// One bit per position read: the chosen buckets' positions, the sink and the window,
+    /// turned into ascending ranges without sorting positions.
+    pub(super) marks: Vec<u64>,
+}
+
+/// What a KV head's group reads: ascending disjoint ranges of store positions, and of
+/// rows of its [`BucketRows`](super::buckets::BucketRows) (empty with
+/// [`Layout::Positions`](super::Layout::Positions)).
+pub(super) struct HeadReads {
+    pub(super) store: Vec<Range<usize>>,
+    pub(super) rows: Vec<Range<usize>>,
+}
+
+impl HeadWork {
+    /// What the group of a KV head reads for a step that sees `n` positions, the window
+    /// starting at `end`: the sink, the buckets `model` ranks first for the de-roped query
+    /// rows in `self.queries` (their positions from the sink on and below `end`, listed in
+    /// `lists`) and the window. Where every bucket is chosen, everything is read from the
+    /// store in order (exactly full attention).
+    pub(super) fn reads(
+        &mut self,
+        settings: &SaapSettings,
+        model: &HeadModel,
+        weights: RouterWeights<'_>,
+        lists: &Lists,
+        end: usize,
+        n: usize,
+    ) -> HeadReads {
+        let chosen = self.choose(settings, model, weights, lists, end, n);
+        let buckets = &lists.buckets;
+        if chosen == end.saturating_sub(SINKS) {
+            return HeadReads {
+                store: std::iter::once(0..n).collect(),
+                rows: Vec::new(),
+            };
+        }
+        let dense = || (0..SINKS.min(n)).chain(end..n);
+        match &lists.rows {
+            Some(rows) => {
+                let mut read = Vec::new();
+                for (b, entries) in &self.picks {
+                    rows.rows_of(*b as usize, entries.clone(), &mut read);
+                }
+                HeadReads {
+                    store: runs(dense()),
+                    rows: union(read),
+                }
+            }
+            None => {
+                self.marks.clear();
+                self.marks.resize(n.div_ceil(64), 0);
+                let mut mark = |p: usize| self.marks[p / 64] |= 1 << (p % 64);
+                for (b, entries) in &self.picks {
+                    buckets[*b as usize][entries.clone()]
+                        .iter()
+                        .for_each(|&p| mark(p as usize));
+                }
+                dense().for_each(&mut mark);
+                HeadReads {
+                    store: runs(set_bits(&self.marks)),
+                    rows: Vec::new(),
+                }
+            }
+        }
+    }
+
+    /// Leaves in `self.picks` what the step reads beside the sink and window (whole buckets,
+    /// or cells with [`Router::Cells`](super::Router::Cells)); returns how many positions
+    /// that is.
+    fn choose(
+        &mut self,
+        settings: &SaapSettings,
+        model: &HeadModel,
+        weights: RouterWeights<'_>,
+        lists: &Lists,
+        end: usize,
+        n: usize,
+    ) -> usize {
+        self.picks.clear();
+        if let Some(cells) = &lists.cells {
+            // The group's mean logit: the summed query over the group size and √head_dim.
+            let group = self.queries.len() / self.query_sum.len().max(1);
+            let scale = prior_scale(model.head_dim()) / group.max(1) as f32;
+            let target = budget_target(settings, end, n);
+            return self.choose_cells(cells, &lists.buckets, scale, end, target);
+        }
+        let got = self.choose_buckets(settings, model, weights, lists, end, n);
+        let buckets = &lists.buckets;
+        self.picks.extend(
+            self.order
+                .iter()
+                .map(|&b| (b, readable(&buckets[b as usize], end))),
+        );
+        got
+    }
+
+    /// Scores every cell of the segments below `end` for the group's summed query and picks
+    /// the top ones that fit in `target` positions (at least one), each cell's list entries
+    /// from the sink on and below `end`; returns how many positions they hold.
+    fn choose_cells(
+        &mut self,
+        cells: &CellStats,
+        buckets: &[Vec<u32>],
+        scale: f32,
+        end: usize,
+        target: usize,
+    ) -> usize {
+        let (q, dots) = (&self.query_sum, &mut self.cell_dots);
+        cells.score(q, scale, end, dots, &mut self.cell_scores);
+        // Highest first (NaN, a broken activation, last), as integers: a step ranks
+        // thousands of cells per layer and KV head.
+        let ranks = &mut self.cell_ranks;
+        ranks.clear();
+        ranks.extend(self.cell_scores.iter().map(|&(c, s)| rank_key(s, c)));
+        // Rank only as far as the budget usually reaches — twice the cells of an average
+        // size it holds — and the rest only if all of those fit.
+        let average = end.max(1) as f64 / ranks.len().max(1) as f64;
+        let reach = (2.0 * target as f64 / average) as usize;
+        let mut sorted = ranks.len().min(reach.max(MIN_RANKED_CELLS));
+        if sorted < ranks.len() {
+            ranks.select_nth_unstable(sorted - 1);
+        }
+        ranks[..sorted].sort_unstable();
+        let mut got = 0;
+        let mut take = 0;
+        while take < ranks.len() {
+            if take == sorted {
+                ranks[sorted..].sort_unstable();
+                sorted = ranks.len();
+            }
+            let cell = ranks[take] as u32;
+            let (_, b) = cells.cell(cell);
+            let span = cells.span(cell);
+            let list = &buckets[b];
+            let lo = list.partition_point(|&p| (p as usize) < span.start.max(SINKS));
+            let hi = list.partition_point(|&p| (p as usize) < span.end.min(end));
+            let len = hi.saturating_sub(lo);
+            if take > 0 && got + len > target {
+                break;
+            }
+            if len > 0 {
+                self.picks.push((b as u32, lo..hi));
+            }
+            got += len;
+            take += 1;
+        }
+        got
+    }
+
+    /// Ranks the buckets by `model`'s router (reading `weights`) for the query rows in
+    /// `self.queries` and leaves in `self.order` those the step reads (a fixed count, or the
+    /// top ones that fit the budget); returns how many positions they hold below `end`.
+    fn choose_buckets(
+        &mut self,
+        settings: &SaapSettings,
+        model: &HeadModel,
+        weights: RouterWeights<'_>,
+        lists: &Lists,
+        end: usize,
+        n: usize,
+    ) -> usize {
+        let c = model.clusters();
+        self.mass.clear();
+        self.mass.resize(c, 0.0);
+        let (q, scratch, mass) = (&self.queries, &mut self.scratch, &mut self.mass);
+        if settings.oracle {
+            for (m, list) in mass.iter_mut().zip(&lists.buckets) {
+                let keys = &list[readable(list, end)];
+                *m = keys.iter().map(|&p| self.key_mass[p as usize]).sum::<f64>() as f32;
+            }
+        } else {
+            model.add_mass(settings.router, weights, Level::active(), q, scratch, mass);
+        }
+        let size = |b: u32| readable(&lists.buckets[b as usize], end).len();
+        let mass = &self.mass;
+        // Most mass first; NaN (a broken activation) ranks last.
+        let key = |b: u32| {
+            let m = mass[b as usize];
+            if m.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                m
+            }
+        };
+        self.order.clear();
+        self.order.extend(0..c as u32);
+        if let Some(probes) = settings.probes {
+            let probes = probes.min(c);
+            if probes < c {
+                self.order
+                    .select_nth_unstable_by(probes - 1, |&a, &b| key(b).total_cmp(&key(a)));
+                self.order.truncate(probes);
+            }
+            return self.order.iter().map(|&b| size(b)).sum();
+        }
+        let target = budget_target(settings, end, n);
+        // Rank only as far as a budget usually reaches: the top `RANKED` first, the rest
+        // only if all of those fit.
+        let by_mass = |a: &u32, b: &u32| key(*b).total_cmp(&key(*a));
+        let mut sorted = c.min(RANKED);
+        if sorted < c {
+            self.order.select_nth_unstable_by(sorted - 1, by_mass);
+        }
+        self.order[..sorted].sort_unstable_by(by_mass);
+        // The top buckets that fit (at least one).
+        let (mut got, mut take) = (0, 0);
+        while take < c {
+            if take == sorted {
+                self.order[sorted..].sort_unstable_by(by_mass);
+                sorted = c;
+            }
+            let len = size(self.order[take]);
+            if take > 0 && got + len > target {
+                break;
+            }
+            got += len;
+            take += 1;
+        }
+        self.order.truncate(take);
+        got
+    }
+}
+
+/// A key that sorts cell `cell` of score `score` ascending by score descending, then by
+/// cell: the score's bits made order-preserving as an unsigned integer (NaN as −∞) and
+/// inverted, above the cell id.
+pub(super) fn rank_key(score: f32, cell: u32) -> u64 {
+    let score = if score.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        score
+    };
+    let bits = score.to_bits();
+    let ordered = if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    };
+    (u64::from(!ordered) << 32) | u64::from(cell)
+}
+
+/// Positions a step that sees `n` may read beyond the sink and the window (which starts at
+/// `end`): its read limit less that dense part.
+pub(super) fn budget_target(settings: &SaapSettings, end: usize, n: usize) -> usize {
+    let dense = SINKS + (n - end);
+    settings.read_limit(n).saturating_sub(dense)
+}
+
+/// The router matrices of head `i` (layer-major), `model`: its Q8_0 copy if `copies` holds
+/// one, else the index's f32 ones.
+pub(super) fn router_weights<'a>(
+    copies: &'a [RouterCopy],
+    model: &'a HeadModel,
+    i: usize,
+) -> RouterWeights<'a> {
+    match copies.get(i) {
+        Some(copy) => copy.weights(model),
+        None => model.weights(),
+    }
+}
+
+/// The entries of a bucket's `list` (ascending positions) from the sinks on and below
+/// `end`.
+pub(super) fn readable(list: &[u32], end: usize) -> Range<usize> {
+    let from = list.partition_point(|&p| (p as usize) < SINKS);
+    from..list.partition_point(|&p| (p as usize) < end).max(from)
+}
+
+/// The positions of the set bits of `marks` (bit `p % 64` of word `p / 64`), ascending.
+pub(super) fn set_bits(marks: &[u64]) -> impl Iterator<Item = usize> + '_ {
+    marks.iter().enumerate().flat_map(|(i, &word)| {
+        let mut w = word;
+        std::iter::from_fn(move || {
+            (w != 0).then(|| {
+                let bit = w.trailing_zeros() as usize;
+                w &= w - 1;
+                i * 64 + bit
+            })
+        })
+    })
+}
