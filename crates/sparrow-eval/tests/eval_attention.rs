@@ -43,9 +43,11 @@ fn full_attention_measures_exact_and_streaming_reads_its_window() {
     let full = evaluate(&cap, &AttentionChoice::named("full")).unwrap();
     assert_eq!(full.phase, Phase::Decode);
     assert_eq!(heads(&full).count(), n_heads);
+    // Full reads every position (its read set), so the f64 mass over it is the whole
+    // softmax. (Its output error is measured against `DenseAttention`, which is itself:
+    // nothing to check there.)
     for h in heads(&full) {
         assert_eq!(h.selectivity, Some(1.0));
-        assert!(h.rel_l2 < 1e-6, "{h:?}");
         assert!((h.mass.unwrap() - 1.0).abs() < 1e-9, "{h:?}");
     }
     assert_eq!(full.fraction_read, 1.0);
@@ -91,7 +93,14 @@ fn each_recorded_row_is_measured_as_a_decode_step_at_its_own_position() {
             for l in &st.layers {
                 assert!((l.selectivity - 13.0 / seen).abs() < 1e-12, "{l:?}");
                 assert!(l.mass > 0.0 && l.mass < 1.0 - 1e-6, "{l:?}");
-                assert!(l.focus_full > 0.0 && l.focus_full < l.mass + 1.0, "{l:?}");
+                // The focus's share of the exact attention: inside the read set (the
+                // sinks) it is part of the mass read, outside it (40..50) part of the rest.
+                let bound = if recall == 1.0 { l.mass } else { 1.0 - l.mass };
+                assert!(l.focus_full > 0.0 && l.focus_full <= bound + 1e-9, "{l:?}");
+                assert!(
+                    (l.focus_read - recall * l.focus_full).abs() < 1e-12,
+                    "{l:?}"
+                );
             }
             assert!(
                 (st.focus_recall() - recall).abs() < 1e-9,
@@ -248,11 +257,8 @@ fn quest_on_the_real_model_is_exact_with_room_and_selective_without() {
             assert!(sel <= 64.0 / n as f64 + 1e-12, "layer {}: {sel}", l.layer);
         }
     }
-    // The captured query reproduces the model's own attention: full measures exact. Exactly
-    // 0 at any SIMD level: `full` is `DenseAttention`, the reference itself, called on the
-    // same queries and rows.
+    // Full reads every position: the f64 mass over its read set is the whole softmax.
     let full = evaluate(&cap, &AttentionChoice::named("full")).unwrap();
-    assert_eq!(full.summary.max_rel_l2, 0.0);
     assert!((full.summary.min_mass.unwrap() - 1.0).abs() < 1e-9);
 }
 
@@ -283,10 +289,7 @@ fn several_decode_queries_are_each_measured_at_their_own_position() {
     assert_eq!(full.rows, 8);
     for h in heads(&full) {
         assert_eq!(h.selectivity, Some(1.0));
-        assert!(
-            h.rel_l2 < 1e-6 && (h.mass.unwrap() - 1.0).abs() < 1e-9,
-            "{h:?}"
-        );
+        assert!((h.mass.unwrap() - 1.0).abs() < 1e-9, "{h:?}");
     }
     // One query is the decode query at N - 1, as `evaluate` measures it; more than the
     // tail are the whole tail.

@@ -6,17 +6,25 @@
 mod common;
 
 use common::{assert_close, gemma_path, qwen_path, ORDER_TOL};
-use sparrow::attention::AttentionChoice;
+use sparrow::attention::{AttentionChoice, StreamingAttention};
 use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
 use sparrow::{Error, KvOptions, KvType, Logits, Model, SeqStep, State, Workspace};
 
+/// `full`, or `streaming` with a window short enough (2 sinks + 6 recent positions) that
+/// the test's longer sequences read less than everything.
+fn choice(policy: &str) -> AttentionChoice {
+    match policy {
+        "streaming" => AttentionChoice::named(policy).with(StreamingAttention {
+            sinks: 2,
+            window: 6,
+        }),
+        other => AttentionChoice::named(other),
+    }
+}
+
 fn state(model: &Model, policy: &str) -> State {
     model
-        .new_sequence(
-            256,
-            KvOptions::from(KvType::F32),
-            &AttentionChoice::named(policy),
-        )
+        .new_sequence(256, KvOptions::from(KvType::F32), &choice(policy))
         .unwrap()
 }
 
@@ -92,8 +100,15 @@ fn batched_sequences_equal_each_alone_to_the_bit() {
         synthetic_tokens(1, 3),
     ];
     let forced: Vec<Vec<u32>> = (0..3).map(|s| synthetic_tokens(6, 10 + s)).collect();
-    // Each sequence has its own policy: attention runs per sequence over its own plan.
+    // Each sequence has its own policy: attention runs per sequence over its own plan. The
+    // streaming sequence (23 + 6 tokens over an 8-position window) must read less than
+    // full, or a batch that ran every sequence as full would pass too.
     let policies = ["full", "streaming", "full"];
+    assert_ne!(
+        alone(&model, "streaming", &prompts[1], &forced[1]),
+        alone(&model, "full", &prompts[1], &forced[1]),
+        "the streaming window covers the sequence: the test cannot see a policy mix-up"
+    );
     let got = together(&model, &policies, &prompts, &forced);
     for i in 0..3 {
         let want = alone(&model, policies[i], &prompts[i], &forced[i]);

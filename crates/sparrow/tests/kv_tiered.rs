@@ -8,7 +8,7 @@ use sparrow::attention::AttentionChoice;
 use sparrow::kv::KvStore;
 use sparrow::kv::{minimum_budget, ColdTier, ColdWrite, KvOptions, TieredStore};
 use sparrow::policy::quest::QuestSettings;
-use sparrow::policy::saap::{Router, SaapSettings};
+use sparrow::policy::saap::{Layout, Router, SaapSettings};
 use sparrow::synthetic::{synthetic_model, synthetic_saap_index, synthetic_tokens, SyntheticSpec};
 use sparrow::{KvType, KvTypes, Logits, Model, State};
 use std::io;
@@ -44,8 +44,10 @@ fn quest() -> AttentionChoice {
 }
 
 /// Saap over a random index (8 buckets, 2 visited, a 1 + 31 dense part): selects scattered
-/// positions through the store, as trained indexes do.
-fn saap(m: &Model, dir: &std::path::Path) -> AttentionChoice {
+/// positions through the store, as trained indexes do; `layout` says whether the chosen
+/// buckets are read from the store (`Positions`) or from the policy's copy (`Buckets`, a
+/// summary as large as the sparse layers' KV, charged to the budget).
+fn saap(m: &Model, dir: &std::path::Path, layout: Layout) -> AttentionChoice {
     let index = dir.join("random.saap");
     synthetic_saap_index(&m.config, 8, 6, 7)
         .save(&index)
@@ -55,6 +57,7 @@ fn saap(m: &Model, dir: &std::path::Path) -> AttentionChoice {
         probes: Some(2),
         router: Router::Hedged,
         window: 31,
+        layout,
         ..Default::default()
     })
 }
@@ -76,18 +79,23 @@ fn min_budget(m: &Model, types: KvTypes) -> usize {
     minimum_budget(types, &rings, N_CTX, m.config.kv_dim(), 0)
 }
 
+/// A sequence running `choice`, made as `run` makes one: the policy's summaries are charged
+/// to the RAM budget (`Model::new_sequence`).
 fn sequence(m: &Model, types: KvTypes, cold: Option<ColdTier>, choice: &AttentionChoice) -> State {
     let kv = KvOptions {
         types,
         cold,
         reserved: 0,
     };
-    m.new_state(N_CTX, kv.clone())
-        .map(|mut s| {
-            s.set_attention(choice.build(&m.config).unwrap());
-            s
-        })
+    m.new_sequence(N_CTX, kv, choice).unwrap()
+}
+
+/// Bytes of RAM `choice`'s summaries take at `N_CTX`.
+fn summaries(m: &Model, choice: &AttentionChoice) -> usize {
+    choice
+        .build(&m.config)
         .unwrap()
+        .summary_bytes(N_CTX, m.config.kv_dim())
 }
 
 /// Prefill `prompt` in batches of `batch`, then decode `steps`; every logit produced.
@@ -121,26 +129,30 @@ fn tiered_store_gives_the_ram_stores_logits_bit_for_bit() {
         let row = (types.k.row_bytes(m.config.kv_dim()) + types.v.row_bytes(m.config.kv_dim()))
             * m.config.n_layer;
         let mut exact = None;
-        for choice in [full(), quest(), saap(&m, dir.path())] {
-            let mut ram = sequence(&m, types, None, &choice);
+        let saaps = [Layout::Positions, Layout::Buckets].map(|l| saap(&m, dir.path(), l));
+        for choice in [full(), quest()].iter().chain(&saaps) {
+            let mut ram = sequence(&m, types, None, choice);
             let want = run(&m, &mut ram, &prompt, 100, &steps);
             // The selecting policies must really select here, or this tests only full.
             match &exact {
                 None => exact = Some(want.clone()),
                 Some(f) => assert!(f != &want, "{} read every position", choice.name),
             }
-            for budget in [min, min + 3 * 16 * row, min + 200 * row] {
-                let mut s = sequence(&m, types, tier(budget), &choice);
+            let need = summaries(&m, choice);
+            for budget in [min, min + 3 * 16 * row, min + 200 * row].map(|b| b + need) {
+                let mut s = sequence(&m, types, tier(budget), choice);
                 let got = run(&m, &mut s, &prompt, 100, &steps);
                 assert!(
                     got == want,
                     "{types} {} budget {budget}: logits differ",
                     choice.name
                 );
+                // The summaries' share of the budget is not the store's to use.
                 let kv = s.kv();
                 assert!(
-                    kv.bytes_resident() <= budget,
-                    "{} > {budget}",
+                    kv.bytes_resident() + need <= budget,
+                    "{} {} + {need} > {budget}",
+                    choice.name,
                     kv.bytes_resident()
                 );
                 assert!(
@@ -157,10 +169,13 @@ fn tiered_store_gives_the_ram_stores_logits_bit_for_bit() {
 fn rewinds_and_prefix_imports_match_the_ram_store() {
     let m = model();
     let types: KvTypes = KvType::F16.into();
-    let budget = min_budget(&m, types);
+    let min = min_budget(&m, types);
     let prompt = synthetic_tokens(300, 3);
     let dir = tempfile::tempdir().unwrap();
-    for choice in [full(), quest(), saap(&m, dir.path())] {
+    let saaps = [Layout::Positions, Layout::Buckets].map(|l| saap(&m, dir.path(), l));
+    for choice in [full(), quest()].iter().chain(&saaps) {
+        let choice = choice.clone();
+        let budget = min + summaries(&m, &choice);
         let mut ram = sequence(&m, types, None, &choice);
         let mut cold = sequence(&m, types, tier(budget), &choice);
         let a = run(&m, &mut ram, &prompt, 64, &synthetic_tokens(10, 4));

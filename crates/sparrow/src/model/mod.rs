@@ -1,5 +1,6 @@
-//! The llama-family decoder (llama, qwen2, mistral): one forward pass that reads top to
-//! bottom like the model's equations. The [`Model`] is immutable and shareable; everything a
+//! The decoder of every family sparrow runs (llama, qwen2, mistral, gemma3), each a list of
+//! layer specs ([`spec`]): one forward pass that reads top to bottom like the model's
+//! equations. The [`Model`] is immutable and shareable; everything a
 //! sequence owns (KV cache, position, scratch) lives in a [`State`].
 
 pub mod arch;

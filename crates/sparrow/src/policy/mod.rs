@@ -7,7 +7,7 @@
 //! When prefill and decode use different policies, [`PhasedAttention`] routes each call:
 //! a forward pass of one token is decode, a batch of several is prefill.
 
-use crate::model::ModelConfig;
+use crate::model::config::ModelConfig;
 use sparrow_attn::policy::{KeysView, PlanContext, ReadPlan, SparsePolicy};
 
 pub mod settings;
