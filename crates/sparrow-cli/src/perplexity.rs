@@ -2,7 +2,7 @@
 
 use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
-use sparrow_eval::perplexity::{score_chunk_with, Perplexity};
+use sparrow_eval::perplexity::{score_chunk, ChunkScoring, Perplexity};
 use std::io::Write;
 use std::time::Instant;
 
@@ -69,17 +69,15 @@ pub fn perplexity(a: PerplexityArgs) -> Result<(), String> {
     let start = Instant::now();
     let mut ppl = Perplexity::default();
     let mut out = std::io::stdout().lock();
+    let how = ChunkScoring {
+        bos,
+        batch: a.batch_size,
+        kv: a.kv.options(),
+        attention,
+        decode: a.decode,
+    };
     for (i, chunk) in ids.chunks_exact(a.ctx_size).take(n_chunks).enumerate() {
-        let s = score_chunk_with(
-            &engine.model,
-            chunk,
-            bos,
-            a.batch_size,
-            a.kv.options(),
-            &attention,
-            a.decode,
-        )
-        .map_err(|e| e.to_string())?;
+        let s = score_chunk(&engine.model, chunk, &how).map_err(|e| e.to_string())?;
         ppl.add(s);
         let _ = write!(out, "[{}]{:.4},", i + 1, ppl.value());
         let _ = out.flush();

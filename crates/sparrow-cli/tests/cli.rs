@@ -1,25 +1,15 @@
 //! The `sparrow` binary end to end: bad input gives one clear error line and a non-zero exit
 //! (never a panic); good input runs.
 
+mod common;
+
+use common::sparrow;
 use sparrow::synthetic::{synthetic_gguf, synthetic_tensors, synthetic_writer, SyntheticSpec};
 use sparrow_gguf::GgmlType;
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sparrow-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p
-}
-
-fn sparrow(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sparrow"))
-        .args(args)
-        .env("SPARROW_MODELS", "/nonexistent-models-dir")
-        .output()
-        .unwrap()
+    common::test_file("cli-test", name, bytes)
 }
 
 /// Runs `sparrow run -m <file>` and checks for one `error:` line mentioning every `needle`.
@@ -36,17 +26,11 @@ fn expect_error(file: &PathBuf, extra: &[&str], needles: &[&str]) {
         "1",
     ];
     args.extend_from_slice(extra);
-    let out = sparrow(&args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{file:?} was accepted: {stderr}");
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(errors.len(), 1, "want one error line, got: {stderr}");
+    let error = common::one_failure_line(&sparrow(&args));
     for n in needles {
         assert!(
-            errors[0].contains(n),
-            "error line lacks '{n}': {}",
-            errors[0]
+            error.contains(n),
+            "{file:?}: error line lacks '{n}': {error}"
         );
     }
 }

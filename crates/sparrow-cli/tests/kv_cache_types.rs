@@ -3,33 +3,14 @@
 //! whole 32-value blocks is a clear error (not a panic); mixed f16/q8_0 runs and `sparrow
 //! run` reports the cache's bytes per token.
 
+mod common;
+
+use common::{one_failure_line as one_error, sparrow};
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 fn model(name: &str, spec: SyntheticSpec) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("sparrow-kv-types-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    let p = d.join(name);
-    std::fs::write(&p, synthetic_gguf(&spec)).unwrap();
-    p
-}
-
-fn sparrow(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sparrow"))
-        .args(args)
-        .env("SPARROW_MODELS", "/nonexistent-models-dir")
-        .output()
-        .unwrap()
-}
-
-fn one_error(out: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "accepted: {stderr}");
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(errors.len(), 1, "want one error line, got: {stderr}");
-    errors[0].to_string()
+    common::test_file("kv-types", name, &synthetic_gguf(&spec))
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use sparrow::attention::AttentionChoice;
 use sparrow::model::{Logits, Model};
-use sparrow::{Error, Result};
+use sparrow::{Error, KvOptions, Result};
 
 /// Natural-log probability of `target` under `logits` (a stable log-softmax in f64).
 pub fn log_prob(logits: &[f32], target: u32) -> f64 {
@@ -58,32 +58,33 @@ impl Perplexity {
     }
 }
 
-/// Score one chunk of exactly `n_ctx` tokens. `bos` replaces the first token when given.
-/// `batch` bounds how many tokens (and rows of logits) one forward pass holds.
-pub fn score_chunk(
-    model: &Model,
-    chunk: &[u32],
-    bos: Option<u32>,
-    batch: usize,
-    kv: impl Into<sparrow::KvOptions>,
-    attention: &AttentionChoice,
-) -> Result<ChunkScore> {
-    score_chunk_with(model, chunk, bos, batch, kv, attention, None)
+/// How a chunk is scored (llama-perplexity's settings, and which phase is measured).
+#[derive(Clone, Debug, Default)]
+pub struct ChunkScoring {
+    /// Replaces the chunk's first token when given (llama-perplexity's BOS substitution).
+    pub bos: Option<u32>,
+    /// Tokens (and rows of logits) one forward pass holds at most.
+    pub batch: usize,
+    /// The KV store's types and tier.
+    pub kv: KvOptions,
+    /// The attention policy.
+    pub attention: AttentionChoice,
+    /// `None`: the second half is scored from batched passes (prefill attention). `Some(k)`:
+    /// the first `n_ctx - 1 - k` tokens are processed as a prompt and only the last `k` are
+    /// scored, fed one token at a time, so the figure measures the *decode* phase's policy
+    /// (Quest and H2O act only there; batched scoring would run their exact prefill).
+    pub decode: Option<usize>,
 }
 
-/// [`score_chunk`], or with `decode = Some(k)`: the chunk's first `n_ctx - 1 - k` tokens are
-/// processed as a prompt and only the last `k` are scored, fed one token at a time, so the
-/// figure measures the *decode* phase's attention policy (Quest and H2O act only there;
-/// scoring in batches would run their exact prefill and hide them).
-pub fn score_chunk_with(
-    model: &Model,
-    chunk: &[u32],
-    bos: Option<u32>,
-    batch: usize,
-    kv: impl Into<sparrow::KvOptions>,
-    attention: &AttentionChoice,
-    decode: Option<usize>,
-) -> Result<ChunkScore> {
+/// Score one chunk of exactly `n_ctx` tokens as `how` says.
+pub fn score_chunk(model: &Model, chunk: &[u32], how: &ChunkScoring) -> Result<ChunkScore> {
+    let ChunkScoring {
+        bos,
+        batch,
+        ref kv,
+        ref attention,
+        decode,
+    } = *how;
     let n_ctx = chunk.len();
     if n_ctx < 4 {
         return Err(Error::Other(format!(
@@ -104,7 +105,7 @@ pub fn score_chunk_with(
         None => n_ctx / 2,
     };
     let vocab = model.config.vocab_size;
-    let mut state = model.new_state(n_ctx, kv)?;
+    let mut state = model.new_state(n_ctx, kv.clone())?;
     state.set_attention(attention.build(&model.config).map_err(Error::Other)?);
     let mut score = ChunkScore {
         nll: 0.0,

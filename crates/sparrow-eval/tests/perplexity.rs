@@ -1,32 +1,32 @@
 //! Perplexity scoring on a small synthetic model: chunked scoring equals token-by-token
 //! scoring, and decode-mode scoring is what sees a decode-phase policy.
 
+#[path = "../../sparrow/tests/policy_harness/mod.rs"]
+mod policy_harness;
+
+use policy_harness::{model, quest};
 use sparrow::attention::AttentionChoice;
-use sparrow::policy::quest::QuestSettings;
 use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
 use sparrow::{KvType, Logits, Model};
-use sparrow_eval::perplexity::{log_prob, score_chunk, score_chunk_with};
+use sparrow_eval::perplexity::{log_prob, score_chunk, ChunkScore, ChunkScoring};
 
-/// The policy tests' model: a longer context than the default spec's.
-fn model() -> Model {
-    let spec = SyntheticSpec {
-        context_length: 512,
-        seed: 11,
-        ..Default::default()
+/// Scores `chunk` in batches of `batch` over an f32 cache.
+fn score(
+    m: &Model,
+    chunk: &[u32],
+    bos: Option<u32>,
+    batch: usize,
+    attention: &AttentionChoice,
+    decode: Option<usize>,
+) -> sparrow::Result<ChunkScore> {
+    let how = ChunkScoring {
+        bos,
+        batch,
+        kv: KvType::F32.into(),
+        attention: attention.clone(),
+        decode,
     };
-    synthetic_model(&spec).unwrap()
-}
-
-fn quest(page: usize, budget: usize) -> AttentionChoice {
-    AttentionChoice {
-        name: "quest".into(),
-        ..Default::default()
-    }
-    .with(QuestSettings {
-        page,
-        budget,
-        dense_layers: vec![],
-    })
+    score_chunk(m, chunk, &how)
 }
 
 #[test]
@@ -44,7 +44,7 @@ fn chunk_perplexity_equals_token_by_token_scoring() {
         }
     }
     for batch in [1, 5, 12, 64] {
-        let s = score_chunk(&model, &chunk, None, batch, KvType::F32, &full).unwrap();
+        let s = score(&model, &chunk, None, batch, &full, None).unwrap();
         assert_eq!(s.count, 11);
         assert!(
             (s.nll - nll).abs() < 1e-3,
@@ -53,9 +53,9 @@ fn chunk_perplexity_equals_token_by_token_scoring() {
         );
     }
     // BOS replacement changes the first token only, and so the score.
-    let s = score_chunk(&model, &chunk, Some(256), 8, KvType::F32, &full).unwrap();
+    let s = score(&model, &chunk, Some(256), 8, &full, None).unwrap();
     assert!((s.nll - nll).abs() > 1e-6);
-    assert!(score_chunk(&model, &chunk[..3], None, 8, KvType::F32, &full).is_err());
+    assert!(score(&model, &chunk[..3], None, 8, &full, None).is_err());
 }
 
 /// Decode-mode perplexity scores the same tokens as llama.cpp's batched scoring when asked
@@ -66,9 +66,9 @@ fn decode_scored_perplexity_sees_decode_policies() {
     let m = model();
     let chunk = synthetic_tokens(256, 21);
     let full = AttentionChoice::default();
-    let batched = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, None).unwrap();
+    let batched = score(&m, &chunk, None, 64, &full, None).unwrap();
     let k = 256 - 1 - 128;
-    let stepped = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, Some(k)).unwrap();
+    let stepped = score(&m, &chunk, None, 64, &full, Some(k)).unwrap();
     assert_eq!((batched.count, stepped.count), (k, k));
     assert!(
         (batched.nll - stepped.nll).abs() < 1e-3 * k as f64,
@@ -77,8 +77,8 @@ fn decode_scored_perplexity_sees_decode_policies() {
         stepped.nll
     );
     let sparse = quest(8, 16);
-    let q_batched = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &sparse, None).unwrap();
-    let q_stepped = score_chunk_with(&m, &chunk, None, 64, KvType::F32, &sparse, Some(k)).unwrap();
+    let q_batched = score(&m, &chunk, None, 64, &sparse, None).unwrap();
+    let q_stepped = score(&m, &chunk, None, 64, &sparse, Some(k)).unwrap();
     assert_eq!(
         q_batched.nll, batched.nll,
         "quest must not touch batched prefill"
@@ -87,5 +87,5 @@ fn decode_scored_perplexity_sees_decode_policies() {
         (q_stepped.nll - stepped.nll).abs() > 1e-3,
         "quest had no effect in decode"
     );
-    assert!(score_chunk_with(&m, &chunk, None, 64, KvType::F32, &full, Some(256)).is_err());
+    assert!(score(&m, &chunk, None, 64, &full, Some(256)).is_err());
 }

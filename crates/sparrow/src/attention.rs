@@ -48,12 +48,9 @@ pub fn attend(
     };
     {
         let plan = policy.plan(&ctx);
-        cache.prefetch(layer, &plan);
-        execute(
-            Level::active(),
-            rayon::current_num_threads(),
-            shape,
+        run_plan(
             &store,
+            shape,
             &plan,
             q,
             out,
@@ -82,17 +79,22 @@ pub fn attend_sliding(
         layer,
     };
     let plan = ReadPlan::sliding(shape, pos0, q.len() / shape.q_dim(), window);
-    cache.prefetch(layer, &plan);
-    execute(
-        Level::active(),
-        rayon::current_num_threads(),
-        shape,
-        &store,
-        &plan,
-        q,
-        out,
-        None,
-    );
+    run_plan(&store, shape, &plan, q, out, None);
+}
+
+/// Tell the store what `plan` reads of `layer` ([`KvStore::prefetch`]), then run it through
+/// the executor at the active SIMD level on the current thread pool.
+fn run_plan(
+    layer: &StoreLayer<'_, dyn KvStore + '_>,
+    shape: AttnShape,
+    plan: &ReadPlan<'_>,
+    q: &[f32],
+    out: &mut [f32],
+    lse: Option<&mut [f32]>,
+) {
+    layer.store.prefetch(layer.layer, plan);
+    let threads = rayon::current_num_threads();
+    execute(Level::active(), threads, shape, layer, plan, q, out, lse);
 }
 
 /// The store positions each KV head's query group reads when the single query row `q` at

@@ -11,18 +11,8 @@ pub fn machine_memory() -> Option<u64> {
 
 /// `MemTotal + SwapTotal` from the text of `/proc/meminfo` (values in KiB).
 fn parse_meminfo_total(text: &str) -> Option<u64> {
-    let field = |name: &str| -> Option<u64> {
-        let line = text.lines().find(|l| l.starts_with(name))?;
-        let kib: u64 = line[name.len()..]
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        kib.checked_mul(1024)
-    };
-    let ram = field("MemTotal:")?;
-    Some(ram.saturating_add(field("SwapTotal:").unwrap_or(0)))
+    let ram = meminfo_field(text, "MemTotal:")?;
+    Some(ram.saturating_add(meminfo_field(text, "SwapTotal:").unwrap_or(0)))
 }
 
 /// Memory this process could still take without pushing others out: the kernel's

@@ -1,54 +1,13 @@
 //! Attention policies through the engine on a synthetic model: exact where they claim to
 //! be, active where they claim to save work, and consistent across rewinds.
 
+mod policy_harness;
+
+use policy_harness::{assert_rewind_equals_fresh, decode_logits, model, quest, state, worst_diff};
 use sparrow::attention::AttentionChoice;
 use sparrow::attention::StreamingAttention;
-use sparrow::policy::quest::QuestSettings;
-use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
-use sparrow::{KvType, Logits, Model, State};
-
-fn model() -> Model {
-    let spec = SyntheticSpec {
-        context_length: 512,
-        seed: 11,
-        ..Default::default()
-    };
-    synthetic_model(&spec).unwrap()
-}
-
-fn state(m: &Model, choice: &AttentionChoice) -> State {
-    let mut s = m.new_state(512, KvType::F16).unwrap();
-    s.set_attention(choice.build(&m.config).unwrap());
-    s
-}
-
-fn quest(page: usize, budget: usize) -> AttentionChoice {
-    AttentionChoice {
-        name: "quest".into(),
-        ..Default::default()
-    }
-    .with(QuestSettings {
-        page,
-        budget,
-        dense_layers: vec![],
-    })
-}
-
-/// Prefill `prompt`, then feed `steps` one token at a time; the logits of every decode step.
-fn decode_logits(m: &Model, s: &mut State, prompt: &[u32], steps: &[u32]) -> Vec<Vec<f32>> {
-    m.forward(s, prompt, Logits::None).unwrap();
-    steps
-        .iter()
-        .map(|&t| m.forward(s, &[t], Logits::Last).unwrap().to_vec())
-        .collect()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
+use sparrow::synthetic::synthetic_tokens;
+use sparrow::KvType;
 
 #[test]
 fn full_policy_equals_the_default_state() {
@@ -78,49 +37,18 @@ fn quest_with_a_small_budget_reads_less_and_changes_the_output() {
     let sparse = decode_logits(&m, &mut s, &p, &d);
     assert!(s.attention().fraction_read(308) < 0.25);
     assert!(sparse.iter().flatten().all(|x| x.is_finite()));
-    let worst = full
-        .iter()
-        .zip(&sparse)
-        .map(|(a, b)| max_diff(a, b))
-        .fold(0.0, f32::max);
+    let worst = worst_diff(&full, &sparse);
     assert!(
         worst > 0.0,
         "a 64-token budget over 300 positions changed nothing"
     );
 }
 
-/// Fill the cache with `a` (prefilled as `a[..64]` then `a[64..]`) and decode, rewind to 64
-/// tokens and continue with `b`: pages summarised from `a`'s later tokens must not survive,
-/// so the result is a fresh sequence's, `a[..64]` then `b`.
-///
-/// Bit for bit, at every SIMD level: after the rewind both states make the same forward calls
-/// (the same tokens in the same batches at the same positions) over the same cache rows
-/// below 64, which both computed with the same call. Only what the policy remembers of the
-/// rewritten positions can differ, and that is what is tested. (A fresh sequence prefilled as
-/// one 154-token batch would split the work differently: other attention row blocks, and
-/// with quantized weights other GEMM kernels, so it would equal this one only to rounding.)
+/// Pages summarised from tokens a rewind forgot do not survive it (rewinding to 72 instead
+/// of 64 leaves `a`'s tokens at 64..72, which the comparison must see).
 #[test]
 fn quest_after_a_rewind_equals_a_fresh_sequence() {
-    let m = model();
-    let (a, b, d) = (
-        synthetic_tokens(180, 7),
-        synthetic_tokens(90, 8),
-        synthetic_tokens(6, 9),
-    );
-    let rewound = |to: usize| {
-        let mut s = state(&m, &quest(8, 48));
-        m.forward(&mut s, &a[..64], Logits::None).unwrap();
-        decode_logits(&m, &mut s, &a[64..], &d);
-        assert_eq!(s.truncate(to), to);
-        decode_logits(&m, &mut s, &b[to - 64..], &d)
-    };
-    let mut fresh = state(&m, &quest(8, 48));
-    m.forward(&mut fresh, &a[..64], Logits::None).unwrap();
-    let want = decode_logits(&m, &mut fresh, &b, &d);
-    assert_eq!(want, rewound(64));
-    // The comparison sees a wrong cache: rewinding to 72 instead leaves `a`'s tokens at
-    // 64..72 where the fresh sequence has `b`'s.
-    assert_ne!(want, rewound(72));
+    assert_rewind_equals_fresh(&quest(8, 48), 72);
 }
 
 #[test]
@@ -193,7 +121,7 @@ fn phases_route_to_their_own_policy() {
     });
     let got = decode_logits(&m, &mut state(&m, &streaming_prefill), &p, &d);
     assert!(
-        max_diff(&got[0], &full[0]) > 1e-3,
+        worst_diff(&got[..1], &full[..1]) > 1e-3,
         "prefill policy had no effect"
     );
 }

@@ -4,27 +4,14 @@
 //! policy covers the context).
 
 mod common;
+mod policy_harness;
 
 use common::{assert_close, forced_logits, mismatch, Prefill, ORDER_TOL};
+use policy_harness::{assert_rewind_equals_fresh, decode_logits, model, state, worst_diff};
 use sparrow::attention::AttentionChoice;
 use sparrow::policy::{H2oSettings, LadderSettings};
-use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
-use sparrow::{Engine, KvType, Logits, Model, State};
-
-fn model() -> Model {
-    let spec = SyntheticSpec {
-        context_length: 512,
-        seed: 11,
-        ..Default::default()
-    };
-    synthetic_model(&spec).unwrap()
-}
-
-fn state(m: &Model, choice: &AttentionChoice) -> State {
-    let mut s = m.new_state(512, KvType::F16).unwrap();
-    s.set_attention(choice.build(&m.config).unwrap());
-    s
-}
+use sparrow::synthetic::synthetic_tokens;
+use sparrow::{Engine, KvType};
 
 fn ladder(window: usize, landmarks: bool) -> AttentionChoice {
     AttentionChoice {
@@ -51,23 +38,6 @@ fn h2o(heavy: f64, recent: f64) -> AttentionChoice {
         recent,
         dense_layers: vec![],
     })
-}
-
-/// Prefill `prompt`, then feed `steps` one token at a time; the logits of every decode step.
-fn decode_logits(m: &Model, s: &mut State, prompt: &[u32], steps: &[u32]) -> Vec<Vec<f32>> {
-    m.forward(s, prompt, Logits::None).unwrap();
-    steps
-        .iter()
-        .map(|&t| m.forward(s, &[t], Logits::Last).unwrap().to_vec())
-        .collect()
-}
-
-fn worst_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    a.iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// A window covering prompt and generation: the ladder is `full`, bit for bit, in prefill
@@ -100,40 +70,12 @@ fn ladder_with_a_small_window_reads_less_and_changes_the_output() {
     );
 }
 
-/// Landmarks of blocks rewritten after a rewind are rebuilt: fill the cache with `a`
-/// (prefilled as `a[..64]` then `a[64..]`) and decode, rewind to 64 tokens and continue with
-/// `b` — the result is a fresh sequence's, `a[..64]` then `b`.
-///
-/// Bit for bit, at every SIMD level: after the rewind both states make the same forward calls
-/// (the same tokens in the same batches at the same positions) over the same cache rows
-/// below 64, which both computed with the same call; only the policy's memory of the
-/// rewritten blocks can differ, which is what is tested. The fresh sequence used to be
-/// prefilled as one 154-token batch: that splits the work differently (other attention row
-/// blocks, and with quantized weights other GEMM kernels), equal only to rounding, and on an
-/// AVX-512 host it differed in the last bits.
+/// Landmarks of blocks rewritten after a rewind are rebuilt: rewinding to 80 instead of 64
+/// leaves `a`'s tokens in the block 64..80 (far outside the decode window, read through its
+/// landmark and the log-stride keys), which the comparison must see.
 #[test]
 fn ladder_after_a_rewind_equals_a_fresh_sequence() {
-    let m = model();
-    let (a, b, d) = (
-        synthetic_tokens(180, 7),
-        synthetic_tokens(90, 8),
-        synthetic_tokens(6, 9),
-    );
-    let rewound = |to: usize| {
-        let mut s = state(&m, &ladder(24, true));
-        m.forward(&mut s, &a[..64], Logits::None).unwrap();
-        decode_logits(&m, &mut s, &a[64..], &d);
-        assert_eq!(s.truncate(to), to);
-        decode_logits(&m, &mut s, &b[to - 64..], &d)
-    };
-    let mut fresh = state(&m, &ladder(24, true));
-    m.forward(&mut fresh, &a[..64], Logits::None).unwrap();
-    let want = decode_logits(&m, &mut fresh, &b, &d);
-    assert_eq!(want, rewound(64));
-    // The comparison sees a wrong cache: rewinding to 80 instead leaves `a`'s tokens in the
-    // block 64..80 (far outside the decode window, read through its landmark and the
-    // log-stride keys) where the fresh sequence has `b`'s.
-    assert_ne!(want, rewound(80));
+    assert_rewind_equals_fresh(&ladder(24, true), 80);
 }
 
 /// A budget covering the context (heavy + recent ≥ 1) evicts nothing: H2O is exact
