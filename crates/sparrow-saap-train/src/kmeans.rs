@@ -181,6 +181,19 @@ mod tests {
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
+    /// How close centroid `c` is to point `x` in f64: their inner product (spherical), or
+    /// minus their squared distance.
+    fn closeness(c: &[f32], x: &[f32], spherical: bool) -> f64 {
+        if spherical {
+            dot64(c, x)
+        } else {
+            -c.iter()
+                .zip(x)
+                .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+                .sum::<f64>()
+        }
+    }
+
     fn dot64(a: &[f32], b: &[f32]) -> f64 {
         a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
     }
@@ -217,17 +230,7 @@ mod tests {
             let want_assign: Vec<u32> = points
                 .chunks_exact(d)
                 .map(|x| {
-                    let score = |k: usize| {
-                        let c = &init[k * d..][..d];
-                        if spherical {
-                            dot64(c, x)
-                        } else {
-                            -c.iter()
-                                .zip(x)
-                                .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
-                                .sum::<f64>()
-                        }
-                    };
+                    let score = |k: usize| closeness(&init[k * d..][..d], x, spherical);
                     (0..4)
                         .max_by(|&a, &b| score(a).total_cmp(&score(b)))
                         .unwrap() as u32
@@ -345,17 +348,7 @@ mod tests {
             }
             let batch = assign(&points, d, &part.centroids, &part.bias).unwrap();
             for (x, &b) in points.chunks_exact(d).zip(&batch) {
-                let score = |k: usize| {
-                    let c = &part.centroids[k * d..][..d];
-                    if spherical {
-                        dot64(c, x)
-                    } else {
-                        -c.iter()
-                            .zip(x)
-                            .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
-                            .sum::<f64>()
-                    }
-                };
+                let score = |k: usize| closeness(&part.centroids[k * d..][..d], x, spherical);
                 let mut order: Vec<usize> = (0..10).collect();
                 order.sort_by(|&a, &b| score(b).total_cmp(&score(a)));
                 if score(order[0]) - score(order[1]) < 1e-4 {

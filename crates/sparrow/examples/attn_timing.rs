@@ -61,30 +61,14 @@ fn main() {
                 continue;
             }
             let pos0 = depth + batch - n;
-            attend(
-                policy.as_mut(),
-                shape,
-                &cache,
-                0,
-                &q[..n * q_dim],
-                pos0,
-                &mut out[..n * q_dim],
-            );
-            let mut times: Vec<f64> = (0..reps)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    attend(
-                        policy.as_mut(),
-                        shape,
-                        &cache,
-                        0,
-                        &q[..n * q_dim],
-                        pos0,
-                        &mut out[..n * q_dim],
-                    );
-                    t0.elapsed().as_secs_f64()
-                })
-                .collect();
+            let mut run = || {
+                let t0 = Instant::now();
+                let (q, out) = (&q[..n * q_dim], &mut out[..n * q_dim]);
+                attend(policy.as_mut(), shape, &cache, 0, q, pos0, out);
+                t0.elapsed().as_secs_f64()
+            };
+            run(); // warm-up
+            let mut times: Vec<f64> = (0..reps).map(|_| run()).collect();
             times.sort_by(f64::total_cmp);
             let (min, med) = (times[0], times[reps / 2]);
             println!(

@@ -12,14 +12,8 @@ use std::time::Instant;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let model = args.get(1).ok_or("usage: saap_cost MODEL.gguf [INDEX]")?;
-    let config = sparrow::Model::load_with(
-        model,
-        sparrow::LoadOptions {
-            repack: false,
-            ..Default::default()
-        },
-    )?
-    .config;
+    // The model's shapes and fingerprint only: its weights are not needed.
+    let config = sparrow::ModelConfig::from_gguf(&sparrow_gguf::GgufFile::open(model)?)?;
     let path = match args.get(2) {
         Some(p) => p.into(),
         None => default_index_path(&config.fingerprint).ok_or("no cache directory")?,

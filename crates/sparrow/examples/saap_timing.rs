@@ -19,14 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("usage: saap_timing MODEL.gguf [depth] [reps]")?;
     let depth: usize = args.get(2).map_or(Ok(32000), |s| s.parse())?;
     let reps: usize = args.get(3).map_or(Ok(50), |s| s.parse())?;
-    let config = sparrow::Model::load_with(
-        model,
-        sparrow::LoadOptions {
-            repack: false,
-            ..Default::default()
-        },
-    )?
-    .config;
+    // The model's shapes and fingerprint only: its weights are not needed.
+    let config = sparrow::ModelConfig::from_gguf(&sparrow_gguf::GgufFile::open(model)?)?;
     let shape = AttnShape {
         n_head: config.n_head,
         n_head_kv: config.n_head_kv,

@@ -210,7 +210,15 @@ impl Schema {
             max_literal: 0,
             path: Vec::new(),
         };
-        let root = c.node(schema, 0, NONE, 0, 0)?;
+        let root = c.node(
+            schema,
+            Site {
+                depth: 0,
+                parent: NONE,
+                index: 0,
+                counted: 0,
+            },
+        )?;
         debug_assert_eq!(root, 0);
         let max_growth = c.max_growth();
         Ok(Schema {
@@ -240,6 +248,15 @@ impl Schema {
             Kind::Object(_) => unreachable!("container {c} is an object"),
         }
     }
+}
+/// Where a subschema sits: how deep, in which container (`parent`, [`NONE`] for the root),
+/// at which property index of it, and under how many arrays whose items are counted.
+#[derive(Clone, Copy)]
+struct Site {
+    depth: usize,
+    parent: u32,
+    index: u32,
+    counted: usize,
 }
 
 struct Compiler {
@@ -291,17 +308,9 @@ impl Compiler {
         Ok(())
     }
 
-    /// Compile the subschema `v` that sits in container `parent` (property `index` of it
-    /// when it is an object), under `counted` arrays whose items are counted.
-    fn node(
-        &mut self,
-        v: &OrderedValue,
-        depth: usize,
-        parent: u32,
-        index: u32,
-        counted: usize,
-    ) -> Result<u32, SchemaError> {
-        if depth > MAX_DEPTH {
+    /// Compile the subschema `v` that sits `at` its place in the tree.
+    fn node(&mut self, v: &OrderedValue, at: Site) -> Result<u32, SchemaError> {
+        if at.depth > MAX_DEPTH {
             return self.err(format!(
                 "the schema nests deeper than the limit of {MAX_DEPTH} levels"
             ));
@@ -368,12 +377,12 @@ impl Compiler {
                 }
             }
             let object = if types & T_OBJECT != 0 {
-                self.object(v, depth, parent, index, counted)?
+                self.object(v, at)?
             } else {
                 NONE
             };
             let array = if types & T_ARRAY != 0 {
-                self.array(v, depth, parent, index, counted)?
+                self.array(v, at)?
             } else {
                 NONE
             };
@@ -457,14 +466,13 @@ impl Compiler {
         })
     }
 
-    fn object(
-        &mut self,
-        v: &OrderedValue,
-        depth: usize,
-        parent: u32,
-        index: u32,
-        counted: usize,
-    ) -> Result<u32, SchemaError> {
+    fn object(&mut self, v: &OrderedValue, at: Site) -> Result<u32, SchemaError> {
+        let Site {
+            depth,
+            parent,
+            index,
+            counted,
+        } = at;
         let cid = self.containers.len() as u32;
         self.containers.push(Container {
             parent,
@@ -500,7 +508,15 @@ impl Compiler {
         for (i, (name, sub)) in declared.iter().enumerate() {
             self.path.push("properties".into());
             self.path.push(name.clone());
-            let node = self.node(sub, depth + 1, cid, i as u32, counted)?;
+            let node = self.node(
+                sub,
+                Site {
+                    depth: depth + 1,
+                    parent: cid,
+                    index: i as u32,
+                    counted,
+                },
+            )?;
             let mut key = String::new();
             super::ordered::write_string(name, &mut key);
             self.add_literal_bytes(key.len())?;
@@ -595,14 +611,13 @@ impl Compiler {
         }
     }
 
-    fn array(
-        &mut self,
-        v: &OrderedValue,
-        depth: usize,
-        parent: u32,
-        index: u32,
-        counted: usize,
-    ) -> Result<u32, SchemaError> {
+    fn array(&mut self, v: &OrderedValue, at: Site) -> Result<u32, SchemaError> {
+        let Site {
+            depth,
+            parent,
+            index,
+            counted,
+        } = at;
         let min = self.count(v, "minItems")?.unwrap_or(0);
         let max = self.count(v, "maxItems")?;
         if max.is_some_and(|m| m < min) {
@@ -636,7 +651,15 @@ impl Compiler {
             kind: Kind::Array(spec.clone()),
         });
         self.path.push("items".into());
-        let item = self.node(items, depth + 1, cid, 0, counted + usize::from(counts))?;
+        let item = self.node(
+            items,
+            Site {
+                depth: depth + 1,
+                parent: cid,
+                index: 0,
+                counted: counted + usize::from(counts),
+            },
+        )?;
         self.path.pop();
         self.containers[cid as usize].kind = Kind::Array(ArraySpec { item, ..spec });
         Ok(cid)

@@ -47,7 +47,7 @@ use buckets::BucketRows;
 use cells::CellStats;
 use lists::{LayerLists, Lists};
 use rayon::prelude::*;
-use routing::{router_weights, HeadReads, HeadWork};
+use routing::{router_weights, HeadReads, HeadWork, Step};
 use settings::{load_index, settings, SINKS};
 pub use settings::{Layout, Router, RouterPrecision, SaapSettings, KEYS_PER_CELL};
 use sparrow_attn::kernel::{read_f32, Level};
@@ -306,7 +306,14 @@ impl SparsePolicy for SaapAttention {
                 }
                 let model = index.head(ctx.layer, h);
                 let weights = router_weights(copies, model, ctx.layer * shape.n_head_kv + h);
-                w.reads(settings, model, weights, &lists.heads[h], window_start, n)
+                w.reads(&Step {
+                    settings,
+                    model,
+                    weights,
+                    lists: &lists.heads[h],
+                    end: window_start,
+                    n,
+                })
             })
             .collect();
         let mut plan = ReadPlan::default();

@@ -10,6 +10,19 @@ use sparrow_attn::kernel::{runs, union, Level};
 use std::ops::Range;
 
 /// Scratch of one KV head's routing, kept between calls.
+/// What one KV head's routing for one decode step reads: the settings, the head's trained
+/// model and the router weights to read, its lists, where the window starts (`end`) and how
+/// many positions the step sees (`n`).
+#[derive(Clone, Copy)]
+pub(super) struct Step<'a> {
+    pub(super) settings: &'a SaapSettings,
+    pub(super) model: &'a HeadModel,
+    pub(super) weights: RouterWeights<'a>,
+    pub(super) lists: &'a Lists,
+    pub(super) end: usize,
+    pub(super) n: usize,
+}
+
 #[derive(Clone, Default)]
 pub(super) struct HeadWork {
     /// The group's de-roped query rows.
@@ -51,16 +64,9 @@ impl HeadWork {
     /// rows in `self.queries` (their positions from the sink on and below `end`, listed in
     /// `lists`) and the window. Where every bucket is chosen, everything is read from the
     /// store in order (exactly full attention).
-    pub(super) fn reads(
-        &mut self,
-        settings: &SaapSettings,
-        model: &HeadModel,
-        weights: RouterWeights<'_>,
-        lists: &Lists,
-        end: usize,
-        n: usize,
-    ) -> HeadReads {
-        let chosen = self.choose(settings, model, weights, lists, end, n);
+    pub(super) fn reads(&mut self, step: &Step<'_>) -> HeadReads {
+        let Step { lists, end, n, .. } = *step;
+        let chosen = self.choose(step);
         let buckets = &lists.buckets;
         if chosen == end.saturating_sub(SINKS) {
             return HeadReads {
@@ -101,15 +107,15 @@ impl HeadWork {
     /// Leaves in `self.picks` what the step reads beside the sink and window (whole buckets,
     /// or cells with [`Router::Cells`](super::Router::Cells)); returns how many positions
     /// that is.
-    fn choose(
-        &mut self,
-        settings: &SaapSettings,
-        model: &HeadModel,
-        weights: RouterWeights<'_>,
-        lists: &Lists,
-        end: usize,
-        n: usize,
-    ) -> usize {
+    fn choose(&mut self, step: &Step<'_>) -> usize {
+        let Step {
+            settings,
+            model,
+            lists,
+            end,
+            n,
+            ..
+        } = *step;
         self.picks.clear();
         if let Some(cells) = &lists.cells {
             // The group's mean logit: the summed query over the group size and √head_dim.
@@ -118,7 +124,7 @@ impl HeadWork {
             let target = budget_target(settings, end, n);
             return self.choose_cells(cells, &lists.buckets, scale, end, target);
         }
-        let got = self.choose_buckets(settings, model, weights, lists, end, n);
+        let got = self.choose_buckets(step);
         let buckets = &lists.buckets;
         self.picks.extend(
             self.order
@@ -184,15 +190,15 @@ impl HeadWork {
     /// Ranks the buckets by `model`'s router (reading `weights`) for the query rows in
     /// `self.queries` and leaves in `self.order` those the step reads (a fixed count, or the
     /// top ones that fit the budget); returns how many positions they hold below `end`.
-    fn choose_buckets(
-        &mut self,
-        settings: &SaapSettings,
-        model: &HeadModel,
-        weights: RouterWeights<'_>,
-        lists: &Lists,
-        end: usize,
-        n: usize,
-    ) -> usize {
+    fn choose_buckets(&mut self, step: &Step<'_>) -> usize {
+        let Step {
+            settings,
+            model,
+            weights,
+            lists,
+            end,
+            n,
+        } = *step;
         let c = model.clusters();
         self.mass.clear();
         self.mass.resize(c, 0.0);
