@@ -147,40 +147,23 @@ fn collect_train_run_and_refusals() {
     };
     let idx_s = idx.to_str().unwrap();
     let full = run(&["--attn", "full"]);
-    assert_eq!(
-        run(&[
+    let probed = |policy: &str, router: &[&str], probes: &str| {
+        let mut a = vec![
             "--attn",
-            "saap",
-            "--saap-router",
-            "hedged",
+            policy,
             "--saap-index",
             idx_s,
             "--saap-probes",
-            "8"
-        ]),
-        full
-    );
-    assert_eq!(
-        run(&[
-            "--attn",
-            "kmeans",
-            "--saap-index",
-            idx_s,
-            "--saap-probes",
-            "8"
-        ]),
-        full
-    );
-    run(&[
-        "--attn",
-        "saap",
-        "--saap-router",
-        "hedged",
-        "--saap-index",
-        idx_s,
-        "--saap-probes",
-        "1",
-    ]);
+            probes,
+        ];
+        a.extend(router);
+        run(&a)
+    };
+    let hedged = ["--saap-router", "hedged"];
+    // Every bucket probed (the index has 8) is full attention, to the bit.
+    assert_eq!(probed("saap", &hedged, "8"), full);
+    assert_eq!(probed("kmeans", &[], "8"), full);
+    probed("saap", &hedged, "1");
     // The default cells router reads a budget, not whole buckets: probes are refused.
     let e = one_error(&sparrow(
         &[

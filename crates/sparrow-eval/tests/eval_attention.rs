@@ -73,15 +73,22 @@ fn full_attention_measures_exact_and_streaming_reads_its_window() {
     assert!(min <= r.summary.mean_mass.unwrap() && min > 0.0);
 }
 
-#[test]
-fn each_recorded_row_is_measured_as_a_decode_step_at_its_own_position() {
+/// The model, a 100-token capture keeping the last 8 rows' queries, and a streaming window
+/// of 3 sinks + 10 recent positions.
+fn tail_capture() -> (Model, Capture, AttentionChoice) {
     let m = model();
-    let (n, tail) = (100, 8);
-    let cap = capture(&m, &tokens(n), KvType::F32, 32, tail, |_, _| {}).unwrap();
+    let cap = capture(&m, &tokens(100), KvType::F32, 32, 8, |_, _| {}).unwrap();
     let streaming = AttentionChoice::named("streaming").with(StreamingAttention {
         sinks: 3,
         window: 10,
     });
+    (m, cap, streaming)
+}
+
+#[test]
+fn each_recorded_row_is_measured_as_a_decode_step_at_its_own_position() {
+    let (m, cap, streaming) = tail_capture();
+    let (n, tail) = (100, 8);
     // Outside the window of every step, then the sinks: read never, then always.
     for (focus, recall) in [(40..50, 0.0), (0..3, 1.0)] {
         let steps = evaluate_steps(&cap, &streaming, focus.clone()).unwrap();
@@ -268,13 +275,8 @@ fn quest_on_the_real_model_is_exact_with_room_and_selective_without() {
 /// `evaluate`'s measurement.
 #[test]
 fn several_decode_queries_are_each_measured_at_their_own_position() {
-    let m = model();
-    let (n, tail) = (100, 8);
-    let cap = capture(&m, &tokens(n), KvType::F32, 32, tail, |_, _| {}).unwrap();
-    let streaming = AttentionChoice::named("streaming").with(StreamingAttention {
-        sinks: 3,
-        window: 10,
-    });
+    let (m, cap, streaming) = tail_capture();
+    let tail = 8;
     let r = evaluate_queries(&cap, &streaming, 4).unwrap();
     assert_eq!(r.rows, 4);
     // Rows 1, 3, 5, 7 of the tail: positions 93, 95, 97, 99.
