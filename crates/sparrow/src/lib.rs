@@ -16,6 +16,7 @@ pub mod policy;
 pub mod prompt_cache;
 pub mod saap;
 pub mod sampler;
+pub mod scheduler;
 pub mod session;
 pub mod synthetic;
 pub mod tokenizer;
@@ -30,4 +31,5 @@ pub use generate::{
 pub use kv::{ColdTier, KvOptions, KvStore, KvType, KvTypes, RamStore, TieredStore};
 pub use model::{LoadOptions, Logits, Model, ModelConfig, SeqStep, State, Workspace};
 pub use sampler::{LogProbs, Sampler, SamplerConfig};
+pub use scheduler::Scheduler;
 pub use session::{Session, SessionStep};
