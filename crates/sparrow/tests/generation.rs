@@ -1,7 +1,8 @@
 //! `Generation` stepped by hand with scripted logits (every rule of the token loop seen
 //! from outside: stop strings held back and cut, limits, end of generation, a full
-//! context, log-probabilities against an f64 log-softmax and their text offsets), and
-//! `Session`'s prefix reuse on a synthetic model.
+//! context, log-probabilities against an f64 log-softmax and their text offsets),
+//! `Session`'s prefix reuse and rewind on a synthetic model, and the scheduler generating
+//! what a session generates alone.
 
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow::{
@@ -265,4 +266,78 @@ fn a_session_reuses_the_prefix_it_shares_and_forgets_the_rest() {
     // The same prompt again reuses all but its last token.
     assert_eq!(session.reuse_prefix(&second), 29);
     assert_eq!(session.tokens(), &second[..29]);
+}
+
+#[test]
+fn the_scheduler_generates_what_a_session_generates_alone() {
+    use sparrow::scheduler::{reply_channel, Config, Event, Job, Scheduler};
+    let e = engine();
+    let prompts: Vec<Vec<u32>> = vec![
+        (10..40).collect(),
+        (10..30).chain(60..75).collect(),
+        (90..97).collect(),
+    ];
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let mut session = Session::new(e.model.new_state(128, KvType::F32).unwrap());
+            let mut text = String::new();
+            session
+                .generate(
+                    &e,
+                    p,
+                    &mut greedy(),
+                    &mut Generation::new(6, true),
+                    &mut |_: Option<u32>, t: &str| {
+                        text.push_str(t);
+                        ControlFlow::Continue(())
+                    },
+                )
+                .unwrap();
+            text
+        })
+        .collect();
+    // Two slots for three jobs: the third waits for a slot; prompts are read 16 tokens a
+    // pass, shared with the tokens being generated.
+    let scheduler = Scheduler::start(
+        &e,
+        Config {
+            slots: 2,
+            n_ctx: 128,
+            kv: KvType::F32.into(),
+            batch: 16,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let receivers: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (reply, events) = reply_channel();
+            let job = Job {
+                prompt: p.clone(),
+                generation: Generation::new(6, true),
+                sampler: greedy(),
+                reply: Box::new(reply),
+            };
+            assert!(scheduler.submit(job).is_ok(), "the queue has room");
+            events
+        })
+        .collect();
+    for (events, want) in receivers.into_iter().zip(&alone) {
+        let mut text = String::new();
+        let usage = loop {
+            match events.recv().expect("the job ends") {
+                Event::Text(t) => text.push_str(&t),
+                Event::Done(u) => break u,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(&text, want);
+        assert_eq!(usage.completion_tokens, 6);
+        assert_eq!(usage.stop, StopReason::Length);
+    }
+    let stats = scheduler.stats();
+    assert_eq!(stats.completed.load(Ordering::Relaxed), 3);
+    assert!(stats.pass_sequences.load(Ordering::Relaxed) > stats.passes.load(Ordering::Relaxed));
 }

@@ -97,6 +97,12 @@ pub struct Scheduler {
 /// The queue is full: the job comes back.
 pub struct Busy(pub Box<Job>);
 
+impl std::fmt::Debug for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Busy: the scheduler's queue is full")
+    }
+}
+
 impl Scheduler {
     /// Allocate the slots' sequences and start the scheduler's thread.
     pub fn start(engine: &Engine, cfg: Config) -> Result<Scheduler> {
