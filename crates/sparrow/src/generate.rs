@@ -231,6 +231,47 @@ impl Generation {
         Next::Feed(id)
     }
 
+    /// One step of the loop with its output delivered: [`Generation::next`], then what
+    /// became final goes to `sink` (log-probabilities first, then the token with its
+    /// text). A `Break` from the sink cancels a generation that was to go on (what it
+    /// still held is flushed to the sink with `None`) and turns `Feed(id)` into
+    /// `Done { token: Some(id), reason: Cancelled }`. Both drivers, [`crate::Session`] and
+    /// the [`crate::scheduler`], step this.
+    pub fn step(
+        &mut self,
+        tokenizer: &Tokenizer,
+        sampler: &mut Sampler,
+        logits: &mut [f32],
+        room: usize,
+        sink: &mut impl TokenSink,
+    ) -> Next {
+        let next = self.next(tokenizer, sampler, logits, room);
+        let token = next.token();
+        let out = self.take_output();
+        if !out.logprobs.is_empty() {
+            sink.on_logprobs(out.logprobs);
+        }
+        let stop =
+            (token.is_some() || !out.text.is_empty()) && sink.on_token(token, &out.text).is_break();
+        match next {
+            Next::Feed(id) if stop => {
+                self.cancel();
+                let rest = self.take_output();
+                if !rest.logprobs.is_empty() {
+                    sink.on_logprobs(rest.logprobs);
+                }
+                if !rest.text.is_empty() {
+                    let _ = sink.on_token(None, &rest.text);
+                }
+                Next::Done {
+                    token: Some(id),
+                    reason: StopReason::Cancelled,
+                }
+            }
+            next => next,
+        }
+    }
+
     /// Stop here (the caller's reason, e.g. a client gone or Ctrl-C).
     pub fn cancel(&mut self) {
         if self.done.is_none() {

@@ -249,32 +249,13 @@ impl Session {
         let t1 = Instant::now();
         loop {
             let room = self.state.n_ctx() - self.state.n_past();
-            let next = gen.next(&engine.tokenizer, sampler, &mut logits, room);
-            let out = gen.take_output();
-            if !out.logprobs.is_empty() {
-                sink.on_logprobs(out.logprobs);
-            }
-            let token = next.token();
-            if (token.is_some() || !out.text.is_empty())
-                && sink.on_token(token, &out.text).is_break()
-            {
-                gen.cancel();
-                break;
-            }
-            match next {
+            match gen.step(&engine.tokenizer, sampler, &mut logits, room, sink) {
                 Next::Feed(id) => {
                     self.feed(&engine.model, &[id], Logits::Last)?;
                     logits.copy_from_slice(self.state.last_logits());
                 }
                 Next::Done { .. } => break,
             }
-        }
-        let rest = gen.take_output();
-        if !rest.logprobs.is_empty() {
-            sink.on_logprobs(rest.logprobs);
-        }
-        if !rest.text.is_empty() {
-            let _ = sink.on_token(None, &rest.text);
         }
         stats.n_generated = gen.n_generated();
         stats.stop = gen.stop_reason().unwrap_or_default();

@@ -5,11 +5,12 @@ use super::stats::SchedulerStats;
 use super::Config;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::generate::{Generation, Next, StopReason};
+use crate::generate::{Generation, Next, StopReason, TokenLogprob, TokenSink};
 use crate::model::{Logits, Model, Workspace};
 use crate::sampler::Sampler;
 use crate::session::{Session, SessionStep};
 use crate::tokenizer::Tokenizer;
+use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
@@ -42,6 +43,28 @@ struct Active {
 impl Active {
     fn reading_prompt(&self) -> bool {
         self.pos < self.prompt.len()
+    }
+}
+
+/// A job's output as its events (and the count of tokens generated).
+struct ToReply<'a> {
+    reply: &'a mut dyn Reply,
+    stats: &'a SchedulerStats,
+}
+
+impl TokenSink for ToReply<'_> {
+    fn on_token(&mut self, id: Option<u32>, text: &str) -> ControlFlow<()> {
+        if id.is_some() {
+            self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        }
+        if !text.is_empty() {
+            self.reply.send(Event::Text(text.to_string()));
+        }
+        // A caller that gave up is noticed at the start of the next turn.
+        ControlFlow::Continue(())
+    }
+    fn on_logprobs(&mut self, logprobs: Vec<TokenLogprob>) {
+        self.reply.send(Event::Logprobs(logprobs));
     }
 }
 
@@ -242,19 +265,17 @@ impl Worker {
     fn sample(&mut self, a: &mut Active) -> Option<u32> {
         let state = self.slots[a.slot].session.state();
         let room = state.n_ctx() - state.n_past();
-        let next = a
-            .gen
-            .next(&self.tokenizer, &mut a.sampler, &mut a.logits, room);
-        if next.token().is_some() {
-            self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-        }
-        let out = a.gen.take_output();
-        if !out.logprobs.is_empty() {
-            a.reply.send(Event::Logprobs(out.logprobs));
-        }
-        if !out.text.is_empty() {
-            a.reply.send(Event::Text(out.text));
-        }
+        let mut sink = ToReply {
+            reply: a.reply.as_mut(),
+            stats: &self.stats,
+        };
+        let next = a.gen.step(
+            &self.tokenizer,
+            &mut a.sampler,
+            &mut a.logits,
+            room,
+            &mut sink,
+        );
         match next {
             Next::Feed(id) => Some(id),
             Next::Done { reason, .. } => {
