@@ -34,8 +34,9 @@ pub struct Session {
     tokens: Vec<u32>,
     /// Prompt tokens per forward pass of the prefill. A setting of the session, not of a
     /// [`Generation`]: it bounds the activations one pass of this sequence allocates (a
-    /// matter of the machine and the context, the same for every prompt the session
-    /// runs) and never changes what is generated, which is all a `Generation` describes.
+    /// matter of the machine, the same for every prompt the session runs), while a
+    /// `Generation` describes what to generate, which the batch size does not change
+    /// (it splits the prefill's arithmetic differently: at most its rounding).
     batch_size: usize,
 }
 
