@@ -8,7 +8,7 @@
 
 use crate::{KvArgs, ModelArgs, SamplingArgs};
 use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
-use sparrow::{ChatMessage, Engine, GenerateOptions, Generation, Sampler, Session};
+use sparrow::{ChatMessage, Engine, Generation, Sampler, Session};
 use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,7 +60,8 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
             .model
             .new_sequence(a.ctx_size, a.kv.options(), &attention)
             .map_err(|e| e.to_string())?,
-    );
+    )
+    .with_batch_size(256);
     ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst))
         .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
     let json_vocab = a.json.then(|| Arc::new(JsonVocab::new(&engine.tokenizer)));
@@ -117,26 +118,19 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
             history.pop();
             continue;
         }
-        let opts = GenerateOptions {
-            n_predict: (a.n_predict >= 0).then_some(a.n_predict as usize),
-            ignore_eos: false,
-            batch_size: 256,
-        };
-        let mut gen = Generation::new(opts.n_predict.unwrap_or(usize::MAX), false);
+        let limit = usize::try_from(a.n_predict).unwrap_or(usize::MAX);
+        let mut gen = Generation::new(limit, false);
         if let Some(v) = &json_vocab {
             gen = gen.with_constraint(JsonConstraint::new(v.clone(), Root::Object));
         }
         let mut reply = String::new();
         let mut out = std::io::stdout();
         let result = session.generate(
-            &engine.model,
-            &engine.tokenizer,
+            &engine,
             &ids,
             &mut sampler,
-            &opts,
             &mut gen,
-            |_, _| {},
-            |_, piece| {
+            &mut |_: Option<u32>, piece: &str| {
                 reply.push_str(piece);
                 let _ = out.write_all(piece.as_bytes());
                 let _ = out.flush();

@@ -1,14 +1,10 @@
-//! `--prompt-cache FILE` and `--json` for `sparrow run`: restore a saved prompt prefix before
-//! the prefill, save the prompt's KV state after the run, and pick the JSON-constrained
-//! generation loop.
+//! `--prompt-cache FILE` for `sparrow run`: restore a saved prompt prefix before the prefill
+//! and save the prompt's KV state after the run.
 
-use sparrow::grammar::{generate_json, JsonConstraint, JsonVocab, Root};
 use sparrow::prompt_cache;
 use sparrow::session::reusable_prefix;
-use sparrow::{generate, Engine, GenerateOptions, GenerationStats, Sampler, State};
-use std::ops::ControlFlow;
+use sparrow::{Engine, State};
 use std::path::Path;
-use std::sync::Arc;
 
 /// Restore the longest usable prefix of `ids` from `path` into `state`; returns how many
 /// positions were restored (0 when the file is missing, refused or shares nothing).
@@ -75,45 +71,5 @@ pub fn save(path: &Path, engine: &Engine, state: &State, ids: &[u32], restored: 
             path.display()
         ),
         Err(e) => eprintln!("warning: cannot save the prompt cache: {e}"),
-    }
-}
-
-/// `generate`, or the JSON-constrained loop when `json` (top-level value: an object).
-#[allow(clippy::too_many_arguments)]
-pub fn generate_maybe_json(
-    json: bool,
-    engine: &Engine,
-    state: &mut State,
-    prompt: &[u32],
-    sampler: &mut Sampler,
-    opts: &GenerateOptions,
-    progress: impl FnMut(usize, usize),
-    on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
-) -> sparrow::Result<GenerationStats> {
-    if json {
-        let vocab = Arc::new(JsonVocab::new(&engine.tokenizer));
-        let mut c = JsonConstraint::new(vocab, Root::Object);
-        generate_json(
-            &engine.model,
-            &engine.tokenizer,
-            state,
-            prompt,
-            sampler,
-            opts,
-            &mut c,
-            progress,
-            on_token,
-        )
-    } else {
-        generate(
-            &engine.model,
-            &engine.tokenizer,
-            state,
-            prompt,
-            sampler,
-            opts,
-            progress,
-            on_token,
-        )
     }
 }

@@ -2,9 +2,11 @@
 
 use crate::{KvArgs, ModelArgs, PromptArgs, SamplingArgs};
 use indicatif::{ProgressBar, ProgressStyle};
-use sparrow::{ChatMessage, Engine, GenerateOptions, Sampler};
+use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
+use sparrow::{ChatMessage, Engine, Generation, Sampler, Session, WithProgress};
 use std::io::{IsTerminal, Write};
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 /// Arguments of `sparrow run`.
 #[derive(clap::Args, Debug)]
@@ -130,15 +132,12 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         .new_sequence(n_ctx, a.kv.options(), &attention)
         .map_err(|e| e.to_string())?;
     let mut sampler = Sampler::new(sampler_cfg);
-    let opts = GenerateOptions {
-        n_predict: if a.n_predict < 0 {
-            None
-        } else {
-            Some(a.n_predict as usize)
-        },
-        ignore_eos: a.ignore_eos,
-        batch_size: a.batch_size,
-    };
+    let limit = usize::try_from(a.n_predict).unwrap_or(usize::MAX);
+    let mut gen = Generation::new(limit, a.ignore_eos);
+    if a.json {
+        let vocab = Arc::new(JsonVocab::new(&engine.tokenizer));
+        gen = gen.with_constraint(JsonConstraint::new(vocab, Root::Object));
+    }
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -151,23 +150,27 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         Some(p) => crate::prompt_cache::restore(p, &engine, &mut state, &ids),
         None => 0,
     };
-    let stats = crate::prompt_cache::generate_maybe_json(
-        a.json,
-        &engine,
-        &mut state,
-        &ids[restored..],
-        &mut sampler,
-        &opts,
-        |done, total| progress.update(done, total),
-        |_, piece| {
-            let _ = out.write_all(piece.as_bytes());
-            let _ = out.flush();
-            ControlFlow::Continue(())
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    let mut session = Session::holding(state, ids[..restored].to_vec())
+        .map_err(|e| e.to_string())?
+        .with_batch_size(a.batch_size);
+    let stats = session
+        .generate(
+            &engine,
+            &ids,
+            &mut sampler,
+            &mut gen,
+            &mut WithProgress {
+                on_prefill: |done, total| progress.update(done, total),
+                on_token: |_: Option<u32>, piece: &str| {
+                    let _ = out.write_all(piece.as_bytes());
+                    let _ = out.flush();
+                    ControlFlow::Continue(())
+                },
+            },
+        )
+        .map_err(|e| e.to_string())?;
     if let Some(p) = &a.prompt_cache {
-        crate::prompt_cache::save(p, &engine, &state, &ids, restored);
+        crate::prompt_cache::save(p, &engine, session.state(), &ids, restored);
     }
     let _ = writeln!(out);
     eprintln!();
@@ -187,7 +190,7 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         stats.gen_time.as_secs_f64() * 1e3,
         stats.gen_tps()
     );
-    eprintln!("{}", kv_summary(state.kv()));
+    eprintln!("{}", kv_summary(session.state().kv()));
     if let Some(m) = crate::memory::memory_report() {
         eprintln!(
             "memory:      peak RSS {:.1} MiB (now: {:.1} MiB heap, {:.1} MiB mapped file pages: model, cold KV)",

@@ -7,9 +7,10 @@ use serde::Serialize;
 use sparrow::attention::AttentionChoice;
 use sparrow::chat::ChatMessage;
 use sparrow::engine::Engine;
-use sparrow::generate::{generate, GenerateOptions};
+use sparrow::generate::{Generation, WithProgress};
 use sparrow::kv::KvOptions;
 use sparrow::sampler::{Sampler, SamplerConfig};
+use sparrow::session::Session;
 use sparrow::{Error, Result};
 use std::ops::ControlFlow;
 
@@ -363,7 +364,7 @@ pub fn run_cell_policies(
 ) -> Result<Vec<NeedleResult>> {
     let NeedlePrompt { ids, needle, .. } =
         needle_prompt(engine, haystack, length, depth, seed, distractors, format)?;
-    let (head, last) = ids.split_at(ids.len() - 1);
+    let head = &ids[..ids.len() - 1];
     let n_ctx = ids.len() + 32;
     if kv.cold.is_some() {
         // Under a RAM budget the store leaves room for the hungriest policy's summaries.
@@ -378,7 +379,7 @@ pub fn run_cell_policies(
     let mut out = Vec::with_capacity(choices.len());
     for choice in choices {
         let exact_prefill = choice.phase_names().map_err(Error::Other)?.0 == "full";
-        let (mut state, prefill_seconds, prompt) = if exact_prefill {
+        let (mut state, prefill_seconds) = if exact_prefill {
             if shared.is_none() {
                 let mut st = engine.model.new_state(n_ctx, kv.clone())?;
                 let t0 = std::time::Instant::now();
@@ -387,35 +388,38 @@ pub fn run_cell_policies(
                 })?;
                 shared = Some((st, t0.elapsed().as_secs_f64()));
             }
-            let (st, secs) = shared.take().expect("prefilled above");
-            (st, secs, last)
+            shared.take().expect("prefilled above")
         } else {
-            (engine.model.new_state(n_ctx, kv.clone())?, 0.0, &ids[..])
+            (engine.model.new_state(n_ctx, kv.clone())?, 0.0)
         };
         state.set_attention(choice.build(&engine.model.config).map_err(Error::Other)?);
+        // The session keeps what the state holds (the shared head) and runs the rest.
+        let held = if exact_prefill {
+            head.to_vec()
+        } else {
+            Vec::new()
+        };
+        let mut session = Session::holding(state, held)?.with_batch_size(batch_size);
         let mut sampler = Sampler::new(SamplerConfig::greedy());
         let mut answer = String::new();
-        let stats = generate(
-            &engine.model,
-            &engine.tokenizer,
-            &mut state,
-            prompt,
+        let stats = session.generate(
+            engine,
+            &ids,
             &mut sampler,
-            &GenerateOptions {
-                n_predict: Some(16),
-                ignore_eos: false,
-                batch_size,
-            },
-            |d, t| {
-                if !exact_prefill {
-                    progress(&format!("prefill ({})", choice.label()), d, t)
-                }
-            },
-            |_, piece| {
-                answer.push_str(piece);
-                ControlFlow::Continue(())
+            &mut Generation::new(16, false),
+            &mut WithProgress {
+                on_prefill: |d, t| {
+                    if !exact_prefill {
+                        progress(&format!("prefill ({})", choice.label()), d, t)
+                    }
+                },
+                on_token: |_: Option<u32>, piece: &str| {
+                    answer.push_str(piece);
+                    ControlFlow::Continue(())
+                },
             },
         )?;
+        let (mut state, _) = session.into_parts();
         let prefill_seconds = if exact_prefill {
             // Give the shared prefix back for the next policy, rewound to the prompt's head
             // (unless a sliding layer's ring has lost it: then the next one prefills again).

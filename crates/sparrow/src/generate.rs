@@ -1,8 +1,11 @@
-//! Generation: prefill the prompt in batches (reporting progress), then one token at a
-//! time. [`Generation`] is the token loop's body as a value that is stepped — sample under
-//! the grammar, check the ends, cut at stop strings, keep the text and log-probabilities
-//! that are final — so `run`, `chat` ([`generate`]) and the server (which feeds the tokens
-//! of many requests in one forward pass) share one loop.
+//! What to generate and where it goes: [`Generation`] is the token loop's body as a value
+//! that is stepped — sample under the grammar, check the ends, cut at stop strings, keep the
+//! text and log-probabilities that are final — and [`TokenSink`] receives that output.
+//! Drivers run the model and hand the logits to [`Generation::next`]: a [`crate::Session`]
+//! for one sequence ([`crate::Session::generate`], what `run` and `chat` use) and the
+//! [`crate::scheduler`] for many sequences in one forward pass (what the server uses), so
+//! every way of generating shares this one loop. [`prefill`] is the state-level utility
+//! that feeds a prompt in batches.
 
 use crate::error::{Error, Result};
 use crate::grammar::JsonConstraint;
@@ -10,28 +13,7 @@ use crate::model::{Logits, Model, State};
 use crate::sampler::{LogProbs, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::ops::ControlFlow;
-use std::time::{Duration, Instant};
-
-/// How to generate.
-#[derive(Clone, Debug)]
-pub struct GenerateOptions {
-    /// Maximum tokens to generate; `None` runs until end of generation or a full context.
-    pub n_predict: Option<usize>,
-    /// Keep going past end-of-generation tokens.
-    pub ignore_eos: bool,
-    /// Prompt tokens per forward pass during prefill.
-    pub batch_size: usize,
-}
-
-impl Default for GenerateOptions {
-    fn default() -> Self {
-        GenerateOptions {
-            n_predict: Some(128),
-            ignore_eos: false,
-            batch_size: 512,
-        }
-    }
-}
+use std::time::Duration;
 
 /// Timings and counts of one generation.
 #[derive(Clone, Debug, Default)]
@@ -97,6 +79,16 @@ pub enum Next {
         token: Option<u32>,
         reason: StopReason,
     },
+}
+
+impl Next {
+    /// The token generated at this step, if any.
+    pub fn token(self) -> Option<u32> {
+        match self {
+            Next::Feed(id) => Some(id),
+            Next::Done { token, .. } => token,
+        }
+    }
 }
 
 /// What became final since the last [`Generation::take_output`]: the log-probabilities of
@@ -239,6 +231,47 @@ impl Generation {
         Next::Feed(id)
     }
 
+    /// One step of the loop with its output delivered: [`Generation::next`], then what
+    /// became final goes to `sink` (log-probabilities first, then the token with its
+    /// text). A `Break` from the sink cancels a generation that was to go on (what it
+    /// still held is flushed to the sink with `None`) and turns `Feed(id)` into
+    /// `Done { token: Some(id), reason: Cancelled }`. Both drivers, [`crate::Session`] and
+    /// the [`crate::scheduler`], step this.
+    pub fn step(
+        &mut self,
+        tokenizer: &Tokenizer,
+        sampler: &mut Sampler,
+        logits: &mut [f32],
+        room: usize,
+        sink: &mut impl TokenSink,
+    ) -> Next {
+        let next = self.next(tokenizer, sampler, logits, room);
+        let token = next.token();
+        let out = self.take_output();
+        if !out.logprobs.is_empty() {
+            sink.on_logprobs(out.logprobs);
+        }
+        let stop =
+            (token.is_some() || !out.text.is_empty()) && sink.on_token(token, &out.text).is_break();
+        match next {
+            Next::Feed(id) if stop => {
+                self.cancel();
+                let rest = self.take_output();
+                if !rest.logprobs.is_empty() {
+                    sink.on_logprobs(rest.logprobs);
+                }
+                if !rest.text.is_empty() {
+                    let _ = sink.on_token(None, &rest.text);
+                }
+                Next::Done {
+                    token: Some(id),
+                    reason: StopReason::Cancelled,
+                }
+            }
+            next => next,
+        }
+    }
+
     /// Stop here (the caller's reason, e.g. a client gone or Ctrl-C).
     pub fn cancel(&mut self) {
         if self.done.is_none() {
@@ -283,6 +316,53 @@ impl Generation {
             self.sent = safe;
         }
         out
+    }
+}
+
+/// Where a generation's output goes as it becomes final (see [`crate::Session::generate`]).
+///
+/// A closure `FnMut(Option<u32>, &str) -> ControlFlow<()>` is a sink that only takes
+/// tokens; [`WithProgress`] adds a prefill progress callback to one.
+pub trait TokenSink {
+    /// Token `id` was generated and `text` is the output it made final (possibly empty:
+    /// text that may begin a stop string is held back, and a character may span tokens).
+    /// A last call with `None` brings the text still held when generation ends. Return
+    /// `ControlFlow::Break(())` to stop (the generation then ends as
+    /// [`StopReason::Cancelled`]).
+    fn on_token(&mut self, id: Option<u32>, text: &str) -> ControlFlow<()>;
+
+    /// The log-probabilities of the tokens whose text starts in the text of the next
+    /// [`TokenSink::on_token`] call (only under [`Generation::with_logprobs`]).
+    fn on_logprobs(&mut self, _logprobs: Vec<TokenLogprob>) {}
+
+    /// `done` of the `total` prompt tokens that run have run (after each prefill batch).
+    fn on_prefill(&mut self, _done: usize, _total: usize) {}
+}
+
+impl<F: FnMut(Option<u32>, &str) -> ControlFlow<()>> TokenSink for F {
+    fn on_token(&mut self, id: Option<u32>, text: &str) -> ControlFlow<()> {
+        self(id, text)
+    }
+}
+
+/// A token callback and a prefill progress callback, as one [`TokenSink`].
+pub struct WithProgress<T, P> {
+    /// Receives what [`TokenSink::on_token`] receives.
+    pub on_token: T,
+    /// Receives what [`TokenSink::on_prefill`] receives.
+    pub on_prefill: P,
+}
+
+impl<T, P> TokenSink for WithProgress<T, P>
+where
+    T: FnMut(Option<u32>, &str) -> ControlFlow<()>,
+    P: FnMut(usize, usize),
+{
+    fn on_token(&mut self, id: Option<u32>, text: &str) -> ControlFlow<()> {
+        (self.on_token)(id, text)
+    }
+    fn on_prefill(&mut self, done: usize, total: usize) {
+        (self.on_prefill)(done, total)
     }
 }
 
@@ -344,82 +424,6 @@ pub fn prefill<'s>(
     }
     // Borrow dance: the last forward's logits live in the state's scratch.
     Ok(state.last_logits())
-}
-
-/// Generate from `prompt` (token ids) into `state`. `on_token` receives each generated id
-/// with the complete UTF-8 text it finished (possibly empty), and a final `None` with any
-/// leftover bytes as replacement characters; it may return `ControlFlow::Break(())` to stop.
-#[allow(clippy::too_many_arguments)]
-pub fn generate(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    state: &mut State,
-    prompt: &[u32],
-    sampler: &mut Sampler,
-    opts: &GenerateOptions,
-    progress: impl FnMut(usize, usize),
-    on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
-) -> Result<GenerationStats> {
-    let limit = opts.n_predict.unwrap_or(usize::MAX);
-    let mut gen = Generation::new(limit, opts.ignore_eos);
-    drive(
-        model, tokenizer, state, prompt, sampler, opts, &mut gen, progress, on_token,
-    )
-}
-
-/// Prefill `prompt` (timed), then step `gen` one forward pass per token until it ends,
-/// streaming its output through `on_token` (see [`generate`]).
-#[allow(clippy::too_many_arguments)]
-pub fn drive(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    state: &mut State,
-    prompt: &[u32],
-    sampler: &mut Sampler,
-    opts: &GenerateOptions,
-    gen: &mut Generation,
-    progress: impl FnMut(usize, usize),
-    mut on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
-) -> Result<GenerationStats> {
-    if prompt.is_empty() {
-        return Err(Error::Other("the prompt is empty".into()));
-    }
-    let mut stats = GenerationStats {
-        n_prompt: prompt.len(),
-        ..Default::default()
-    };
-    let t0 = Instant::now();
-    let mut logits = prefill(model, state, prompt, opts.batch_size, progress)?.to_vec();
-    stats.prompt_time = t0.elapsed();
-    sampler.accept(prompt);
-    let t1 = Instant::now();
-    loop {
-        let room = state.n_ctx() - state.n_past();
-        let next = gen.next(tokenizer, sampler, &mut logits, room);
-        let token = match next {
-            Next::Feed(id) => Some(id),
-            Next::Done { token, .. } => token,
-        };
-        let out = gen.take_output();
-        if (token.is_some() || !out.text.is_empty()) && on_token(token, &out.text).is_break() {
-            gen.cancel();
-            break;
-        }
-        match next {
-            Next::Feed(id) => {
-                logits.copy_from_slice(model.forward(state, &[id], Logits::Last)?);
-            }
-            Next::Done { .. } => break,
-        }
-    }
-    let rest = gen.take_output();
-    if !rest.text.is_empty() {
-        let _ = on_token(None, &rest.text);
-    }
-    stats.n_generated = gen.n_generated();
-    stats.stop = gen.stop_reason().unwrap_or_default();
-    stats.gen_time = t1.elapsed();
-    Ok(stats)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod policy;
 pub mod prompt_cache;
 pub mod saap;
 pub mod sampler;
+pub mod scheduler;
 pub mod session;
 #[cfg(any(test, feature = "testing"))]
 pub mod synthetic;
@@ -23,10 +24,11 @@ pub use chat::{ChatMessage, ChatTemplate, TemplateLimits};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use generate::{
-    drive, generate, prefill, GenerateOptions, Generation, GenerationStats, Next, Output,
-    StopReason, TokenLogprob,
+    prefill, Generation, GenerationStats, Next, Output, StopReason, TokenLogprob, TokenSink,
+    WithProgress,
 };
 pub use kv::{ColdTier, KvOptions, KvStore, KvType, KvTypes, RamStore, TieredStore};
 pub use model::{LoadOptions, Logits, Model, ModelConfig, SeqStep, State, Workspace};
 pub use sampler::{LogProbs, Sampler, SamplerConfig};
+pub use scheduler::Scheduler;
 pub use session::{Session, SessionStep};

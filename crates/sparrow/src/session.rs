@@ -1,13 +1,21 @@
 //! A [`Session`]: one sequence's [`State`] together with the tokens its cache holds, so a
 //! new prompt that starts like the previous one (the next turn of a chat, a server slot's
 //! next request) only runs what differs. Prefix reuse lives here and nowhere else.
+//!
+//! [`Session::generate`] is the one way to generate a completion of one sequence: a
+//! [`Generation`] says what to generate, the session prefills what its cache does not
+//! already hold and steps the generation one forward pass per token. The
+//! [`crate::scheduler`] steps many sessions' generations in shared forward passes.
 
-use crate::error::Result;
-use crate::generate::{drive, GenerateOptions, Generation, GenerationStats};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::generate::{prefill, Generation, GenerationStats, Next, TokenSink};
 use crate::model::{Logits, Model, SeqStep, State, Workspace};
 use crate::sampler::Sampler;
-use crate::tokenizer::Tokenizer;
-use std::ops::ControlFlow;
+use std::time::Instant;
+
+/// Prompt tokens per forward pass of a [`Session`]'s prefill, unless set otherwise.
+pub const DEFAULT_BATCH_SIZE: usize = 512;
 
 /// Length of the common prefix of two token lists.
 pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -24,6 +32,12 @@ pub fn reusable_prefix(cached: &[u32], prompt: &[u32]) -> usize {
 pub struct Session {
     state: State,
     tokens: Vec<u32>,
+    /// Prompt tokens per forward pass of the prefill. A setting of the session, not of a
+    /// [`Generation`]: it bounds the activations one pass of this sequence allocates (a
+    /// matter of the machine, the same for every prompt the session runs), while a
+    /// `Generation` describes what to generate, which the batch size does not change
+    /// (it splits the prefill's arithmetic differently: at most its rounding).
+    batch_size: usize,
 }
 
 /// One session's share of a batched forward pass ([`Session::forward_many`]).
@@ -40,7 +54,43 @@ impl Session {
         Session {
             state,
             tokens: Vec::new(),
+            batch_size: DEFAULT_BATCH_SIZE,
         }
+    }
+
+    /// A session over `state`, whose cache already holds `tokens` (restored from a prompt
+    /// cache file, or prefilled once and shared); refused unless there is one token per
+    /// position the state holds.
+    pub fn holding(state: State, tokens: Vec<u32>) -> Result<Self> {
+        if tokens.len() != state.n_past() {
+            return Err(Error::Other(format!(
+                "a session over a state of {} positions cannot hold {} tokens",
+                state.n_past(),
+                tokens.len()
+            )));
+        }
+        Ok(Session {
+            state,
+            tokens,
+            batch_size: DEFAULT_BATCH_SIZE,
+        })
+    }
+
+    /// Prefill `batch_size` prompt tokens per forward pass (at least 1; default
+    /// [`DEFAULT_BATCH_SIZE`]).
+    pub fn with_batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size.max(1);
+        self
+    }
+
+    /// Prompt tokens per forward pass of the prefill.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// The state back, with the tokens its cache holds.
+    pub fn into_parts(self) -> (State, Vec<u32>) {
+        (self.state, self.tokens)
     }
 
     /// The sequence's state (its cache, policy, logits of the last pass).
@@ -118,44 +168,49 @@ impl Session {
         debug_assert_eq!(self.tokens.len(), self.state.n_past());
     }
 
-    /// Generate from `prompt` (the whole prompt: the part the cache already holds is kept,
-    /// see [`Session::reuse_prefix`]) with `gen`; see [`crate::generate`] for `on_token`.
-    /// The stats count only the prompt tokens that ran; [`GenerationStats::n_reused`] the
-    /// ones kept. On an error the session is emptied.
-    #[allow(clippy::too_many_arguments)]
+    /// Generate a completion of `prompt` (the whole prompt: the part the cache already
+    /// holds is kept, see [`Session::reuse_prefix`]) as `gen` describes: prefill the rest
+    /// in batches of [`Session::batch_size`], then step `gen` one forward pass per token,
+    /// handing its output to `sink` as it becomes final. The sampler's penalty history
+    /// receives the prompt tokens that run (keep one sampler across a conversation's
+    /// turns, and the kept prefix was seen when it ran). The stats count only the prompt
+    /// tokens that ran; [`GenerationStats::n_reused`] the ones kept. After it, the cache
+    /// holds the prompt and every generated token but the last. On an error the session
+    /// is emptied.
+    ///
+    /// ```no_run
+    /// use sparrow::{Engine, Generation, KvType, Sampler, SamplerConfig, Session};
+    /// use std::ops::ControlFlow;
+    ///
+    /// let engine = Engine::load("model.gguf")?;
+    /// let mut session = Session::new(engine.model.new_state(4096, KvType::F16)?);
+    /// let prompt = engine.tokenizer.encode("The sparrow is", true, true);
+    /// let mut sampler = Sampler::new(SamplerConfig::greedy());
+    /// // What to generate: at most 32 tokens, ending at a full stop (JSON: add
+    /// // `.with_constraint(..)`, log-probabilities: `.with_logprobs(k)`).
+    /// let mut gen = Generation::new(32, false).with_stops(vec![".".into()]);
+    /// let stats = session.generate(&engine, &prompt, &mut sampler, &mut gen, &mut |_, text: &str| {
+    ///     print!("{text}");
+    ///     ControlFlow::Continue(())
+    /// })?;
+    /// eprintln!("{} tokens ({:?})", stats.n_generated, stats.stop);
+    /// # Ok::<(), sparrow::Error>(())
+    /// ```
     pub fn generate(
         &mut self,
-        model: &Model,
-        tokenizer: &Tokenizer,
+        engine: &Engine,
         prompt: &[u32],
         sampler: &mut Sampler,
-        opts: &GenerateOptions,
         gen: &mut Generation,
-        progress: impl FnMut(usize, usize),
-        mut on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
+        sink: &mut impl TokenSink,
     ) -> Result<GenerationStats> {
+        if prompt.is_empty() {
+            return Err(Error::Other("the prompt is empty".into()));
+        }
         let keep = self.reuse_prefix(prompt);
-        let mut generated = Vec::new();
-        let result = drive(
-            model,
-            tokenizer,
-            &mut self.state,
-            &prompt[keep..],
-            sampler,
-            opts,
-            gen,
-            progress,
-            |id, text| {
-                generated.extend(id);
-                on_token(id, text)
-            },
-        );
+        let result = self.complete(engine, &prompt[keep..], sampler, gen, sink);
         match result {
             Ok(mut stats) => {
-                // The cache holds the prompt and every generated token but the last.
-                self.tokens.extend_from_slice(&prompt[keep..]);
-                self.tokens.extend_from_slice(&generated);
-                self.tokens.truncate(self.state.n_past());
                 stats.n_reused = keep;
                 Ok(stats)
             }
@@ -164,5 +219,48 @@ impl Session {
                 Err(e)
             }
         }
+    }
+
+    /// Prefill `rest` (timed), then step `gen` until it ends.
+    fn complete(
+        &mut self,
+        engine: &Engine,
+        rest: &[u32],
+        sampler: &mut Sampler,
+        gen: &mut Generation,
+        sink: &mut impl TokenSink,
+    ) -> Result<GenerationStats> {
+        let mut stats = GenerationStats {
+            n_prompt: rest.len(),
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let ran = prefill(
+            &engine.model,
+            &mut self.state,
+            rest,
+            self.batch_size,
+            |d, t| sink.on_prefill(d, t),
+        )
+        .map(<[f32]>::to_vec);
+        self.settle(rest, ran.is_ok());
+        let mut logits = ran?;
+        stats.prompt_time = t0.elapsed();
+        sampler.accept(rest);
+        let t1 = Instant::now();
+        loop {
+            let room = self.state.n_ctx() - self.state.n_past();
+            match gen.step(&engine.tokenizer, sampler, &mut logits, room, sink) {
+                Next::Feed(id) => {
+                    self.feed(&engine.model, &[id], Logits::Last)?;
+                    logits.copy_from_slice(self.state.last_logits());
+                }
+                Next::Done { .. } => break,
+            }
+        }
+        stats.n_generated = gen.n_generated();
+        stats.stop = gen.stop_reason().unwrap_or_default();
+        stats.gen_time = t1.elapsed();
+        Ok(stats)
     }
 }

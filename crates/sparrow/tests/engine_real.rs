@@ -2,7 +2,7 @@
 
 mod common;
 
-use sparrow::{generate, ChatMessage, Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
+use sparrow::{ChatMessage, Engine, Generation, KvType, Sampler, SamplerConfig, Session};
 use std::ops::ControlFlow;
 
 #[test]
@@ -53,31 +53,26 @@ fn chat_generation_stops_at_end_of_turn_and_streams_valid_text() {
         )
         .unwrap();
     let ids = engine.tokenizer.encode(&prompt, true, true);
-    let mut state = engine.model.new_state(256, KvType::F16).unwrap();
+    let mut session =
+        Session::new(engine.model.new_state(256, KvType::F16).unwrap()).with_batch_size(7);
     let mut sampler = Sampler::new(SamplerConfig::greedy());
     let mut text = String::new();
     let mut n_ids = 0;
-    let stats = generate(
-        &engine.model,
-        &engine.tokenizer,
-        &mut state,
-        &ids,
-        &mut sampler,
-        &GenerateOptions {
-            n_predict: Some(24),
-            ignore_eos: false,
-            batch_size: 7,
-        },
-        |_, _| {},
-        |id, piece| {
-            n_ids += id.is_some() as usize;
-            text.push_str(piece);
-            ControlFlow::Continue(())
-        },
-    )
-    .unwrap();
+    let stats = session
+        .generate(
+            &engine,
+            &ids,
+            &mut sampler,
+            &mut Generation::new(24, false),
+            &mut |id: Option<u32>, piece: &str| {
+                n_ids += id.is_some() as usize;
+                text.push_str(piece);
+                ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
     assert_eq!(stats.stop, sparrow::StopReason::EndOfGeneration, "{text:?}");
     assert_eq!(stats.n_generated, n_ids);
     assert!(text.to_lowercase().contains("yes"), "{text:?}");
-    assert_eq!(state.n_past(), ids.len() + stats.n_generated);
+    assert_eq!(session.state().n_past(), ids.len() + stats.n_generated);
 }

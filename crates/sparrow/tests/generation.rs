@@ -1,12 +1,12 @@
 //! `Generation` stepped by hand with scripted logits (every rule of the token loop seen
 //! from outside: stop strings held back and cut, limits, end of generation, a full
-//! context, log-probabilities against an f64 log-softmax and their text offsets), and
-//! `Session`'s prefix reuse on a synthetic model.
+//! context, log-probabilities against an f64 log-softmax and their text offsets),
+//! `Session`'s prefix reuse and rewind on a synthetic model, and the scheduler generating
+//! what a session generates alone.
 
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow::{
-    Engine, GenerateOptions, Generation, KvType, Logits, Next, Sampler, SamplerConfig, Session,
-    StopReason,
+    Engine, Generation, KvType, Logits, Next, Sampler, SamplerConfig, Session, StopReason,
 };
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -208,27 +208,18 @@ fn logprobs_are_the_raw_log_softmax_and_point_into_the_text() {
 #[test]
 fn a_session_reuses_the_prefix_it_shares_and_forgets_the_rest() {
     let e = engine();
-    let state = e.model.new_state(128, KvType::F32).expect("a state");
-    let mut session = Session::new(state);
-    let opts = GenerateOptions {
-        n_predict: Some(5),
-        ignore_eos: true,
-        batch_size: 7,
-    };
-    let first: Vec<u32> = (10..40).collect();
+    let new_session =
+        || Session::new(e.model.new_state(128, KvType::F32).expect("a state")).with_batch_size(7);
     let go = |session: &mut Session, prompt: &[u32]| {
         let mut gen = Generation::new(5, true);
         let mut ids = Vec::new();
         let stats = session
             .generate(
-                &e.model,
-                &e.tokenizer,
+                &e,
                 prompt,
                 &mut greedy(),
-                &opts,
                 &mut gen,
-                |_, _| {},
-                |id, _| {
+                &mut |id: Option<u32>, _: &str| {
                     ids.extend(id);
                     ControlFlow::Continue(())
                 },
@@ -236,33 +227,117 @@ fn a_session_reuses_the_prefix_it_shares_and_forgets_the_rest() {
             .unwrap();
         (stats, ids)
     };
+    let mut session = new_session();
+    let first: Vec<u32> = (10..40).collect();
     let (stats, ids) = go(&mut session, &first);
     assert_eq!((stats.n_reused, stats.n_prompt, ids.len()), (0, 30, 5));
     // The cache holds the prompt and every generated token but the last.
     assert_eq!(session.tokens(), [&first[..], &ids[..4]].concat());
     assert_eq!(session.state().n_past(), 34);
-    // A prompt that shares the first 20 tokens keeps them and runs the rest.
+    // A prompt that shares the first 20 tokens keeps them and runs the rest: the session
+    // rewinds from 34 positions to 20.
     let second: Vec<u32> = (10..30).chain(60..70).collect();
-    let (stats, _) = go(&mut session, &second);
+    let (stats, after_rewind) = go(&mut session, &second);
     assert_eq!((stats.n_reused, stats.n_prompt), (20, 10));
-    // Its logits equal a fresh session's on the same prompt (within the rounding of a
-    // different batch split).
-    let mut fresh = Session::new(e.model.new_state(128, KvType::F32).unwrap());
-    let want = fresh
-        .feed(&e.model, &second, Logits::Last)
-        .unwrap()
-        .to_vec();
-    let mut again = Session::new(e.model.new_state(128, KvType::F32).unwrap());
-    again.feed(&e.model, &second[..20], Logits::None).unwrap();
-    assert_eq!(again.reuse_prefix(&second), 20);
-    let got = again.feed(&e.model, &second[20..], Logits::Last).unwrap();
-    let diff = want
-        .iter()
-        .zip(got)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    assert!(diff < 1e-4, "{diff}");
+    assert_eq!(session.tokens(), [&second[..], &after_rewind[..4]].concat());
+    // A session that never held anything past those 20 tokens, fed in the same batches
+    // (7, 7, 6, then 7, 3 for the rest), generates the same tokens from the same logits, to
+    // the bit: a rewind that left anything of the first prompt's tail behind (positions,
+    // cached rows, the policy's state) shows here.
+    let mut fresh = new_session();
+    for chunk in second[..20].chunks(7) {
+        fresh.feed(&e.model, chunk, Logits::None).unwrap();
+    }
+    let (stats, fresh_ids) = go(&mut fresh, &second);
+    assert_eq!((stats.n_reused, stats.n_prompt), (20, 10));
+    assert_eq!(after_rewind, fresh_ids);
+    let bits = |s: &Session| -> Vec<u32> {
+        s.state()
+            .last_logits()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    assert_eq!(
+        bits(&session),
+        bits(&fresh),
+        "a rewound session's logits differ"
+    );
     // The same prompt again reuses all but its last token.
-    assert_eq!(again.reuse_prefix(&second), 29);
-    assert_eq!(again.tokens(), &second[..29]);
+    assert_eq!(session.reuse_prefix(&second), 29);
+    assert_eq!(session.tokens(), &second[..29]);
+}
+
+#[test]
+fn the_scheduler_generates_what_a_session_generates_alone() {
+    use sparrow::scheduler::{reply_channel, Config, Event, Job, Scheduler};
+    let e = engine();
+    let prompts: Vec<Vec<u32>> = vec![
+        (10..40).collect(),
+        (10..30).chain(60..75).collect(),
+        (90..97).collect(),
+    ];
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let mut session = Session::new(e.model.new_state(128, KvType::F32).unwrap());
+            let mut text = String::new();
+            session
+                .generate(
+                    &e,
+                    p,
+                    &mut greedy(),
+                    &mut Generation::new(6, true),
+                    &mut |_: Option<u32>, t: &str| {
+                        text.push_str(t);
+                        ControlFlow::Continue(())
+                    },
+                )
+                .unwrap();
+            text
+        })
+        .collect();
+    // Two slots for three jobs: the third waits for a slot; prompts are read 16 tokens a
+    // pass, shared with the tokens being generated.
+    let scheduler = Scheduler::start(
+        &e,
+        Config {
+            slots: 2,
+            n_ctx: 128,
+            kv: KvType::F32.into(),
+            batch: 16,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let receivers: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (reply, events) = reply_channel();
+            let job = Job {
+                prompt: p.clone(),
+                generation: Generation::new(6, true),
+                sampler: greedy(),
+                reply: Box::new(reply),
+            };
+            assert!(scheduler.submit(job).is_ok(), "the queue has room");
+            events
+        })
+        .collect();
+    for (events, want) in receivers.into_iter().zip(&alone) {
+        let mut text = String::new();
+        let usage = loop {
+            match events.recv().expect("the job ends") {
+                Event::Text(t) => text.push_str(&t),
+                Event::Done(u) => break u,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(&text, want);
+        assert_eq!(usage.completion_tokens, 6);
+        assert_eq!(usage.stop, StopReason::Length);
+    }
+    let stats = scheduler.stats();
+    assert_eq!(stats.completed.load(Ordering::Relaxed), 3);
+    assert!(stats.pass_sequences.load(Ordering::Relaxed) > stats.passes.load(Ordering::Relaxed));
 }

@@ -7,18 +7,18 @@
 
 mod common;
 
-use sparrow::grammar::{generate_json, JsonConstraint, JsonVocab, Root};
+use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
-use sparrow::{Engine, GenerateOptions, KvType, Sampler, SamplerConfig, State};
+use sparrow::{Engine, Generation, KvType, Sampler, SamplerConfig, Session};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-/// Samples a JSON completion of at most `n` tokens of `prompt` (fed after what `state`
-/// already holds).
+/// Samples a JSON completion of at most `n` tokens of `prompt` (running only what `session`
+/// does not already hold).
 fn complete(
     engine: &Engine,
     vocab: &Arc<JsonVocab>,
-    state: &mut State,
+    session: &mut Session,
     prompt: &[u32],
     seed: u64,
     n: usize,
@@ -32,27 +32,21 @@ fn complete(
         seed,
         ..Default::default()
     });
-    let mut c = JsonConstraint::new(vocab.clone(), root);
-    let opts = GenerateOptions {
-        n_predict: Some(n),
-        ..Default::default()
-    };
+    let mut gen =
+        Generation::new(n, false).with_constraint(JsonConstraint::new(vocab.clone(), root));
     let mut out = String::new();
-    generate_json(
-        &engine.model,
-        &engine.tokenizer,
-        state,
-        prompt,
-        &mut sampler,
-        &opts,
-        &mut c,
-        |_, _| {},
-        |_, t| {
-            out.push_str(t);
-            ControlFlow::Continue(())
-        },
-    )
-    .unwrap();
+    session
+        .generate(
+            engine,
+            prompt,
+            &mut sampler,
+            &mut gen,
+            &mut |_: Option<u32>, t: &str| {
+                out.push_str(t);
+                ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
     out
 }
 
@@ -73,8 +67,8 @@ fn hundred_synthetic_completions_parse() {
             Root::Object
         };
         let n = 8 + (seed as usize * 7) % 120;
-        let mut state = engine.model.new_state(512, KvType::F16).unwrap();
-        let out = complete(&engine, &vocab, &mut state, &ids, seed, n, root);
+        let mut session = Session::new(engine.model.new_state(512, KvType::F16).unwrap());
+        let out = complete(&engine, &vocab, &mut session, &ids, seed, n, root);
         let v: serde_json::Value =
             serde_json::from_str(&out).unwrap_or_else(|e| panic!("seed {seed}: {e}: {out:?}"));
         if root == Root::Object {
@@ -101,8 +95,8 @@ fn real_model_json_completions_parse() {
         "Give a JSON config for a web server with nested settings.",
         "Return a JSON object with a quoted string, a number, a list and null.",
     ];
-    // Per ask: its prompt's ids and a state holding all of them but the last.
-    let mut prompts: Vec<(Vec<u32>, State)> = asks
+    // Per ask: its prompt's ids and a session holding all of them but the last.
+    let mut prompts: Vec<(Vec<u32>, Session)> = asks
         .iter()
         .map(|ask| {
             let text = tmpl
@@ -110,24 +104,19 @@ fn real_model_json_completions_parse() {
                 .unwrap();
             let ids = engine.tokenizer.encode(&text, true, true);
             let mut state = engine.model.new_state(512, KvType::F16).unwrap();
-            sparrow::generate::prefill(
-                &engine.model,
-                &mut state,
-                &ids[..ids.len() - 1],
-                64,
-                |_, _| {},
-            )
-            .unwrap();
-            (ids, state)
+            let held = &ids[..ids.len() - 1];
+            sparrow::prefill(&engine.model, &mut state, held, 64, |_, _| {}).unwrap();
+            let session = Session::holding(state, held.to_vec()).unwrap();
+            (ids, session)
         })
         .collect();
     let mut distinct = std::collections::HashSet::new();
     for seed in 0..100u64 {
-        let (ids, state) = &mut prompts[seed as usize % asks.len()];
-        let held = ids.len() - 1;
+        let (ids, session) = &mut prompts[seed as usize % asks.len()];
         let n = 4 + (seed as usize * 7) % 17;
-        let out = complete(&engine, &vocab, state, &ids[held..], seed, n, Root::Object);
-        assert_eq!(state.truncate(held), held, "the prompt's prefix is kept");
+        // The session keeps the prompt's prefix and drops the previous completion.
+        let out = complete(&engine, &vocab, session, ids, seed, n, Root::Object);
+        assert_eq!(session.tokens()[..ids.len()], ids[..], "the prompt is kept");
         let v: serde_json::Value = serde_json::from_str(&out)
             .unwrap_or_else(|e| panic!("seed {seed} ({n} tokens): {e}: {out:?}"));
         assert!(v.is_object(), "seed {seed}: {out}");

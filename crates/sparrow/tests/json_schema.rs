@@ -6,12 +6,10 @@
 
 mod common;
 
-use sparrow::grammar::{
-    generate_json, Grammar, JsonConstraint, JsonVocab, OrderedValue, Schema, SchemaState,
-};
+use sparrow::grammar::{Grammar, JsonConstraint, JsonVocab, OrderedValue, Schema, SchemaState};
 use sparrow::synthetic::byte_tokenizer;
 use sparrow::tokenizer::Tokenizer;
-use sparrow::{Engine, GenerateOptions, KvType, Sampler, SamplerConfig};
+use sparrow::{Engine, Generation, KvType, Sampler, SamplerConfig, Session};
 use std::io::Write;
 use std::ops::ControlFlow;
 use std::process::{Command, Stdio};
@@ -341,33 +339,27 @@ fn real_model_schema_completions_validate() {
     let ids = engine.tokenizer.encode(&prompt, true, true);
     let mut cases = Vec::new();
     for seed in 0..4u64 {
-        let mut state = engine.model.new_state(512, KvType::F16).unwrap();
+        let mut session = Session::new(engine.model.new_state(512, KvType::F16).unwrap());
         let mut sampler = Sampler::new(SamplerConfig {
             temperature: 1.0,
             seed,
             ..Default::default()
         });
-        let mut c = JsonConstraint::with_schema(vocab.clone(), schema.clone());
-        let opts = GenerateOptions {
-            n_predict: Some(24 + seed as usize * 12),
-            ..Default::default()
-        };
+        let c = JsonConstraint::with_schema(vocab.clone(), schema.clone());
+        let mut gen = Generation::new(24 + seed as usize * 12, false).with_constraint(c);
         let mut out = String::new();
-        generate_json(
-            &engine.model,
-            &engine.tokenizer,
-            &mut state,
-            &ids,
-            &mut sampler,
-            &opts,
-            &mut c,
-            |_, _| {},
-            |_, t| {
-                out.push_str(t);
-                ControlFlow::Continue(())
-            },
-        )
-        .unwrap();
+        session
+            .generate(
+                &engine,
+                &ids,
+                &mut sampler,
+                &mut gen,
+                &mut |_: Option<u32>, t: &str| {
+                    out.push_str(t);
+                    ControlFlow::Continue(())
+                },
+            )
+            .unwrap();
         eprintln!("seed {seed}: {out}");
         cases.push((text, out));
     }

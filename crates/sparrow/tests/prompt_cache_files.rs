@@ -9,7 +9,7 @@ use sparrow::kv::minimum_budget;
 use sparrow::prompt_cache::{self, model_fingerprint};
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow::{
-    generate, ColdTier, Engine, GenerateOptions, KvOptions, KvType, Sampler, SamplerConfig,
+    ColdTier, Engine, Generation, KvOptions, KvType, Sampler, SamplerConfig, Session, State,
 };
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -35,28 +35,32 @@ fn synthetic_engine(dir: &Path, name: &str) -> Engine {
     Engine::load(&p).unwrap()
 }
 
-fn greedy(engine: &Engine, state: &mut sparrow::State, ids: &[u32], n: usize) -> Vec<u32> {
+/// `n` greedy tokens after `question`, continuing a state whose cache holds `held`; the
+/// state comes back.
+fn greedy(
+    engine: &Engine,
+    state: State,
+    held: &[u32],
+    question: &[u32],
+    n: usize,
+) -> (Vec<u32>, State) {
     let mut out = Vec::new();
-    let opts = GenerateOptions {
-        n_predict: Some(n),
-        ignore_eos: true,
-        batch_size: 256,
-    };
-    generate(
-        &engine.model,
-        &engine.tokenizer,
-        state,
-        ids,
-        &mut Sampler::new(SamplerConfig::greedy()),
-        &opts,
-        |_, _| {},
-        |id, _| {
-            out.extend(id);
-            ControlFlow::Continue(())
-        },
-    )
-    .unwrap();
-    out
+    let mut session = Session::holding(state, held.to_vec())
+        .unwrap()
+        .with_batch_size(256);
+    session
+        .generate(
+            engine,
+            &[held, question].concat(),
+            &mut Sampler::new(SamplerConfig::greedy()),
+            &mut Generation::new(n, true),
+            &mut |id: Option<u32>, _: &str| {
+                out.extend(id);
+                ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
+    (out, session.into_parts().0)
 }
 
 /// A fresh state that prefills `prefix` and then generates after `question`, against a state
@@ -82,7 +86,7 @@ fn check(
     let t0 = Instant::now();
     let mut s1 = model.new_state(n_ctx, kv.clone()).unwrap();
     sparrow::prefill(model, &mut s1, prefix, 256, |_, _| {}).unwrap();
-    let want = greedy(engine, &mut s1, question, n);
+    let (want, s1) = greedy(engine, s1, prefix, question, n);
     let full = t0.elapsed();
 
     // Save the prefix's state (from a run over the prefix alone).
@@ -101,7 +105,7 @@ fn check(
             "the restored rows went to the cold file"
         );
     }
-    let got = greedy(engine, &mut s3, question, n);
+    let (got, s3) = greedy(engine, s3, prefix, question, n);
     let restored = t1.elapsed();
     assert_eq!(got, want, "restored prefix diverged from the prefilled one");
     // Same calls on the same rows: the last step's logits are equal to the bit.
@@ -116,7 +120,7 @@ fn check(
     // then lands one position early and over a missing token.
     let mut short = model.new_state(n_ctx, kv.clone()).unwrap();
     pc.restore(&mut short, prefix.len() - 1).unwrap();
-    greedy(engine, &mut short, question, n);
+    let (_, short) = greedy(engine, short, &prefix[..prefix.len() - 1], question, n);
     assert_ne!(
         bits(&short),
         bits(&s1),

@@ -1,39 +1,23 @@
-//! Server counters, rendered in the Prometheus text format at `GET /metrics`.
+//! Server counters, rendered in the Prometheus text format at `GET /metrics`: the HTTP
+//! side's (responses by status) and the scheduler's ([`SchedulerStats`]: completions,
+//! tokens, passes, queue, KV bytes).
 
+use sparrow::scheduler::SchedulerStats;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::Arc;
 
-/// Counters and gauges shared by the HTTP side and the generation thread.
-#[derive(Default)]
+/// The HTTP side's counters, the server's fixed settings, and the scheduler's counters.
 pub struct Metrics {
     pub requests_ok: AtomicU64,
     pub requests_bad: AtomicU64,
     pub requests_unauthorized: AtomicU64,
     pub requests_busy: AtomicU64,
     pub requests_failed: AtomicU64,
-    pub completed: AtomicU64,
-    pub cancelled: AtomicU64,
-    pub prompt_tokens: AtomicU64,
-    pub prompt_tokens_cached: AtomicU64,
-    pub prompt_micros: AtomicU64,
-    pub generated_tokens: AtomicU64,
-    pub generation_micros: AtomicU64,
-    /// Forward passes run, the sequences they carried, and their token rows (continuous
-    /// batching: several requests share a pass).
-    pub passes: AtomicU64,
-    pub pass_sequences: AtomicU64,
-    pub pass_tokens: AtomicU64,
-    pub queue_depth: AtomicUsize,
-    pub active: AtomicUsize,
-    pub slots: AtomicUsize,
-    /// Bytes of keys and values in RAM, over every slot (the hot tier under
-    /// `--kv-ram-budget`).
-    pub kv_hot_bytes: AtomicUsize,
-    /// Bytes of keys and values in the slots' cold KV files.
-    pub kv_cold_bytes: AtomicUsize,
     /// The server's fixed settings, reported as `sparrow_info`.
     pub info: Info,
+    /// What the generation thread counts.
+    pub scheduler: Arc<SchedulerStats>,
 }
 
 /// Settings fixed at startup, shown as the labels of the `sparrow_info` gauge.
@@ -69,17 +53,17 @@ fn label_value(s: &str) -> String {
 }
 
 impl Metrics {
-    /// `n` prompt tokens were prefilled in `dt`.
-    pub fn add_prompt(&self, n: usize, dt: Duration) {
-        self.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
-        self.prompt_micros
-            .fetch_add(dt.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    /// A generation phase took `dt`.
-    pub fn add_generation(&self, dt: Duration) {
-        self.generation_micros
-            .fetch_add(dt.as_micros() as u64, Ordering::Relaxed);
+    /// No responses counted yet; `scheduler`'s counters are read at each rendering.
+    pub fn new(info: Info, scheduler: Arc<SchedulerStats>) -> Self {
+        Metrics {
+            requests_ok: AtomicU64::new(0),
+            requests_bad: AtomicU64::new(0),
+            requests_unauthorized: AtomicU64::new(0),
+            requests_busy: AtomicU64::new(0),
+            requests_failed: AtomicU64::new(0),
+            info,
+            scheduler,
+        }
     }
 
     /// Count a response by HTTP status.
@@ -97,6 +81,7 @@ impl Metrics {
     /// The Prometheus exposition text.
     pub fn render(&self) -> String {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let sc = &*self.scheduler;
         let mut s = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, lines: &[(&str, f64)]| {
             let _ = writeln!(s, "# HELP {name} {help}");
@@ -123,60 +108,60 @@ impl Metrics {
             "gauge",
             "Keys and values held over all slots: in RAM (hot) and in cold KV files.",
             &[
-                ("{tier=\"hot\"}", gu(&self.kv_hot_bytes)),
-                ("{tier=\"cold\"}", gu(&self.kv_cold_bytes)),
+                ("{tier=\"hot\"}", gu(&sc.kv_hot_bytes)),
+                ("{tier=\"cold\"}", gu(&sc.kv_cold_bytes)),
             ],
         );
         metric(
             "sparrow_completions_total",
             "counter",
             "Generations run to the end.",
-            &[("", g(&self.completed) as f64)],
+            &[("", g(&sc.completed) as f64)],
         );
         metric(
             "sparrow_cancelled_total",
             "counter",
             "Generations stopped because the client went away.",
-            &[("", g(&self.cancelled) as f64)],
+            &[("", g(&sc.cancelled) as f64)],
         );
         metric(
             "sparrow_prompt_tokens_total",
             "counter",
             "Prompt tokens prefilled (excluding reused cached prefixes).",
-            &[("", g(&self.prompt_tokens) as f64)],
+            &[("", g(&sc.prompt_tokens) as f64)],
         );
         metric(
             "sparrow_prompt_tokens_cached_total",
             "counter",
             "Prompt tokens reused from a cached prefix.",
-            &[("", g(&self.prompt_tokens_cached) as f64)],
+            &[("", g(&sc.prompt_tokens_cached) as f64)],
         );
         metric(
             "sparrow_generated_tokens_total",
             "counter",
             "Tokens generated.",
-            &[("", g(&self.generated_tokens) as f64)],
+            &[("", g(&sc.generated_tokens) as f64)],
         );
         metric(
             "sparrow_forward_passes_total",
             "counter",
             "Forward passes run (each carries every active request's next tokens).",
-            &[("", g(&self.passes) as f64)],
+            &[("", g(&sc.passes) as f64)],
         );
         metric(
             "sparrow_forward_sequences_total",
             "counter",
             "Requests carried by forward passes, summed over the passes.",
-            &[("", g(&self.pass_sequences) as f64)],
+            &[("", g(&sc.pass_sequences) as f64)],
         );
         metric(
             "sparrow_forward_tokens_total",
             "counter",
             "Token rows carried by forward passes, summed over the passes.",
-            &[("", g(&self.pass_tokens) as f64)],
+            &[("", g(&sc.pass_tokens) as f64)],
         );
-        let ps = g(&self.prompt_micros) as f64 / 1e6;
-        let gs = g(&self.generation_micros) as f64 / 1e6;
+        let ps = g(&sc.prompt_micros) as f64 / 1e6;
+        let gs = g(&sc.generation_micros) as f64 / 1e6;
         metric(
             "sparrow_prompt_seconds_total",
             "counter",
@@ -194,25 +179,25 @@ impl Metrics {
             "sparrow_prompt_tokens_per_second",
             "gauge",
             "Average prefill speed since start.",
-            &[("", rate(g(&self.prompt_tokens), ps))],
+            &[("", rate(g(&sc.prompt_tokens), ps))],
         );
         metric(
             "sparrow_generation_tokens_per_second",
             "gauge",
             "Average generation speed per request since start.",
-            &[("", rate(g(&self.generated_tokens), gs))],
+            &[("", rate(g(&sc.generated_tokens), gs))],
         );
         metric(
             "sparrow_queue_depth",
             "gauge",
             "Requests waiting for a slot.",
-            &[("", self.queue_depth.load(Ordering::Relaxed) as f64)],
+            &[("", sc.queue_depth.load(Ordering::Relaxed) as f64)],
         );
         metric(
             "sparrow_active_requests",
             "gauge",
             "Requests being generated.",
-            &[("", self.active.load(Ordering::Relaxed) as f64)],
+            &[("", sc.active.load(Ordering::Relaxed) as f64)],
         );
         let i = &self.info;
         let info = format!(
@@ -233,7 +218,7 @@ impl Metrics {
             "sparrow_slots",
             "gauge",
             "Concurrent generation slots.",
-            &[("", self.slots.load(Ordering::Relaxed) as f64)],
+            &[("", sc.slots.load(Ordering::Relaxed) as f64)],
         );
         s
     }

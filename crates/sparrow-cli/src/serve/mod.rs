@@ -2,14 +2,15 @@
 //!
 //! `POST /v1/chat/completions`, `POST /v1/completions` (streaming with server-sent events or
 //! not), `GET /v1/models`, `GET /health`, `GET /metrics`. Requests are checked and tokenized
-//! on the async side, then queued for the generation thread ([`scheduler`]); a full queue is
-//! a 503, bad input a 400 with an OpenAI-style error body, a missing or wrong API key a 401.
-//! A client that disconnects drops its receiver, and the generation thread stops its
-//! request at the next step.
+//! on the async side, then queued as a [`job`] for the library's continuous-batching
+//! [`Scheduler`] (its own thread); this module is the HTTP layer over it. A full queue is a
+//! 503, bad input a 400 with an OpenAI-style error body, a missing or wrong API key a 401.
+//! A client that disconnects drops its receiver, and the scheduler stops its request at
+//! the next step.
 
 pub use sparrow_cli::openai as api;
+pub mod job;
 pub mod metrics;
-pub mod scheduler;
 
 use crate::{KvArgs, ModelArgs};
 use api::ApiError;
@@ -22,16 +23,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics::Metrics;
-use scheduler::{Event, Job, Scheduler};
 use serde_json::{json, Value};
 use sparrow::grammar::JsonVocab;
+use sparrow::scheduler::{self, Event, Scheduler};
 use sparrow::tokenizer::Tokenizer;
 use sparrow::{ChatTemplate, Engine};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Arguments of `sparrow serve` (llama-server's names where they exist).
 #[derive(clap::Args, Debug)]
@@ -85,6 +86,8 @@ pub struct AppState {
     pub engine: Engine,
     pub template: ChatTemplate,
     pub scheduler: Scheduler,
+    /// Grammar data for `json_object` and `json_schema` responses (built once per model).
+    pub json_vocab: Arc<JsonVocab>,
     pub metrics: Arc<Metrics>,
     pub model_name: String,
     pub api_key: Option<String>,
@@ -133,22 +136,8 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
         .render(&[sparrow::ChatMessage::new("user", "hello")], true)
         .map_err(|e| format!("the model's chat template cannot render a one-message chat: {e}"))?;
     let (attn_prefill, attn_decode) = attention.phase_names()?;
-    let metrics = Arc::new(Metrics {
-        info: metrics::Info {
-            attention: attention.label(),
-            attention_prefill: attn_prefill,
-            attention_decode: attn_decode,
-            cache_type_k: kv_types.k.name().into(),
-            cache_type_v: kv_types.v.name().into(),
-        },
-        ..Metrics::default()
-    });
-    metrics.slots.store(a.parallel, Ordering::Relaxed);
-    let json_vocab = Arc::new(JsonVocab::new(&engine.tokenizer));
-    let scheduler = scheduler::start(
-        engine.model.clone(),
-        engine.tokenizer.clone(),
-        json_vocab,
+    let scheduler = Scheduler::start(
+        &engine,
         scheduler::Config {
             slots: a.parallel,
             n_ctx: a.ctx_size,
@@ -157,8 +146,19 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             queue: a.queue_size,
             batch: a.batch_size,
         },
-        metrics.clone(),
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
+    let metrics = Arc::new(Metrics::new(
+        metrics::Info {
+            attention: attention.label(),
+            attention_prefill: attn_prefill,
+            attention_decode: attn_decode,
+            cache_type_k: kv_types.k.name().into(),
+            cache_type_v: kv_types.v.name().into(),
+        },
+        scheduler.stats().clone(),
+    ));
+    let json_vocab = Arc::new(JsonVocab::new(&engine.tokenizer));
     let model_name = a.alias.clone().unwrap_or_else(|| {
         path.file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -168,6 +168,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
         engine,
         template,
         scheduler,
+        json_vocab,
         metrics,
         model_name,
         api_key: a.api_key.clone(),
@@ -342,18 +343,7 @@ async fn handle(
         Some(n) => n,
         None => st.max_tokens_limit.min(room),
     };
-    let (tx, rx) = unbounded_channel();
-    let job = Job {
-        prompt,
-        sampler: req.sampler.clone(),
-        max_tokens,
-        stop: req.stop.clone(),
-        json: req.json,
-        schema: req.schema.clone(),
-        ignore_eos: req.ignore_eos,
-        logprobs: req.logprobs,
-        tx,
-    };
+    let (job, rx) = job::job(&req, prompt, max_tokens, &st.json_vocab);
     if st.scheduler.submit(job).is_err() {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -402,19 +392,15 @@ async fn collect_response(
             Event::Text(t) => text.push_str(&t),
             Event::Logprobs(l) => logprobs.extend(l),
             Event::Error(e) => return Err(ApiError::internal(&e)),
-            Event::Done {
-                finish,
-                prompt_tokens,
-                completion_tokens,
-                cached_tokens,
-            } => {
-                let usage = api::usage(prompt_tokens, completion_tokens, cached_tokens);
+            Event::Done(u) => {
+                let usage = api::usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens);
                 let lp = logprobs_value(
                     meta.chat,
                     want_logprobs.then_some(&logprobs[..]),
                     &tokenizer,
                 );
-                return Ok(Json(meta.full(&text, finish.as_str(), usage, lp)).into_response());
+                let finish = job::finish_reason(u.stop);
+                return Ok(Json(meta.full(&text, finish, usage, lp)).into_response());
             }
         }
     }
@@ -479,27 +465,25 @@ fn stream_response(
                                 pending.push(SseEvent::default().data("[DONE]"));
                                 pending.push(SseEvent::default().data(body.to_string()));
                             }
-                            Some(Event::Done {
-                                finish,
-                                prompt_tokens,
-                                completion_tokens,
-                                cached_tokens,
-                            }) => {
+                            Some(Event::Done(usage)) => {
                                 phase = 2;
                                 // Pushed in reverse: popped last-in first-out.
                                 pending.push(SseEvent::default().data("[DONE]"));
                                 if include_usage {
                                     let mut u = meta.chunk(None, "", None, Value::Null);
                                     u["choices"] = json!([]);
-                                    u["usage"] =
-                                        api::usage(prompt_tokens, completion_tokens, cached_tokens);
+                                    u["usage"] = api::usage(
+                                        usage.prompt_tokens,
+                                        usage.completion_tokens,
+                                        usage.cached_tokens,
+                                    );
                                     pending.push(SseEvent::default().data(u.to_string()));
                                 }
                                 let l = take_lp(&mut lp);
                                 let c = meta.chunk(
                                     meta.chat.then(|| json!({})),
                                     "",
-                                    Some(finish.as_str()),
+                                    Some(job::finish_reason(usage.stop)),
                                     l,
                                 );
                                 pending.push(SseEvent::default().data(c.to_string()));

@@ -20,12 +20,8 @@ pub mod schema;
 mod schema_state;
 mod trie;
 
-use crate::error::Result;
-use crate::generate::{drive, Generation};
-use crate::model::{Model, State};
 use crate::sampler::Sampler;
 use crate::tokenizer::{TokenType, Tokenizer};
-use crate::{GenerateOptions, GenerationStats};
 pub use json::{JsonState, Root};
 pub use ordered::OrderedValue;
 pub use schema::{Schema, SchemaError};
@@ -33,7 +29,6 @@ pub use schema_state::SchemaState;
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 
 /// Most bytes' worth of completion distance one byte can add in plain JSON (see
@@ -454,32 +449,6 @@ fn accept_in<G: Grammar>(vocab: &JsonVocab, g: &G, state: &mut G::State, id: u32
     } else {
         false
     }
-}
-
-/// [`crate::generate`] with a JSON constraint on every sampled token; generation ends at
-/// the end-of-generation token the grammar allows once the value is complete, or at the
-/// token limit (the budget keeps the value closable by then).
-#[allow(clippy::too_many_arguments)]
-pub fn generate_json(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    state: &mut State,
-    prompt: &[u32],
-    sampler: &mut Sampler,
-    opts: &GenerateOptions,
-    constraint: &mut JsonConstraint,
-    progress: impl FnMut(usize, usize),
-    on_token: impl FnMut(Option<u32>, &str) -> ControlFlow<()>,
-) -> Result<GenerationStats> {
-    let mut gen = Generation::new(opts.n_predict.unwrap_or(usize::MAX), false)
-        .with_constraint(constraint.clone());
-    let stats = drive(
-        model, tokenizer, state, prompt, sampler, opts, &mut gen, progress, on_token,
-    )?;
-    if let Some(c) = gen.constraint() {
-        *constraint = c.clone();
-    }
-    Ok(stats)
 }
 
 #[cfg(test)]

@@ -1,0 +1,350 @@
+//! The scheduler's thread: admit jobs into slots, run turns, report.
+
+use super::job::{Event, Job, Reply, Usage};
+use super::stats::SchedulerStats;
+use super::Config;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::generate::{Generation, Next, StopReason, TokenLogprob, TokenSink};
+use crate::model::{Logits, Model, Workspace};
+use crate::sampler::Sampler;
+use crate::session::{Session, SessionStep};
+use crate::tokenizer::Tokenizer;
+use std::ops::ControlFlow;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+struct Slot {
+    session: Session,
+    /// When the slot's last job left (the scheduler's clock): of slots sharing as much
+    /// with a prompt, the least recently used is taken.
+    last_used: u64,
+}
+
+/// A job being served.
+struct Active {
+    slot: usize,
+    prompt: Vec<u32>,
+    /// Prompt tokens in the slot's cache (reused or run so far).
+    pos: usize,
+    /// Prompt tokens found already cached.
+    cached: usize,
+    sampler: Sampler,
+    gen: Generation,
+    reply: Box<dyn Reply>,
+    /// The logits to sample from (a copy: sampling changes them).
+    logits: Vec<f32>,
+    t_prompt: Instant,
+    t_gen: Instant,
+}
+
+impl Active {
+    fn reading_prompt(&self) -> bool {
+        self.pos < self.prompt.len()
+    }
+}
+
+/// A job's output as its events (and the count of tokens generated).
+struct ToReply<'a> {
+    reply: &'a mut dyn Reply,
+    stats: &'a SchedulerStats,
+}
+
+impl TokenSink for ToReply<'_> {
+    fn on_token(&mut self, id: Option<u32>, text: &str) -> ControlFlow<()> {
+        if id.is_some() {
+            self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        }
+        if !text.is_empty() {
+            self.reply.send(Event::Text(text.to_string()));
+        }
+        // A caller that gave up is noticed at the start of the next turn.
+        ControlFlow::Continue(())
+    }
+    fn on_logprobs(&mut self, logprobs: Vec<TokenLogprob>) {
+        self.reply.send(Event::Logprobs(logprobs));
+    }
+}
+
+/// What one job puts into a turn's forward pass.
+struct Work {
+    /// Index into the active list.
+    active: usize,
+    tokens: Vec<u32>,
+    want: Logits,
+}
+
+pub(super) struct Worker {
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    slots: Vec<Slot>,
+    batch: usize,
+    stats: Arc<SchedulerStats>,
+    clock: u64,
+    /// The stacked activations of a turn's forward pass.
+    ws: Workspace,
+}
+
+impl Worker {
+    /// The slots' sequences allocated (at least one).
+    pub(super) fn new(engine: &Engine, cfg: &Config, stats: Arc<SchedulerStats>) -> Result<Self> {
+        let mut slots = Vec::new();
+        for _ in 0..cfg.slots.max(1) {
+            let state = engine
+                .model
+                .new_sequence(cfg.n_ctx, cfg.kv.clone(), &cfg.attention)?;
+            slots.push(Slot {
+                session: Session::new(state),
+                last_used: 0,
+            });
+        }
+        Ok(Worker {
+            model: engine.model.clone(),
+            tokenizer: engine.tokenizer.clone(),
+            slots,
+            batch: cfg.batch.max(1),
+            stats,
+            clock: 0,
+            ws: Workspace::default(),
+        })
+    }
+
+    /// Serve jobs from `rx` until every sender is gone and no job is left.
+    pub(super) fn run(mut self, rx: Receiver<Job>) {
+        // Oldest first: prompts are read in arrival order.
+        let mut active: Vec<Active> = Vec::new();
+        loop {
+            // Admit waiting jobs into free slots.
+            while active.len() < self.slots.len() {
+                let job = if active.is_empty() {
+                    match rx.recv() {
+                        Ok(j) => j,
+                        Err(_) => return,
+                    }
+                } else {
+                    match rx.try_recv() {
+                        Ok(j) => j,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => break,
+                    }
+                };
+                self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                if job.reply.is_cancelled() {
+                    self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let a = self.admit(job, &active);
+                active.push(a);
+            }
+            self.stats.active.store(active.len(), Ordering::Relaxed);
+            self.turn(&mut active);
+            self.stats.active.store(active.len(), Ordering::Relaxed);
+            self.report_kv();
+        }
+    }
+
+    /// One turn: sample a token for every generating job (those that end leave), then one
+    /// forward pass over their tokens and as much prompt as the budget allows.
+    fn turn(&mut self, active: &mut Vec<Active>) {
+        let mut ended = vec![false; active.len()];
+        let mut work: Vec<Work> = Vec::new();
+        for (i, a) in active.iter_mut().enumerate() {
+            if a.reply.is_cancelled() {
+                self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                ended[i] = true;
+            } else if !a.reading_prompt() {
+                match self.sample(a) {
+                    Some(id) => work.push(Work {
+                        active: i,
+                        tokens: vec![id],
+                        want: Logits::Last,
+                    }),
+                    None => ended[i] = true,
+                }
+            }
+        }
+        let mut budget = self.batch.saturating_sub(work.len()).max(1);
+        for (i, a) in active.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            if ended[i] || !a.reading_prompt() {
+                continue;
+            }
+            let end = (a.pos + budget).min(a.prompt.len());
+            let want = if end == a.prompt.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            budget -= end - a.pos;
+            work.push(Work {
+                active: i,
+                tokens: a.prompt[a.pos..end].to_vec(),
+                want,
+            });
+        }
+        if !work.is_empty() {
+            let s = &self.stats;
+            s.passes.fetch_add(1, Ordering::Relaxed);
+            s.pass_sequences
+                .fetch_add(work.len() as u64, Ordering::Relaxed);
+            let rows: usize = work.iter().map(|w| w.tokens.len()).sum();
+            s.pass_tokens.fetch_add(rows as u64, Ordering::Relaxed);
+            for (i, err) in self.forward(active, &work) {
+                active[i].reply.send(Event::Error(err));
+                ended[i] = true;
+            }
+            for w in &work {
+                if !ended[w.active] {
+                    self.after_pass(&mut active[w.active], w);
+                }
+            }
+        }
+        // Leave, keeping the others in arrival order.
+        let mut i = 0;
+        active.retain(|a| {
+            let keep = !ended[i];
+            i += 1;
+            if !keep {
+                self.slots[a.slot].last_used = self.clock;
+            }
+            keep
+        });
+    }
+
+    /// Run `work` in one forward pass. If it fails, each job's part is run alone, so one
+    /// job's error (e.g. its cold KV store) does not end the others; returns the jobs that
+    /// failed.
+    fn forward(&mut self, active: &[Active], work: &[Work]) -> Vec<(usize, String)> {
+        let mut slots: Vec<Option<&mut Slot>> = self.slots.iter_mut().map(Some).collect();
+        let mut steps: Vec<SessionStep<'_>> = work
+            .iter()
+            .map(|w| SessionStep {
+                session: &mut slots[active[w.active].slot]
+                    .take()
+                    .expect("one step per slot")
+                    .session,
+                tokens: &w.tokens,
+                want: w.want,
+            })
+            .collect();
+        if Session::forward_many(&self.model, &mut self.ws, &mut steps).is_ok() {
+            return Vec::new();
+        }
+        let mut failed = Vec::new();
+        for (s, w) in steps.iter_mut().zip(work) {
+            if let Err(e) = s.session.feed(&self.model, s.tokens, s.want) {
+                failed.push((w.active, e.to_string()));
+            }
+        }
+        failed
+    }
+
+    /// Book-keeping after `a`'s part of a pass: the prompt position, the logits to sample.
+    fn after_pass(&mut self, a: &mut Active, w: &Work) {
+        let session = &self.slots[a.slot].session;
+        if w.want != Logits::None {
+            a.logits.clear();
+            a.logits.extend_from_slice(session.state().last_logits());
+        }
+        if a.reading_prompt() {
+            a.pos += w.tokens.len();
+            if !a.reading_prompt() {
+                self.stats
+                    .add_prompt(a.prompt.len() - a.cached, a.t_prompt.elapsed());
+                a.t_gen = Instant::now();
+            }
+        }
+    }
+
+    /// Sample `a`'s next token and send what became final; the token to feed, or `None`
+    /// when the job has ended (its last events sent).
+    fn sample(&mut self, a: &mut Active) -> Option<u32> {
+        let state = self.slots[a.slot].session.state();
+        let room = state.n_ctx() - state.n_past();
+        let mut sink = ToReply {
+            reply: a.reply.as_mut(),
+            stats: &self.stats,
+        };
+        let next = a.gen.step(
+            &self.tokenizer,
+            &mut a.sampler,
+            &mut a.logits,
+            room,
+            &mut sink,
+        );
+        match next {
+            Next::Feed(id) => Some(id),
+            Next::Done { reason, .. } => {
+                self.finish(a, reason);
+                None
+            }
+        }
+    }
+
+    /// Publish what the slots' KV stores hold, in RAM and in cold files.
+    fn report_kv(&self) {
+        let (hot, cold) = self.slots.iter().fold((0, 0), |(h, c), s| {
+            let kv = s.session.state().kv();
+            (h + kv.bytes_resident(), c + kv.bytes_cold())
+        });
+        self.stats.kv_hot_bytes.store(hot, Ordering::Relaxed);
+        self.stats.kv_cold_bytes.store(cold, Ordering::Relaxed);
+    }
+
+    /// Put `job` in the free slot that shares the longest prefix with its prompt (the least
+    /// recently used of those that share as much), keeping that prefix.
+    fn admit(&mut self, job: Job, active: &[Active]) -> Active {
+        self.clock += 1;
+        let busy: Vec<usize> = active.iter().map(|a| a.slot).collect();
+        let (slot, _) = (0..self.slots.len())
+            .filter(|s| !busy.contains(s))
+            .map(|s| (s, self.slots[s].session.shared_prefix(&job.prompt)))
+            .max_by_key(|&(s, n)| (n, u64::MAX - self.slots[s].last_used))
+            .expect("a free slot exists");
+        // Rewinds the attention policy's per-position state too, so a sparse policy's
+        // summaries of the previous job's tail never leak into this one. A sliding-window
+        // layer may have lost the prefix (then nothing is kept).
+        let shared = self.slots[slot].session.reuse_prefix(&job.prompt);
+        let Job {
+            prompt,
+            generation,
+            mut sampler,
+            reply,
+        } = job;
+        sampler.accept(&prompt);
+        self.stats
+            .prompt_tokens_cached
+            .fetch_add(shared as u64, Ordering::Relaxed);
+        Active {
+            slot,
+            prompt,
+            pos: shared,
+            cached: shared,
+            sampler,
+            gen: generation,
+            reply,
+            logits: Vec::new(),
+            t_prompt: Instant::now(),
+            t_gen: Instant::now(),
+        }
+    }
+
+    fn finish(&mut self, a: &mut Active, stop: StopReason) {
+        if stop == StopReason::Cancelled {
+            self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.stats.add_generation(a.t_gen.elapsed());
+        self.stats.completed.fetch_add(1, Ordering::Relaxed);
+        a.reply.send(Event::Done(Usage {
+            stop,
+            prompt_tokens: a.prompt.len(),
+            completion_tokens: a.gen.n_generated(),
+            cached_tokens: a.cached,
+        }));
+    }
+}
