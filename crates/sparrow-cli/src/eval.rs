@@ -11,7 +11,9 @@ use sparrow::Engine;
 use sparrow_eval::attention::{
     capture, evaluate_queries, evaluate_steps, text_tokens, Capture, Phase, PolicyReport, Summary,
 };
-use sparrow_eval::needle::{needle_prompt, run_cell_policies, NeedleFormat, NeedleResult};
+use sparrow_eval::needle::{
+    needle_prompt, run_cell_policies, Cell, CellSettings, NeedleFormat, NeedleResult,
+};
 use sparrow_eval::text::load_haystack;
 
 // The heatmap writer lives beside this file; only `eval needle` uses it.
@@ -203,7 +205,12 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
     }
     let format = NeedleFormat::named(&a.format)?;
     let choices = a.kv.choices()?;
-    let kv = a.kv.options();
+    let settings = CellSettings {
+        kv: a.kv.options(),
+        batch_size: a.batch_size,
+        format,
+        distractors: a.distractors,
+    };
     init_threads(a.threads)?;
     let haystack = load_haystack(&a.haystack).map_err(|e| e.to_string())?;
     let engine = a.model.load_engine()?;
@@ -219,16 +226,16 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
             for r in 0..a.repeats {
                 // Repeat 0 keeps the seeds of a single-needle run.
                 let seed = a.seed.wrapping_add((cell + r * cells) as u64);
-                let cell_results = run_cell_policies(
-                    &engine,
-                    &haystack,
+                let cell = Cell {
                     length,
                     depth,
                     seed,
-                    a.distractors,
-                    kv.clone(),
-                    a.batch_size,
-                    format,
+                };
+                let cell_results = run_cell_policies(
+                    &engine,
+                    &haystack,
+                    &cell,
+                    &settings,
                     &choices,
                     &mut |label: &str, done, total| {
                         let p = progress.get_or_insert_with(|| PrefillProgress::new(label));
@@ -532,8 +539,18 @@ fn needle_steps(
         return Err(format!("--needle-depth: {depth} is outside [0, 1]"));
     }
     let format = NeedleFormat::named(&a.format)?;
-    let prompt = needle_prompt(engine, haystack, a.n_tokens, depth, a.seed, 0, format)
-        .map_err(|e| e.to_string())?;
+    let cell = Cell {
+        length: a.n_tokens,
+        depth,
+        seed: a.seed,
+    };
+    let settings = CellSettings {
+        kv: a.kv.options(),
+        batch_size: a.batch_size,
+        format,
+        distractors: 0,
+    };
+    let prompt = needle_prompt(engine, haystack, &cell, &settings).map_err(|e| e.to_string())?;
     let answer = engine.tokenizer.encode(&prompt.needle.value, false, false);
     // The last prompt token's query writes the answer's first token; each answer token's
     // query but the last writes the next one.

@@ -272,17 +272,29 @@ pub struct NeedlePrompt {
     pub span: std::ops::Range<usize>,
 }
 
-/// The prompt of one cell: the needle chosen by `seed` (and `distractors` others) hidden at
-/// `depth` of a `length`-token document, asked in `format`.
+/// One cell of a needle grid: a document of `length` tokens with the needle chosen by `seed`
+/// hidden at `depth` (0 = start, 1 = end).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cell {
+    pub length: usize,
+    pub depth: f64,
+    pub seed: u64,
+}
+
+/// The prompt of one cell, with `settings.distractors` other needles hidden beside the one
+/// asked for, asked in `settings.format`.
 pub fn needle_prompt(
     engine: &Engine,
     haystack: &str,
-    length: usize,
-    depth: f64,
-    seed: u64,
-    distractors: usize,
-    format: NeedleFormat,
+    cell: &Cell,
+    settings: &CellSettings,
 ) -> Result<NeedlePrompt> {
+    let Cell {
+        length,
+        depth,
+        seed,
+    } = *cell;
+    let (distractors, format) = (settings.distractors, settings.format);
     let needle = Needle::new(seed);
     let others = needle.distractors(seed, distractors)?;
     let (doc, _) = build_document_with(engine, haystack, &needle, length, depth, &others)?;
@@ -308,62 +320,42 @@ pub struct CellSettings {
     pub kv: KvOptions,
     /// Prompt tokens per prefill batch.
     pub batch_size: usize,
-    /// The attention backend the state uses.
-    pub attention: AttentionChoice,
     /// How the question is asked.
     pub format: NeedleFormat,
     /// Other needles hidden beside the one asked for ([`Needle::distractors`]).
     pub distractors: usize,
 }
 
-/// Ask the model for the needle (chosen by `seed`) hidden at `depth` of a `length`-token
-/// document.
+/// Ask the model, attending by `attention`, for the needle of `cell`.
 pub fn run_cell(
     engine: &Engine,
     haystack: &str,
-    length: usize,
-    depth: f64,
-    seed: u64,
+    cell: &Cell,
     settings: &CellSettings,
+    attention: &AttentionChoice,
 ) -> Result<NeedleResult> {
-    let mut results = run_cell_policies(
-        engine,
-        haystack,
-        length,
-        depth,
-        seed,
-        settings.distractors,
-        settings.kv.clone(),
-        settings.batch_size,
-        settings.format,
-        std::slice::from_ref(&settings.attention),
-        &mut |_, _, _| {},
-    )?;
+    let choices = std::slice::from_ref(attention);
+    let mut results =
+        run_cell_policies(engine, haystack, cell, settings, choices, &mut |_, _, _| {})?;
     Ok(results.remove(0))
 }
 
-/// Ask the needle question of every policy in `choices` for one cell (with `distractors`
-/// other needles hidden in the document). Policies whose
-/// prefill is exact share one prefill of the prompt (all but its last token, which runs as
-/// each policy's first decode step); the others prefill on their own. Each prefill reports
+/// Ask the needle question of `cell` of every policy in `choices`. Policies whose prefill is
+/// exact share one prefill of the prompt (all but its last token, which runs as each
+/// policy's first decode step); the others prefill on their own. Each prefill reports
 /// `progress(label, tokens done, tokens in all)` after every batch (a 32K cell prefills for
 /// minutes). Results come in the order of `choices`.
-#[allow(clippy::too_many_arguments)]
 pub fn run_cell_policies(
     engine: &Engine,
     haystack: &str,
-    length: usize,
-    depth: f64,
-    seed: u64,
-    distractors: usize,
-    mut kv: KvOptions,
-    batch_size: usize,
-    format: NeedleFormat,
+    cell: &Cell,
+    settings: &CellSettings,
     choices: &[AttentionChoice],
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Vec<NeedleResult>> {
-    let NeedlePrompt { ids, needle, .. } =
-        needle_prompt(engine, haystack, length, depth, seed, distractors, format)?;
+    let Cell { length, depth, .. } = *cell;
+    let (mut kv, batch_size) = (settings.kv.clone(), settings.batch_size);
+    let NeedlePrompt { ids, needle, .. } = needle_prompt(engine, haystack, cell, settings)?;
     let head = &ids[..ids.len() - 1];
     let n_ctx = ids.len() + 32;
     if kv.cold.is_some() {
@@ -437,7 +429,7 @@ pub fn run_cell_policies(
             prompt_tokens: ids.len(),
             found: needle.is_found_in(&answer),
             needle: needle.clone(),
-            distractors,
+            distractors: settings.distractors,
             answer,
             prefill_seconds,
             attention: choice.label(),

@@ -5,7 +5,9 @@
 mod common;
 
 use sparrow::{Engine, KvType};
-use sparrow_eval::needle::{build_document, build_document_with, run_cell, CellSettings, Needle};
+use sparrow_eval::needle::{
+    build_document, build_document_with, run_cell, Cell, CellSettings, Needle,
+};
 
 #[test]
 fn needle_documents_have_the_asked_length_and_depth_and_the_model_finds_it() {
@@ -50,18 +52,23 @@ fn needle_documents_have_the_asked_length_and_depth_and_the_model_finds_it() {
     let mut settings = CellSettings {
         kv: KvType::F16.into(),
         batch_size: 128,
-        attention: sparrow::attention::AttentionChoice::default(),
         format: Default::default(),
         distractors: 0,
     };
-    let r = run_cell(&engine, &haystack, 400, 0.5, 7, &settings).unwrap();
+    let full = sparrow::attention::AttentionChoice::default();
+    let cell = |length| Cell {
+        length,
+        depth: 0.5,
+        seed: 7,
+    };
+    let r = run_cell(&engine, &haystack, &cell(400), &settings, &full).unwrap();
     assert!(
         r.found,
         "the model missed an easy needle: {:?} vs {}",
         r.answer, r.needle.value
     );
     settings.distractors = 3;
-    let r = run_cell(&engine, &haystack, 600, 0.5, 7, &settings).unwrap();
+    let r = run_cell(&engine, &haystack, &cell(600), &settings, &full).unwrap();
     assert_eq!(r.distractors, 3);
     assert!(
         r.found,

@@ -366,7 +366,7 @@ mod tests {
     use super::*;
     use crate::attention::{attend, read_set, AttnShape, DenseAttention};
     use crate::kv::{KvType, RamStore};
-    use sparrow_attn::{candidates_for, LandmarkMode, SparseConfig};
+    use sparrow_attn::{candidates_for, LandmarkMode, QueryCandidates, SparseConfig};
 
     use sparrow_attn::kernel::reference::uniform as rng;
 
@@ -464,18 +464,17 @@ mod tests {
         (cache, hk, hv)
     }
 
-    /// f64 attention of one token over the exact keys `tokens` plus the landmarks of
-    /// `blocks` (means of `block` positions, each weighted like one key).
-    #[allow(clippy::too_many_arguments)]
+    /// f64 attention of one token over the exact keys of `c` plus the landmarks of its
+    /// blocks (means of `block` positions, each weighted like one key).
     fn reference(
         shape: AttnShape,
         keys: &[Vec<f32>],
         vals: &[Vec<f32>],
         q: &[f32],
-        tokens: &[usize],
-        blocks: &[usize],
+        c: &QueryCandidates,
         block: usize,
     ) -> Vec<f32> {
+        let (tokens, blocks) = (&c.tokens, &c.blocks);
         let hd = shape.head_dim;
         let group = shape.n_head / shape.n_head_kv;
         let mut out = vec![0f32; shape.n_head * hd];
@@ -558,15 +557,7 @@ mod tests {
                     attend(&mut l, shape, &cache, 1, &q, pos0, &mut out);
                     for i in 0..len {
                         let c = candidates_for(&cfg, pos0 + i + 1, pos0 + i).unwrap();
-                        let want = reference(
-                            shape,
-                            &hk,
-                            &hv,
-                            &q[i * q_dim..][..q_dim],
-                            &c.tokens,
-                            &c.blocks,
-                            block,
-                        );
+                        let want = reference(shape, &hk, &hv, &q[i * q_dim..][..q_dim], &c, block);
                         for (a, b) in out[i * q_dim..][..q_dim].iter().zip(&want) {
                             assert!(
                                 (a - b).abs() < 1e-4,

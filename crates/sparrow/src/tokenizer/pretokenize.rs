@@ -166,42 +166,58 @@ impl PreTokenizer {
         pos.push(text.len());
         let n = cs.len();
 
-        let gpt2 = *self == PreTokenizer::Gpt2;
-        let max_digits = match self {
-            PreTokenizer::Gpt2 | PreTokenizer::Smollm => usize::MAX,
-            PreTokenizer::Qwen2 => 1,
-            PreTokenizer::Llama3 => 3,
+        let scan = Scan {
+            cs: &cs,
+            cls: &cls,
+            gpt2: *self == PreTokenizer::Gpt2,
+            max_digits: match self {
+                PreTokenizer::Gpt2 | PreTokenizer::Smollm => usize::MAX,
+                PreTokenizer::Qwen2 => 1,
+                PreTokenizer::Llama3 => 3,
+            },
         };
-        let run = |from: usize, class: Class| -> usize {
-            let mut j = from;
-            while j < n && cls[j] == class {
-                j += 1;
-            }
-            j
-        };
-
         let mut i = 0;
         while i < n {
-            let end = self.match_at(&cs, &cls, i, n, gpt2, max_digits, &run);
+            let end = scan.match_at(i);
             debug_assert!(end > i);
             let end = end.max(i + 1);
             emit(&text[pos[i]..pos[end]]);
             i = end;
         }
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
+/// One text being split: its characters and their classes, and the two ways the
+/// expressions differ (GPT-2's case-sensitive contractions and space rules; how many digits
+/// one number piece takes).
+struct Scan<'a> {
+    cs: &'a [char],
+    cls: &'a [Class],
+    gpt2: bool,
+    max_digits: usize,
+}
+
+impl Scan<'_> {
+    /// The end of the run of `class` characters from `from`.
+    fn run(&self, from: usize, class: Class) -> usize {
+        let mut j = from;
+        while j < self.cls.len() && self.cls[j] == class {
+            j += 1;
+        }
+        j
+    }
+
+    /// The end of the piece the expression matches at `i`.
     #[inline]
-    fn match_at(
-        &self,
-        cs: &[char],
-        cls: &[Class],
-        i: usize,
-        n: usize,
-        gpt2: bool,
-        max_digits: usize,
-        run: &impl Fn(usize, Class) -> usize,
-    ) -> usize {
+    fn match_at(&self, i: usize) -> usize {
+        let Scan {
+            cs,
+            cls,
+            gpt2,
+            max_digits,
+        } = *self;
+        let n = cs.len();
+        let run = |from: usize, class: Class| self.run(from, class);
         let c = cs[i];
         let next = if i + 1 < n { Some(cls[i + 1]) } else { None };
 

@@ -104,6 +104,17 @@ impl HeadRows {
     }
 }
 
+/// One KV head's share of one row of a run of the store: row `row` of the key run `keys`
+/// and the value run `values` (rows `kv_dim` wide), the head's values from `head_offset`.
+#[derive(Clone, Copy)]
+pub struct SourceRow<'a> {
+    pub keys: &'a KvRows<'a>,
+    pub values: &'a KvRows<'a>,
+    pub row: usize,
+    pub head_offset: usize,
+    pub kv_dim: usize,
+}
+
 /// One (layer, KV head)'s keys and values grouped by bucket: a [`KvSource`] of one head
 /// (`kv_dim = head_dim`) whose row `r` holds store position [`Self::positions`]`[r]`.
 #[derive(Clone, Debug)]
@@ -146,19 +157,15 @@ impl BucketRows {
         &self.positions
     }
 
-    /// Append store position `pos` to `bucket`: row `t` of the key run `k` and the value run
-    /// `v` (rows `kv_dim` wide), this head's `head_dim` values from `head_off`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn file(
-        &mut self,
-        bucket: usize,
-        pos: usize,
-        k: &KvRows<'_>,
-        v: &KvRows<'_>,
-        t: usize,
-        head_off: usize,
-        kv_dim: usize,
-    ) {
+    /// Append store position `pos` to `bucket`, its rows copied from `src`.
+    pub fn file(&mut self, bucket: usize, pos: usize, src: &SourceRow<'_>) {
+        let SourceRow {
+            keys: k,
+            values: v,
+            row: t,
+            head_offset: head_off,
+            kv_dim,
+        } = *src;
         let hd = self.head_dim;
         let i = self.counts[bucket];
         if i.is_multiple_of(CHUNK) {
@@ -255,6 +262,22 @@ impl KvSource for BucketRows {
 mod tests {
     use super::*;
 
+    /// Row `row` of 64-wide runs `k` and `v`, the head whose values start at `offset`.
+    fn source<'a>(
+        k: &'a KvRows<'a>,
+        v: &'a KvRows<'a>,
+        row: usize,
+        offset: usize,
+    ) -> SourceRow<'a> {
+        SourceRow {
+            keys: k,
+            values: v,
+            row,
+            head_offset: offset,
+            kv_dim: 64,
+        }
+    }
+
     /// Rows of `n` positions × 2 heads × 32 values, value = position * 100 + column.
     fn run(n: usize, first: usize) -> Vec<f32> {
         (0..n * 64)
@@ -291,7 +314,7 @@ mod tests {
             }
         };
         for p in 0..100 {
-            b.file(bucket(p), p, &k, &v, p, hd, 64);
+            b.file(bucket(p), p, &source(&k, &v, p, hd));
         }
         check(&b, 100);
         let arena = b.positions().len();
@@ -303,7 +326,7 @@ mod tests {
         check(&b, 41);
         assert!(b.positions().iter().all(|&p| p == usize::MAX || p < 41));
         for p in 41..100 {
-            b.file(bucket(p), p, &k, &v, p, hd, 64);
+            b.file(bucket(p), p, &source(&k, &v, p, hd));
         }
         check(&b, 100);
         assert_eq!(b.positions().len(), arena, "freed chunks are reused");
@@ -318,7 +341,8 @@ mod tests {
         let q: Vec<BlockQ8_0> = src.chunks_exact(QK8_0).map(BlockQ8_0::quantize).collect();
         let mut b = BucketRows::new(1, hd);
         for t in 0..4 {
-            b.file(0, t, &KvRows::F16(&h), &KvRows::Q8_0(&q), t, hd, 64);
+            let (k, v) = (KvRows::F16(&h), KvRows::Q8_0(&q));
+            b.file(0, t, &source(&k, &v, t, hd));
         }
         for t in 0..4 {
             let (mut want, mut got) = (vec![0f32; 64], vec![0f32; hd]);

@@ -2,7 +2,7 @@
 //! (ascending), with the bucket rows ([`BucketRows`], the `buckets` layout) and the cells'
 //! statistics ([`CellStats`], the `cells` router) kept up to date from the store.
 
-use super::buckets::BucketRows;
+use super::buckets::{BucketRows, SourceRow};
 use super::cells::CellStats;
 use super::settings::SINKS;
 use sparrow_attn::kernel::{read_f32, KvSource};
@@ -50,7 +50,14 @@ impl LayerLists {
                 };
                 for t in 0..run {
                     let bucket = head.unfiled[at - self.filed + t] as usize;
-                    rows.file(bucket, at + t, &k, &v, t, off, kv_dim);
+                    let src = SourceRow {
+                        keys: &k,
+                        values: &v,
+                        row: t,
+                        head_offset: off,
+                        kv_dim,
+                    };
+                    rows.file(bucket, at + t, &src);
                 }
             }
             at += run;
