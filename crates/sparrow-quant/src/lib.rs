@@ -42,11 +42,13 @@
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+mod catalogue;
 mod error;
 pub mod formats;
 #[doc(hidden)]
 pub mod gemm;
 pub mod kernels;
+mod level;
 mod matrix;
 pub mod packed;
 pub mod q8;

@@ -27,7 +27,7 @@
 //! `sum_blocks (a_b * (1/254 + 2^-11)) * sum_{i in b} |w_i|` plus f32 rounding;
 //! [`act_error_bound`] computes the exact bound, and the tests hold every kernel to it.
 
-use crate::formats::f16_at;
+use crate::formats::{f16_at, kquants, legacy, BlockFormat};
 use crate::GgmlType;
 
 /// Elements per [`Q8_0Acts`] block.
@@ -365,8 +365,9 @@ pub(crate) fn legacy_ints(ty: GgmlType, b: &[u8]) -> LegacyInts {
     }
 }
 
-fn legacy_dot<const TY: u8>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    let ty = legacy_ty(TY);
+/// The scalar int8 dot of a legacy format `F`.
+fn legacy_dot<F: BlockFormat>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
+    let ty = F::TYPE;
     let bb = ty.block_bytes();
     let mut acc = 0f32;
     for (((b, xq), &dx), &sx) in row
@@ -392,35 +393,25 @@ pub(crate) fn add_legacy_block(acc: &mut f32, ty: GgmlType, b: &[u8], xq: &[i8],
     }
 }
 
-const fn legacy_ty(t: u8) -> GgmlType {
-    match t {
-        0 => GgmlType::Q4_0,
-        1 => GgmlType::Q4_1,
-        2 => GgmlType::Q5_0,
-        3 => GgmlType::Q5_1,
-        _ => GgmlType::Q8_0,
-    }
-}
-
 /// Scalar int8 dot of Q4_0 weights with Q8_0 activations.
 pub fn q4_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    legacy_dot::<0>(row, x)
+    legacy_dot::<legacy::Q4_0>(row, x)
 }
 /// Scalar int8 dot of Q4_1 weights with Q8_0 activations.
 pub fn q4_1(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    legacy_dot::<1>(row, x)
+    legacy_dot::<legacy::Q4_1>(row, x)
 }
 /// Scalar int8 dot of Q5_0 weights with Q8_0 activations.
 pub fn q5_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    legacy_dot::<2>(row, x)
+    legacy_dot::<legacy::Q5_0>(row, x)
 }
 /// Scalar int8 dot of Q5_1 weights with Q8_0 activations.
 pub fn q5_1(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    legacy_dot::<3>(row, x)
+    legacy_dot::<legacy::Q5_1>(row, x)
 }
 /// Scalar int8 dot of Q8_0 weights with Q8_0 activations.
 pub fn q8_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    legacy_dot::<4>(row, x)
+    legacy_dot::<legacy::Q8_0>(row, x)
 }
 
 /// A k-quant super-block as integers: per 16-element group `g`,
@@ -568,15 +559,9 @@ pub(crate) fn k_ints(ty: GgmlType, b: &[u8]) -> KInts {
     k
 }
 
-fn k_dot<const TY: u8>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    let ty = match TY {
-        0 => GgmlType::Q2_K,
-        1 => GgmlType::Q3_K,
-        2 => GgmlType::Q4_K,
-        3 => GgmlType::Q5_K,
-        4 => GgmlType::Q6_K,
-        _ => GgmlType::Q8_K,
-    };
+/// The scalar int8 dot of a k-quant `F`.
+fn k_dot<F: BlockFormat>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+    let ty = F::TYPE;
     let mut acc = 0f32;
     for (((b, xq), &dx), bsums) in row
         .chunks_exact(ty.block_bytes())
@@ -604,44 +589,25 @@ fn k_dot<const TY: u8>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 
 /// Scalar int8 dot of Q2_K weights with Q8_K activations.
 pub fn q2_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<0>(row, x)
+    k_dot::<kquants::Q2_K>(row, x)
 }
 /// Scalar int8 dot of Q3_K weights with Q8_K activations.
 pub fn q3_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<1>(row, x)
+    k_dot::<kquants::Q3_K>(row, x)
 }
 /// Scalar int8 dot of Q4_K weights with Q8_K activations.
 pub fn q4_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<2>(row, x)
+    k_dot::<kquants::Q4_K>(row, x)
 }
 /// Scalar int8 dot of Q5_K weights with Q8_K activations.
 pub fn q5_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<3>(row, x)
+    k_dot::<kquants::Q5_K>(row, x)
 }
 /// Scalar int8 dot of Q6_K weights with Q8_K activations.
 pub fn q6_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<4>(row, x)
+    k_dot::<kquants::Q6_K>(row, x)
 }
 /// Scalar int8 dot of Q8_K weights with Q8_K activations.
 pub fn q8_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<5>(row, x)
-}
-
-/// The scalar int8 kernel for `ty`, if it has one (every quantized format does; the float
-/// formats don't).
-pub fn scalar_q8(ty: GgmlType) -> Option<Q8Dot> {
-    Some(match ty {
-        GgmlType::Q4_0 => Q8Dot::Q8_0(q4_0),
-        GgmlType::Q4_1 => Q8Dot::Q8_0(q4_1),
-        GgmlType::Q5_0 => Q8Dot::Q8_0(q5_0),
-        GgmlType::Q5_1 => Q8Dot::Q8_0(q5_1),
-        GgmlType::Q8_0 => Q8Dot::Q8_0(q8_0),
-        GgmlType::Q2_K => Q8Dot::Q8K(q2_k),
-        GgmlType::Q3_K => Q8Dot::Q8K(q3_k),
-        GgmlType::Q4_K => Q8Dot::Q8K(q4_k),
-        GgmlType::Q5_K => Q8Dot::Q8K(q5_k),
-        GgmlType::Q6_K => Q8Dot::Q8K(q6_k),
-        GgmlType::Q8_K => Q8Dot::Q8K(q8_k),
-        _ => return None,
-    })
+    k_dot::<kquants::Q8_K>(row, x)
 }

@@ -1,0 +1,217 @@
+//! Batched products (prefill) as matrix-matrix: weight panels decoded once per batch.
+//!
+//! [`crate::matmul`] with many tokens spends its time in integer multiply-accumulates, not
+//! in memory traffic, so the per-row kernels (which unpack every weight block once per
+//! token) waste most of the core on shuffles and per-block scaling. Here instead:
+//!
+//! 1. The activations of every token are quantized once (Q8_0 or Q8_K, exactly as the
+//!    per-row path does) and regrouped per scale group `G` (32 elements for the legacy
+//!    formats, 16 for the k-quants): quants, the f32 scale `dx`, `-off * sum(quants)` and
+//!    `dx * sum(quants)`.
+//! 2. The weight rows are decoded `PANEL` (32) rows at a time to signed integers plus one
+//!    f32 factor `dw` (and, for formats with minimums, an offset `mw`) per group, so that
+//!    `w_i = dw * s_i + mw`, and stored interleaved: for every 4 consecutive columns, the 4
+//!    bytes of row 0, then row 1, ... (each as `s + off`, unsigned, with the format's
+//!    smallest `off` that makes it non-negative: 0 for Q4_K, 16 for Q5_0, 32 for Q6_K, 128
+//!    for the 8-bit formats; see `crate::catalogue`). One 64-byte register then holds 4 columns of
+//!    16 rows, one 32-byte register 4 columns of 8 rows.
+//! 3. A micro-kernel runs every token of the batch through the decoded panel, a few tokens
+//!    at a time: per 4 columns, one 32-bit broadcast of each token's 4 activation bytes
+//!    and one multiply-accumulate per register of rows accumulate 8 or 16 rows' integer
+//!    dots at once; per group, one conversion and two float operations apply `dw * dx` to
+//!    all of them. The `+off` added to the weights is removed exactly by starting each
+//!    group's integer sum at `-off * sum(x)`.
+//!    * AVX-512 VNNI (`x86::gemm::panel_avx512`, from 6 tokens): `vpdpbusd`
+//!      on 16 rows, 32 rows times 4 tokens per pass.
+//!    * NEON with `sdot` (`aarch64::gemm::panel_neondot`, from 8 tokens): `sdot` on 4 rows
+//!      per register, one token at a time; plain NEON has no panel kernel (its per-row
+//!      kernels run batches).
+//!    * AVX2 (`x86::gemm::panel_avx2`, from 16 tokens): `vpmaddubsw`
+//!      (unsigned weights times signed activations, pairs summed in saturating i16) on 8
+//!      rows, several steps summed in i16 as far as `qmax` of the format proves exact, then
+//!      `vpmaddwd` against ones into i32; the 8-bit formats (`qmax` 255) take the sign
+//!      trick `|s| * (x * sign s)` instead. 16 rows times 4 tokens (3 when a group needs
+//!      two i16 flushes) per pass, over 512-column chunks of the panel.
+//!
+//! Each weight byte is thus unpacked once per batch rather than once per token, and the
+//! per-group float work is shared by 16 rows. The integer part of every group equals the
+//! scalar reference's exactly; only the order of the few f32 operations per group differs,
+//! so results agree with [`crate::dot_q8`] to f32 rounding (not bit for bit).
+
+pub(crate) mod panel;
+
+use rayon::prelude::*;
+
+use crate::catalogue::panel_layout;
+use crate::level::SimdLevel;
+use crate::matrix::QMatrix;
+use crate::q8::{k_ints, legacy_ints};
+use panel::{panel_scalar, BatchActs, Layout, Panel, PanelKernel, PANEL};
+
+/// Fewest tokens for which decoding panels pays off against the per-row kernels, with the
+/// AVX-512 VNNI micro-kernel. Measured on Qwen2.5-0.5B Q4_K_M, 2 threads (`sparrow bench
+/// -p 8,12,16`): with panels from 6 tokens, pp8 ran at 30 tok/s against 59 through the
+/// row kernels, and the two meet near 16 — where batched decode (several sequences' tokens
+/// in one pass) lives, the row kernels must run.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const MIN_TOKENS: usize = 16;
+
+/// As [`MIN_TOKENS`] for the AVX2 micro-kernel, whose per-row kernels are relatively
+/// cheaper against the (scalar) panel decoding: measured on Zen 3, the panels win from
+/// about 8 tokens for Q5_0 and 12 for Q4_K / Q6_K.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const MIN_TOKENS_AVX2: usize = 16;
+
+/// As [`MIN_TOKENS`] for the NEON `sdot` micro-kernel. Not measured on hardware yet (qemu
+/// cannot time it): set between the AVX-512 and AVX2 thresholds, whose per-token work it
+/// resembles (one 4-byte dot per instruction, no i16 stage).
+#[cfg(target_arch = "aarch64")]
+pub(crate) const MIN_TOKENS_NEON: usize = 8;
+
+/// Decodes rows `r0 .. r0 + PANEL` of `m` (whose type has layout `lay`) into `p`.
+fn decode(p: &mut Panel, lay: Layout, m: &QMatrix<'_>, r0: usize) {
+    let cols = m.cols();
+    let groups = cols / lay.g;
+    p.q.resize(cols * PANEL, 0);
+    p.dw.resize(groups * PANEL, 0.0);
+    p.mw.resize(if lay.mins { groups * PANEL } else { 0 }, 0.0);
+    let ty = m.ty();
+    let bb = ty.block_bytes();
+    for r in 0..PANEL {
+        if r0 + r >= m.rows() {
+            // padding rows of the last panel: zero weights
+            for j in 0..cols / 4 {
+                p.q[(j * PANEL + r) * 4..][..4].fill(lay.off);
+            }
+            for gi in 0..groups {
+                p.dw[gi * PANEL + r] = 0.0;
+                if lay.mins {
+                    p.mw[gi * PANEL + r] = 0.0;
+                }
+            }
+            continue;
+        }
+        let row = m.row(r0 + r);
+        if lay.legacy {
+            let mut put = |bi: usize, b: &[u8]| {
+                let w = legacy_ints(ty, b);
+                put_q(&mut p.q, lay.off, r, bi * 32, &w.q);
+                p.dw[bi * PANEL + r] = w.d;
+                if lay.mins {
+                    p.mw[bi * PANEL + r] = w.m;
+                }
+            };
+            if m.is_packed() {
+                crate::packed::for_each_block(row, put);
+            } else {
+                for (bi, b) in row.chunks_exact(bb).enumerate() {
+                    put(bi, b);
+                }
+            }
+        } else {
+            for (bi, b) in row.chunks_exact(bb).enumerate() {
+                let k = k_ints(ty, b);
+                put_q(&mut p.q, lay.off, r, bi * 256, &k.q);
+                for g in 0..16 {
+                    let gi = bi * 16 + g;
+                    p.dw[gi * PANEL + r] = k.d * k.sc[g] as f32;
+                    if lay.mins {
+                        p.mw[gi * PANEL + r] = -(k.dmin * k.m[g] as f32);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Stores the signed quants `q` of row `r`, starting at column `c0`, into the interleaved
+/// panel (offset by `off`, wrapping: `-128 + 128` is 0).
+#[inline]
+fn put_q(panel: &mut [u8], off: u8, r: usize, c0: usize, q: &[i8]) {
+    for (j, c4) in q.chunks_exact(4).enumerate() {
+        let base = ((c0 / 4 + j) * PANEL + r) * 4;
+        let dst = &mut panel[base..base + 4];
+        for (d, &s) in dst.iter_mut().zip(c4) {
+            *d = (s as u8).wrapping_add(off);
+        }
+    }
+}
+
+/// The panel micro-kernel of `level`, if it has one, and the fewest tokens it is used for.
+fn panel_kernel(level: SimdLevel) -> Option<(PanelKernel, usize)> {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 if level.is_supported() => {
+            Some((crate::x86::gemm::panel_avx512, MIN_TOKENS))
+        }
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 if level.is_supported() => {
+            Some((crate::x86::gemm::panel_avx2, MIN_TOKENS_AVX2))
+        }
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::NeonDot if level.is_supported() => {
+            Some((crate::aarch64::gemm::panel_neondot, MIN_TOKENS_NEON))
+        }
+        _ => None,
+    }
+}
+
+/// `out[t * rows + r]` for every token and every row, through panels, if `level` has a
+/// panel kernel for `m`'s type and the batch is big enough; `false` (nothing written)
+/// otherwise. `xs` holds `n` rows of `m.cols()` elements; `out` holds `n * m.rows()`.
+pub(crate) fn matmul_panels(
+    level: SimdLevel,
+    m: &QMatrix<'_>,
+    xs: &[f32],
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    let (Some(lay), Some((kernel, min_tokens))) = (panel_layout(m.ty()), panel_kernel(level))
+    else {
+        return false;
+    };
+    if n < min_tokens || m.cols() == 0 {
+        return false;
+    }
+    run_panels(lay, kernel, m, xs, n, out);
+    true
+}
+
+/// As [`matmul_panels`] with the portable micro-kernel (for tests).
+#[doc(hidden)]
+pub fn matmul_panels_scalar(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> bool {
+    let Some(lay) = panel_layout(m.ty()) else {
+        return false;
+    };
+    let n = xs.len() / m.cols();
+    run_panels(lay, panel_scalar, m, xs, n, out);
+    true
+}
+
+fn run_panels(
+    lay: Layout,
+    kernel: PanelKernel,
+    m: &QMatrix<'_>,
+    xs: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let rows = m.rows();
+    let acts = BatchActs::new(lay, xs, m.cols(), n);
+    let n_panels = rows.div_ceil(PANEL);
+    let parts: Vec<Vec<f32>> = (0..n_panels)
+        .into_par_iter()
+        .map_init(Panel::default, |p, pi| {
+            decode(p, lay, m, pi * PANEL);
+            let mut res = vec![0f32; n * PANEL];
+            kernel(lay, p, &acts, n, &mut res);
+            res
+        })
+        .collect();
+    // Scatter into token-major `out`, in parallel over tokens.
+    out.par_chunks_mut(rows).enumerate().for_each(|(t, o)| {
+        for (dst, part) in o.chunks_mut(PANEL).zip(&parts) {
+            dst.copy_from_slice(&part[t * PANEL..][..dst.len()]);
+        }
+    });
+}
