@@ -1,4 +1,6 @@
-//! The catalogue: every block format sparrow computes with, named once.
+//! The kernel catalogue: every block format sparrow computes with, named once.
+//!
+//! (Of the ggml types, [`GgmlType`], only these have kernels.)
 //!
 //! The one invocation of [`catalogue!`] at the bottom of this file lists the formats, one
 //! line each: its [`GgmlType`] name, its scalar reference type (in [`crate::formats`]) and,

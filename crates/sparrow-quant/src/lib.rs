@@ -51,14 +51,17 @@ pub mod kernels;
 mod level;
 mod matrix;
 pub mod packed;
+mod products;
 pub mod q8;
 mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use error::check_len;
 pub use error::QuantError;
 pub use kernels::{Kernels, SimdLevel};
-pub use matrix::{matmul, matmul_at_level, matmul_f32, matvec, matvec_f32, matvec_multi, QMatrix};
+pub use matrix::QMatrix;
+pub use products::{matmul, matmul_at_level, matmul_f32, matvec, matvec_f32, matvec_multi};
 pub use types::GgmlType;
 
 /// The kernels for `ty`, or [`QuantError::Unsupported`].
@@ -93,13 +96,7 @@ pub(crate) fn elems_in(ty: GgmlType, len: usize) -> Result<usize, QuantError> {
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
     let k = kernels_for(ty)?;
     let n = elems_in(ty, bytes.len())?;
-    if out.len() != n {
-        return Err(QuantError::LenMismatch {
-            what: "out",
-            expected: n,
-            actual: out.len(),
-        });
-    }
+    check_len("out", n, out.len())?;
     (k.dequantize)(bytes, out);
     Ok(())
 }
@@ -113,13 +110,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
 pub fn dot(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
     let k = kernels_for(ty)?;
     let n = elems_in(ty, row.len())?;
-    if x.len() != n {
-        return Err(QuantError::LenMismatch {
-            what: "x",
-            expected: n,
-            actual: x.len(),
-        });
-    }
+    check_len("x", n, x.len())?;
     Ok((k.dot)(row, x))
 }
 
@@ -132,13 +123,7 @@ pub fn dot(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 pub fn dot_q8(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
     let k = kernels_for(ty)?;
     let n = elems_in(ty, row.len())?;
-    if x.len() != n {
-        return Err(QuantError::LenMismatch {
-            what: "x",
-            expected: n,
-            actual: x.len(),
-        });
-    }
+    check_len("x", n, x.len())?;
     Ok(match k.dot_q8 {
         Some(q) => q.quantize_and_dot(row, x),
         None => (k.dot)(row, x),
