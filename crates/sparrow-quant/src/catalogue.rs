@@ -20,10 +20,11 @@
 //! architecture → catalogue.
 
 use crate::formats::{float, kquants, legacy, BlockFormat};
-use crate::gemm::panel::Layout;
 use crate::level::SimdLevel;
+use crate::packed;
+use crate::panel::Layout;
 use crate::q8::{self, Q8Dot, Q8DotMulti};
-use crate::{packed, GgmlType};
+use crate::types::GgmlType;
 
 /// The kernels of one block format at one [`SimdLevel`].
 ///

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::GgmlType;
+use crate::types::GgmlType;
 
 /// Why a dequantize / dot / matrix operation was refused.
 ///

@@ -25,7 +25,7 @@ pub use crate::catalogue::Kernels;
 pub use crate::level::SimdLevel;
 
 use crate::catalogue::{Scalar, Tables};
-use crate::GgmlType;
+use crate::types::GgmlType;
 
 static SCALAR: Tables = Tables::of::<Scalar>();
 #[cfg(target_arch = "x86_64")]
@@ -81,5 +81,16 @@ impl Kernels {
     /// dequantization. Kept separately reachable so faster kernels can be tested against it.
     pub fn scalar(ty: GgmlType) -> Option<&'static Kernels> {
         SCALAR.formats.iter().find(|k| k.ty == ty)
+    }
+}
+
+/// Defined here rather than beside the type (`crate::types`, the file-format facts every
+/// module uses) so that the type stays free of any tie to the kernels.
+impl GgmlType {
+    /// Whether sparrow has dequantize/dot kernels for this type (see [`crate::kernels`]).
+    /// The others can be catalogued and inspected, but computing with them returns
+    /// [`crate::QuantError::Unsupported`].
+    pub fn has_kernels(self) -> bool {
+        Kernels::get(self).is_some()
     }
 }

@@ -51,6 +51,7 @@ pub mod kernels;
 mod level;
 mod matrix;
 pub mod packed;
+mod panel;
 mod products;
 pub mod q8;
 mod types;

@@ -1,9 +1,10 @@
 //! A validated view of a 2-D weight tensor (its products are in `crate::products`).
 
 use crate::error::check_len;
+use crate::error::QuantError;
 use crate::kernels::Kernels;
 use crate::level::SimdLevel;
-use crate::{GgmlType, QuantError};
+use crate::types::GgmlType;
 
 /// A row-major matrix of `rows` rows, each `cols` elements of block format `ty`, viewed in
 /// place (typically in a memory-mapped GGUF file).

@@ -27,9 +27,10 @@
 //! bytes exactly, and every product computes the same integer sums as on the ggml layout
 //! (the scalar reference [`q5_0_dot_q8`] equals [`crate::q8::q5_0`] bit for bit).
 
+use crate::error::QuantError;
 use crate::formats::{legacy, BlockFormat};
 use crate::q8::{add_legacy_block, Q8_0Slice, Q8_0_BLOCK};
-use crate::{GgmlType, QuantError};
+use crate::types::GgmlType;
 use rayon::prelude::*;
 
 /// Blocks per packed group.

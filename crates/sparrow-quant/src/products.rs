@@ -7,11 +7,12 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use crate::error::check_len;
+use crate::error::QuantError;
 use crate::kernels::Kernels;
 use crate::level::SimdLevel;
 use crate::matrix::QMatrix;
 use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8_0Acts};
-use crate::{GgmlType, QuantError};
+use crate::types::GgmlType;
 
 /// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).
 ///

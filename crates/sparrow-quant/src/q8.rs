@@ -28,7 +28,7 @@
 //! [`act_error_bound`] computes the exact bound, and the tests hold every kernel to it.
 
 use crate::formats::{f16_at, kquants, legacy, BlockFormat};
-use crate::GgmlType;
+use crate::types::GgmlType;
 
 /// Elements per [`Q8_0Acts`] block.
 pub const Q8_0_BLOCK: usize = 32;

@@ -17,7 +17,7 @@
 //! | Q8_K   | 292   | `d:f32, qs:i8[256], bsums:i16[16]` | `d * q`                         |
 
 use super::{block_format, f16_at};
-use crate::GgmlType;
+use crate::types::GgmlType;
 
 /// Q2_K: 2-bit quants. Each 128-element half uses 32 bytes of `qs`; element
 /// `h*128 + s*32 + l` is bits `2s..2s+2` of `qs[h*32 + l]`. `scales[k]` holds the scale of

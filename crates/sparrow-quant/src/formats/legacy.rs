@@ -16,7 +16,7 @@
 //! nibble. For the 5-bit formats, bit `i` of the little-endian `qh` is bit 4 of element `i`.
 
 use super::{block_format, f16_at};
-use crate::GgmlType;
+use crate::types::GgmlType;
 
 #[inline(always)]
 fn q4_0_each(b: &[u8], mut f: impl FnMut(usize, f32)) {

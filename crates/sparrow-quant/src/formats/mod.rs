@@ -13,7 +13,7 @@ pub mod float;
 pub mod kquants;
 pub mod legacy;
 
-use crate::GgmlType;
+use crate::types::GgmlType;
 
 /// One ggml block format: a fixed number of elements stored in a fixed number of bytes.
 ///
@@ -98,7 +98,7 @@ macro_rules! block_format {
         pub struct $name;
 
         impl $crate::formats::BlockFormat for $name {
-            const TYPE: $crate::GgmlType = $ty;
+            const TYPE: $crate::types::GgmlType = $ty;
             const BLOCK_ELEMS: usize = $elems;
             const BLOCK_BYTES: usize = $bytes;
 

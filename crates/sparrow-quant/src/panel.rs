@@ -1,4 +1,4 @@
-//! What the panel micro-kernels share: the decoded weight panel, the regrouped
+//! What the panel micro-kernels of the batched product ([`crate::gemm`]) share: the decoded weight panel, the regrouped
 //! activations, the shape of a format's integers, and the portable reference kernel.
 //!
 //! Kept apart from the dispatch in [`crate::gemm`] so that the architecture folders'

@@ -38,15 +38,13 @@
 //! scalar reference's exactly; only the order of the few f32 operations per group differs,
 //! so results agree with [`crate::dot_q8`] to f32 rounding (not bit for bit).
 
-pub(crate) mod panel;
-
 use rayon::prelude::*;
 
 use crate::catalogue::panel_layout;
 use crate::level::SimdLevel;
 use crate::matrix::QMatrix;
+use crate::panel::{panel_scalar, BatchActs, Layout, Panel, PanelKernel, PANEL};
 use crate::q8::{k_ints, legacy_ints};
-use panel::{panel_scalar, BatchActs, Layout, Panel, PanelKernel, PANEL};
 
 /// Fewest tokens for which decoding panels pays off against the per-row kernels, with the
 /// AVX-512 VNNI micro-kernel. Measured on Qwen2.5-0.5B Q4_K_M, 2 threads (`sparrow bench
