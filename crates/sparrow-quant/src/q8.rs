@@ -27,7 +27,8 @@
 //! `sum_blocks (a_b * (1/254 + 2^-11)) * sum_{i in b} |w_i|` plus f32 rounding;
 //! [`act_error_bound`] computes the exact bound, and the tests hold every kernel to it.
 
-use crate::formats::{f16_at, kquants, legacy, BlockFormat};
+use crate::formats::kquants::{self, scale_min_k4};
+use crate::formats::{f16_at, legacy, BlockFormat};
 use crate::types::GgmlType;
 
 /// Elements per [`Q8_0Acts`] block.
@@ -422,19 +423,6 @@ pub(crate) struct KInts {
     pub(crate) q: [i8; 256],
     pub(crate) sc: [i32; 16],
     pub(crate) m: [i32; 16],
-}
-
-/// The 6-bit scales and minimums of Q4_K/Q5_K (see `formats::kquants`).
-#[inline(always)]
-pub(crate) fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 0x3F, s[j + 4] & 0x3F)
-    } else {
-        (
-            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
-    }
 }
 
 /// The eight 6-bit scales and eight 6-bit minimums of a Q4_K/Q5_K super-block (the 12

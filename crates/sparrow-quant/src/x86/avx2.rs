@@ -14,10 +14,9 @@
 
 use core::arch::x86_64::*;
 
+use crate::formats::kquants::scale_min_k4;
 use crate::formats::BlockFormat;
-use crate::q8::{
-    q3_k_scales, scale_min_k4, scales_mins_k4, Q8KSlice, Q8_0Slice, Q8K_BLOCK, Q8_0_BLOCK,
-};
+use crate::q8::{q3_k_scales, scales_mins_k4, Q8KSlice, Q8_0Slice, Q8K_BLOCK, Q8_0_BLOCK};
 
 // ---- small helpers ---------------------------------------------------------------------
 
