@@ -71,6 +71,7 @@ impl<D: Copy, M: Copy> Int8<D, M> {
     }
 
     /// A single-token kernel and its multi-token form (see [`Kernels::dot_q8_multi`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 has them so far
     pub(crate) const fn multi(dot: D, multi: M) -> Self {
         Int8 {
             dot,
@@ -91,27 +92,6 @@ pub(crate) mod int8 {
     pub(crate) type Q8K =
         super::Int8<fn(&[u8], Q8KSlice<'_>) -> f32, fn(&[u8], &[Q8KSlice<'_>], &mut [f32])>;
 }
-
-/// A plain-`fn` closure around the `#[target_feature]` kernel `$f` (for a [`KernelSet`]
-/// of a level that needs features beyond the target's baseline). `multi` wraps a
-/// multi-token kernel (three arguments) rather than a single-token one (two).
-macro_rules! checked {
-    ($f:path) => {
-        |row, x| {
-            // SAFETY: a kernel set's kernels are only reachable through its level's table,
-            // which `crate::kernels` hands out only after `SimdLevel::is_supported`
-            // confirmed that this CPU has every feature the level's kernels enable.
-            unsafe { $f(row, x) }
-        }
-    };
-    (multi $f:path) => {
-        |row, xs, out| {
-            // SAFETY: as for the single-token form above.
-            unsafe { $f(row, xs, out) }
-        }
-    };
-}
-pub(crate) use checked;
 
 /// The scalar reference level: the catalogue's defaults, overriding nothing.
 pub(crate) struct Scalar;
@@ -198,32 +178,13 @@ macro_rules! catalogue {
                             dot_q8_multi: None,
                             packed: false,
                         },)*
-                        $(Kernels {
-                            ty: GgmlType::$q,
-                            level: K::LEVEL,
-                            dequantize: <$qfmt as BlockFormat>::dequantize_row,
-                            dot: K::dot_dequant::<$qfmt>,
-                            dot_q8: Some(Q8Dot::$act(K::$q.dot)),
-                            dot_q8_multi: match K::$q.multi {
-                                Some(m) => Some(Q8DotMulti::$act(m)),
-                                None => None,
-                            },
-                            packed: false,
-                        },)*
+                        $(catalogue!(@int8 $q, K::LEVEL, false,
+                            <$qfmt as BlockFormat>::dequantize_row,
+                            K::dot_dequant::<$qfmt>,
+                            $act(K::$q)),)*
                     ],
                     packed: [
-                        $(Kernels {
-                            ty: GgmlType::$pty,
-                            level: K::LEVEL,
-                            dequantize: $pdeq,
-                            dot: $pdot,
-                            dot_q8: Some(Q8Dot::$pact(K::$p.dot)),
-                            dot_q8_multi: match K::$p.multi {
-                                Some(m) => Some(Q8DotMulti::$pact(m)),
-                                None => None,
-                            },
-                            packed: true,
-                        },)*
+                        $(catalogue!(@int8 $pty, K::LEVEL, true, $pdeq, $pdot, $pact(K::$p)),)*
                     ],
                 }
             }
@@ -236,6 +197,23 @@ macro_rules! catalogue {
                 $(GgmlType::$q => Some(panel(Q8Dot::$act($scalar), $mins, $off, $qmax)),)*
                 _ => None,
             }
+        }
+    };
+    // The table entry of a format (or packed layout) with int8 kernels `$int8` on `$act`
+    // activations.
+    (@int8 $ty:ident, $level:expr, $packed:literal, $dequantize:expr, $dot:expr,
+        $act:ident($int8:expr)) => {
+        Kernels {
+            ty: GgmlType::$ty,
+            level: $level,
+            dequantize: $dequantize,
+            dot: $dot,
+            dot_q8: Some(Q8Dot::$act($int8.dot)),
+            dot_q8_multi: match $int8.multi {
+                Some(m) => Some(Q8DotMulti::$act(m)),
+                None => None,
+            },
+            packed: $packed,
         }
     };
 }

@@ -43,6 +43,7 @@
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 mod catalogue;
+mod entry_points;
 mod error;
 pub mod formats;
 #[doc(hidden)]

@@ -246,27 +246,31 @@ fn matmul_with(
     match (acts, k.dot_q8, k.dot_q8_multi) {
         (Acts::Int8, Some(Q8Dot::Q8_0(f)), multi) => {
             let a: Vec<Q8_0Acts> = tokens().map(Q8_0Acts::new).collect();
-            let a: Vec<_> = a.iter().map(|a| a.as_slice()).collect();
-            match multi {
-                Some(Q8DotMulti::Q8_0(g)) => {
-                    matmul_rows(m, n_tokens, MULTI_WIDTH, out, |row, o| g(row, &a, o))
-                }
-                _ => matmul_rows(m, n_tokens, 1, out, |row, o| {
-                    o.iter_mut().zip(&a).for_each(|(v, &x)| *v = f(row, x))
-                }),
-            }
+            let multi = match multi {
+                Some(Q8DotMulti::Q8_0(g)) => Some(g),
+                _ => None,
+            };
+            matmul_int8(
+                m,
+                out,
+                &a.iter().map(|a| a.as_slice()).collect::<Vec<_>>(),
+                f,
+                multi,
+            )
         }
         (Acts::Int8, Some(Q8Dot::Q8K(f)), multi) => {
             let a: Vec<Q8KActs> = tokens().map(Q8KActs::new).collect();
-            let a: Vec<_> = a.iter().map(|a| a.as_slice()).collect();
-            match multi {
-                Some(Q8DotMulti::Q8K(g)) => {
-                    matmul_rows(m, n_tokens, MULTI_WIDTH, out, |row, o| g(row, &a, o))
-                }
-                _ => matmul_rows(m, n_tokens, 1, out, |row, o| {
-                    o.iter_mut().zip(&a).for_each(|(v, &x)| *v = f(row, x))
-                }),
-            }
+            let multi = match multi {
+                Some(Q8DotMulti::Q8K(g)) => Some(g),
+                _ => None,
+            };
+            matmul_int8(
+                m,
+                out,
+                &a.iter().map(|a| a.as_slice()).collect::<Vec<_>>(),
+                f,
+                multi,
+            )
         }
         _ => {
             let x: Vec<&[f32]> = tokens().collect();
@@ -276,6 +280,28 @@ fn matmul_with(
         }
     }
     Ok(())
+}
+
+/// A multi-token int8 kernel on activations `X` (see [`Q8DotMulti`]).
+type MultiDot<X> = fn(&[u8], &[X], &mut [f32]);
+
+/// [`matmul_rows`] through an int8 kernel, the tokens' activations `acts` already
+/// quantized: the multi-token kernel where the level has one (each block unpacked once for
+/// a group of tokens, results bit-identical to `dot`), else `dot` once per token.
+fn matmul_int8<X: Copy + Sync>(
+    m: &QMatrix<'_>,
+    out: &mut [f32],
+    acts: &[X],
+    dot: fn(&[u8], X) -> f32,
+    multi: Option<MultiDot<X>>,
+) {
+    let n_tokens = acts.len();
+    match multi {
+        Some(g) => matmul_rows(m, n_tokens, MULTI_WIDTH, out, |row, o| g(row, acts, o)),
+        None => matmul_rows(m, n_tokens, 1, out, |row, o| {
+            o.iter_mut().zip(acts).for_each(|(v, &x)| *v = dot(row, x))
+        }),
+    }
 }
 
 /// Tokens a multi-token kernel takes per pass over a weight row, roughly (the x86 kernels

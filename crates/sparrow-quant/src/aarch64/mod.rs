@@ -13,7 +13,8 @@
 pub(crate) mod gemm;
 pub(crate) mod neon;
 
-use crate::catalogue::{checked, int8, Int8, KernelSet, RowDot};
+use crate::catalogue::{int8, Int8, KernelSet, RowDot};
+use crate::entry_points::checked;
 use crate::formats::BlockFormat;
 use crate::level::SimdLevel;
 

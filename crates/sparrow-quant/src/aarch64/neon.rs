@@ -543,6 +543,32 @@ unsafe fn mins8(m8: u64, bs: &[i16]) -> int32x4_t {
     vmlal_high_s16(vmull_s16(vget_low_s16(m), vget_low_s16(pairs)), m, pairs)
 }
 
+/// The end of a Q4_K/Q5_K block `b`: its eight sub-block sums (the lane totals of `p`)
+/// times the unpacked 6-bit scales, into `acc.0` with `d * dx`; its minimums times the
+/// pairwise-added activation sums `bs`, into `acc.1` with `dmin * dx`.
+#[inline(always)]
+unsafe fn k4_block_end(
+    (acc, macc): (float32x4_t, float32x4_t),
+    b: &[u8],
+    p: &[int32x4_t; 8],
+    bs: &[i16],
+    dx: f32,
+) -> (float32x4_t, float32x4_t) {
+    let (sc8, m8) = scales_mins_k4(&b[4..16]);
+    let (sc_lo, sc_hi) = widen_u8x8(sc8);
+    let sumi = vmlaq_s32(
+        vmulq_s32(hsum4(p[0], p[1], p[2], p[3]), sc_lo),
+        hsum4(p[4], p[5], p[6], p[7]),
+        sc_hi,
+    );
+    let dm = cvt_f16_u64(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64);
+    let summ = mins8(m8, bs);
+    (
+        vfmaq_n_f32(acc, vcvtq_f32_s32(sumi), dx * vgetq_lane_f32::<0>(dm)),
+        vfmaq_n_f32(macc, vcvtq_f32_s32(summ), dx * vgetq_lane_f32::<1>(dm)),
+    )
+}
+
 /// Q4_K: sub-blocks `2c`, `2c+1` are the low/high nibbles of `qs[32c..32c+32]`; the
 /// eight sub-block sums meet the unpacked 6-bit scales in two vector multiplies, the
 /// minimums meet the pairwise-added activation `bsums` in two widening multiplies.
@@ -554,7 +580,6 @@ unsafe fn q4_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m4 = vdupq_n_u8(0x0F);
     let (mut acc, mut macc) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
     for (b, xq, dx, bs) in k_blocks!(row, 144, x) {
-        let (sc8, m8) = scales_mins_k4(&b[4..16]);
         let mut p = [vdupq_n_s32(0); 8];
         for c in 0..4 {
             let (q0, q1) = (ld16(&b[16 + 32 * c..]), ld16(&b[32 + 32 * c..]));
@@ -572,16 +597,7 @@ unsafe fn q4_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
                 ld16i(&xs[48..]),
             );
         }
-        let (sc_lo, sc_hi) = widen_u8x8(sc8);
-        let sumi = vmlaq_s32(
-            vmulq_s32(hsum4(p[0], p[1], p[2], p[3]), sc_lo),
-            hsum4(p[4], p[5], p[6], p[7]),
-            sc_hi,
-        );
-        let dm = cvt_f16_u64(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(sumi), dx * vgetq_lane_f32::<0>(dm));
-        let summ = mins8(m8, bs);
-        macc = vfmaq_n_f32(macc, vcvtq_f32_s32(summ), dx * vgetq_lane_f32::<1>(dm));
+        (acc, macc) = k4_block_end((acc, macc), b, &p, bs, dx);
     }
     vaddvq_f32(acc) - vaddvq_f32(macc)
 }
@@ -597,7 +613,6 @@ unsafe fn q5_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let b4 = vdupq_n_u8(0x10);
     let (mut acc, mut macc) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
     for (b, xq, dx, bs) in k_blocks!(row, 176, x) {
-        let (sc8, m8) = scales_mins_k4(&b[4..16]);
         let mut qh = [ld16(&b[16..]), ld16(&b[32..])];
         let mut p = [vdupq_n_s32(0); 8];
         for c in 0..4 {
@@ -622,16 +637,7 @@ unsafe fn q5_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
             );
             qh = [vshrq_n_u8::<2>(qh[0]), vshrq_n_u8::<2>(qh[1])];
         }
-        let (sc_lo, sc_hi) = widen_u8x8(sc8);
-        let sumi = vmlaq_s32(
-            vmulq_s32(hsum4(p[0], p[1], p[2], p[3]), sc_lo),
-            hsum4(p[4], p[5], p[6], p[7]),
-            sc_hi,
-        );
-        let dm = cvt_f16_u64(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(sumi), dx * vgetq_lane_f32::<0>(dm));
-        let summ = mins8(m8, bs);
-        macc = vfmaq_n_f32(macc, vcvtq_f32_s32(summ), dx * vgetq_lane_f32::<1>(dm));
+        (acc, macc) = k4_block_end((acc, macc), b, &p, bs, dx);
     }
     vaddvq_f32(acc) - vaddvq_f32(macc)
 }
@@ -984,24 +990,9 @@ unsafe fn q8_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 
 // ---- entry points --------------------------------------------------------------------
 
-/// For each kernel body, a plain NEON entry point and a `dotprod` one.
-macro_rules! entries {
-    ($($neon:ident, $dot:ident = $body:ident::<$($c:literal,)*>($x:ty);)*) => {$(
-        pub(crate) fn $neon(row: &[u8], x: $x) -> f32 {
-            // SAFETY: the body with `D = false` needs only NEON, which this target always
-            // has.
-            unsafe { $body::<$($c,)* false>(row, x) }
-        }
-
-        #[target_feature(enable = "dotprod")]
-        pub(crate) fn $dot(row: &[u8], x: $x) -> f32 {
-            // SAFETY: the body with `D = true` needs `dotprod`, enabled here.
-            unsafe { $body::<$($c,)* true>(row, x) }
-        }
-    )*};
-}
-
-entries! {
+// For each kernel body, a plain NEON entry point and a `dotprod` one.
+crate::entry_points::entry_pairs! {
+    lo [], hi [#[target_feature(enable = "dotprod")]];
     q4_0, q4_0_dot = legacy_body::<0,>(Q8_0Slice<'_>);
     q4_1, q4_1_dot = legacy_body::<1,>(Q8_0Slice<'_>);
     q5_0, q5_0_dot = legacy_body::<2,>(Q8_0Slice<'_>);

@@ -813,25 +813,10 @@ unsafe fn q8_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 
 // ---- entry points --------------------------------------------------------------------
 
-/// For each kernel body, an AVX2 entry point and (when compiled) an AVX-512 VNNI one.
-macro_rules! entries {
-    ($($avx2:ident, $vnni:ident = $body:ident::<$($c:literal,)*>($x:ty);)*) => {$(
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(crate) fn $avx2(row: &[u8], x: $x) -> f32 {
-            // SAFETY: the body with `V = false` needs AVX2, FMA and F16C, enabled here.
-            unsafe { $body::<$($c,)* false>(row, x) }
-        }
-
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub(crate) fn $vnni(row: &[u8], x: $x) -> f32 {
-            // SAFETY: the body with `V = true` needs AVX2, FMA, F16C and AVX-512 VL + VNNI,
-            // all enabled here.
-            unsafe { $body::<$($c,)* true>(row, x) }
-        }
-    )*};
-}
-
-entries! {
+// For each kernel body, an AVX2 entry point and an AVX-512 VNNI one.
+crate::entry_points::entry_pairs! {
+    lo [#[target_feature(enable = "avx2,fma,f16c")]],
+    hi [#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]];
     q4_0, q4_0_vnni = legacy_body::<0,>(Q8_0Slice<'_>);
     q4_1, q4_1_vnni = legacy_body::<1,>(Q8_0Slice<'_>);
     q5_0, q5_0_vnni = legacy_body::<2,>(Q8_0Slice<'_>);

@@ -12,7 +12,8 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod gemm;
 
-use crate::catalogue::{checked, int8, Int8, KernelSet, RowDot};
+use crate::catalogue::{int8, Int8, KernelSet, RowDot};
+use crate::entry_points::checked;
 use crate::formats::BlockFormat;
 use crate::level::SimdLevel;
 
