@@ -60,25 +60,34 @@ fn main() {
     );
     println!("| --- |{}", " ---: |".repeat(threads.len()));
 
+    // One pool per thread count, each row of the table measured in every one of them.
+    let pools: Vec<rayon::ThreadPool> = threads
+        .iter()
+        .map(|&t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        })
+        .collect();
+
     let buf = xorshift_bytes(bytes, &mut 3);
-    let mut cells = vec![];
-    for &t in &threads {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build()
-            .unwrap();
-        let part = bytes.div_ceil(t);
-        cells.push(best_gbs(bytes, || {
-            pool.install(|| {
-                use rayon::prelude::*;
-                let x = buf
-                    .par_chunks(part)
-                    .map(read_all)
-                    .reduce(|| 0, |a, b| a ^ b);
-                black_box(x);
+    let cells: Vec<f64> = pools
+        .iter()
+        .map(|pool| {
+            let part = bytes.div_ceil(pool.current_num_threads());
+            best_gbs(bytes, || {
+                pool.install(|| {
+                    use rayon::prelude::*;
+                    let x = buf
+                        .par_chunks(part)
+                        .map(read_all)
+                        .reduce(|| 0, |a, b| a ^ b);
+                    black_box(x);
+                })
             })
-        }));
-    }
+        })
+        .collect();
     print_row("plain read", &cells);
 
     let formats = [
@@ -104,16 +113,14 @@ fn main() {
         .unwrap();
         let x: Vec<f32> = (0..cols).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
         let mut out = vec![0f32; rows];
-        let mut cells = vec![];
-        for &t in &threads {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .unwrap();
-            cells.push(best_gbs(w.len(), || {
-                pool.install(|| matvec(&m, &x, &mut out).unwrap())
-            }));
-        }
+        let cells: Vec<f64> = pools
+            .iter()
+            .map(|pool| {
+                best_gbs(w.len(), || {
+                    pool.install(|| matvec(&m, &x, &mut out).unwrap())
+                })
+            })
+            .collect();
         print_row(&format!("matvec {name}"), &cells);
     }
 }

@@ -231,7 +231,23 @@ impl Q8KActs {
     }
 }
 
-impl Q8KSlice<'_> {
+impl<'a> Q8KSlice<'a> {
+    /// The super-blocks of a k-quant `row` (of `bb` bytes each) beside their activations:
+    /// block bytes, the 256 quants, the scale and the 16 `bsums`. (Every k-quant kernel,
+    /// scalar or SIMD, walks a row this way.)
+    #[inline(always)]
+    pub(crate) fn blocks(
+        self,
+        row: &'a [u8],
+        bb: usize,
+    ) -> impl Iterator<Item = (&'a [u8], &'a [i8], f32, &'a [i16])> {
+        row.chunks_exact(bb)
+            .zip(self.qs.chunks_exact(Q8K_BLOCK))
+            .zip(self.d)
+            .zip(self.bsums.chunks_exact(Q8K_BLOCK / Q8K_BSUM))
+            .map(|(((b, xq), &dx), bs)| (b, xq, dx, bs))
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.qs.len()
@@ -551,12 +567,7 @@ pub(crate) fn k_ints(ty: GgmlType, b: &[u8]) -> KInts {
 fn k_dot<F: BlockFormat>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let ty = F::TYPE;
     let mut acc = 0f32;
-    for (((b, xq), &dx), bsums) in row
-        .chunks_exact(ty.block_bytes())
-        .zip(x.qs.chunks_exact(Q8K_BLOCK))
-        .zip(x.d)
-        .zip(x.bsums.chunks_exact(Q8K_BLOCK / Q8K_BSUM))
-    {
+    for (b, xq, dx, bsums) in x.blocks(row, ty.block_bytes()) {
         let k = k_ints(ty, b);
         let mut sumi = 0i32;
         let mut summ = 0i32;

@@ -512,17 +512,6 @@ unsafe fn q5_0_packed_body<const D: bool>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
 
 // ---- int8 dots, k-quants (Q8_K activations) ---------------------------------------------
 
-/// Iterates the super-blocks of a k-quant row with their activation block, scale and bsums.
-macro_rules! k_blocks {
-    ($row:expr, $bb:expr, $x:expr) => {
-        $row.chunks_exact($bb)
-            .zip($x.qs.chunks_exact(Q8K_BLOCK))
-            .zip($x.d)
-            .zip($x.bsums.chunks_exact(16))
-            .map(|(((b, xq), &dx), bs)| (b, xq, dx, bs))
-    };
-}
-
 /// `Σ_g sc[g] * p[g]` over 16 groups whose integer sums are the lane totals of `p`: totals
 /// gathered four by four, times the scales widened to i32.
 #[inline(always)]
@@ -579,7 +568,7 @@ unsafe fn k4_block_end(
 unsafe fn q4_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m4 = vdupq_n_u8(0x0F);
     let (mut acc, mut macc) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-    for (b, xq, dx, bs) in k_blocks!(row, 144, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 144) {
         let mut p = [vdupq_n_s32(0); 8];
         for c in 0..4 {
             let (q0, q1) = (ld16(&b[16 + 32 * c..]), ld16(&b[32 + 32 * c..]));
@@ -612,7 +601,7 @@ unsafe fn q5_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m4 = vdupq_n_u8(0x0F);
     let b4 = vdupq_n_u8(0x10);
     let (mut acc, mut macc) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-    for (b, xq, dx, bs) in k_blocks!(row, 176, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 176) {
         let mut qh = [ld16(&b[16..]), ld16(&b[32..])];
         let mut p = [vdupq_n_s32(0); 8];
         for c in 0..4 {
@@ -660,7 +649,7 @@ unsafe fn q6_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m33 = vdupq_n_u8(0x33);
     let m32 = vdupq_n_s16(-32);
     let mut acc = vdupq_n_f32(0.0);
-    for (b, xq, dx, bs) in k_blocks!(row, 210, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 210) {
         let b: &[u8; 210] = b.try_into().expect("a Q6_K block");
         let xq: &[i8; 256] = xq.try_into().expect("a Q8_K block");
         // Each group's total starts at its bias, -32 bsum[g].
@@ -821,7 +810,7 @@ unsafe fn q6_k_sdot_block(
 unsafe fn q6_k_widening_body(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m6 = vdupq_n_u8(0x3F);
     let mut acc = vdupq_n_f32(0.0);
-    for (b, xq, dx, bs) in k_blocks!(row, 210, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 210) {
         let b: &[u8; 210] = b.try_into().expect("a Q6_K block");
         let xq: &[i8; 256] = xq.try_into().expect("a Q8_K block");
         let (bp, xp) = (b.as_ptr(), xq.as_ptr());
@@ -895,7 +884,7 @@ unsafe fn q2_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m2 = vdupq_n_u8(0x03);
     let m4 = vdupq_n_u8(0x0F);
     let (mut acc, mut macc) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-    for (b, xq, dx, bs) in k_blocks!(row, 84, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 84) {
         let scales = ld16(b);
         let mut p = [vdupq_n_s32(0); 16];
         for h in 0..2 {
@@ -941,7 +930,7 @@ unsafe fn q3_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m2 = vdupq_n_u8(0x03);
     let four = vdupq_n_u8(4);
     let mut acc = vdupq_n_f32(0.0);
-    for (b, xq, dx, _) in k_blocks!(row, 110, x) {
+    for (b, xq, dx, _) in x.blocks(row, 110) {
         let mut p = [vdupq_n_s32(0); 16];
         for half in 0..2 {
             let hm = ld16(&b[16 * half..]);
@@ -972,7 +961,7 @@ unsafe fn q3_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 #[inline(always)]
 unsafe fn q8_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let mut acc = vdupq_n_f32(0.0);
-    for (b, xq, dx, _) in k_blocks!(row, 292, x) {
+    for (b, xq, dx, _) in x.blocks(row, 292) {
         let mut sumi = vdupq_n_s32(0);
         for c in 0..8 {
             let w = &b[4 + 32 * c..];

@@ -521,17 +521,6 @@ unsafe fn q5_0_packed_body<const V: bool, const N: usize>(
 
 // ---- int8 dots, k-quants (Q8_K activations) ---------------------------------------------
 
-/// Iterates the super-blocks of a k-quant row with their activation block, scale and bsums.
-macro_rules! k_blocks {
-    ($row:expr, $bb:expr, $x:expr) => {
-        $row.chunks_exact($bb)
-            .zip($x.qs.chunks_exact(Q8K_BLOCK))
-            .zip($x.d)
-            .zip($x.bsums.chunks_exact(16))
-            .map(|(((b, xq), &dx), bs)| (b, xq, dx, bs))
-    };
-}
-
 /// `vpshufb` control that broadcasts 16-bit lane `j` (of each 128-bit half) to all lanes.
 #[inline(always)]
 unsafe fn splat_i16_lane(j: usize) -> __m256i {
@@ -614,7 +603,7 @@ unsafe fn q5_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let one = _mm256_set1_epi8(1);
     let mut acc = _mm256_setzero_ps();
     let mut macc = 0f32;
-    for (b, xq, dx, bs) in k_blocks!(row, 176, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 176) {
         let scales = &b[4..16];
         let qh = ld32(&b[16..]);
         let mut sumi = _mm256_setzero_si256();
@@ -733,7 +722,7 @@ unsafe fn q2_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m2 = _mm256_set1_epi8(0x03);
     let mut acc = _mm256_setzero_ps();
     let mut macc = 0f32;
-    for (b, xq, dx, bs) in k_blocks!(row, 84, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 84) {
         let scales = &b[0..16];
         let mut summ = 0i32;
         for g in 0..16 {
@@ -765,7 +754,7 @@ unsafe fn q3_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m2 = _mm256_set1_epi8(0x03);
     let one = _mm256_set1_epi8(1);
     let mut acc = _mm256_setzero_ps();
-    for (b, xq, dx, bs) in k_blocks!(row, 110, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 110) {
         let sc = q3_k_scales(&b[96..108]);
         let mut corr = 0i32;
         for g in 0..16 {
@@ -800,7 +789,7 @@ unsafe fn q3_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 #[inline(always)]
 unsafe fn q8_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    for (b, xq, dx, _) in k_blocks!(row, 292, x) {
+    for (b, xq, dx, _) in x.blocks(row, 292) {
         let mut sumi = _mm256_setzero_si256();
         for c in 0..8 {
             sumi = acc_i8i8::<V>(sumi, ld32(&b[4 + 32 * c..]), ld32i(&xq[32 * c..]));
