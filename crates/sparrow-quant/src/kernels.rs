@@ -94,3 +94,31 @@ impl GgmlType {
         Kernels::get(self).is_some()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::panel_layout;
+
+    /// Every supported level's tables list the catalogue's formats in its order, stamped
+    /// with their level, with an int8 kernel (of the scalar reference's activation type)
+    /// exactly where the format has a panel shape.
+    #[test]
+    fn every_level_follows_the_catalogue() {
+        for level in SimdLevel::supported() {
+            let t = tables(level).expect("supported");
+            assert_eq!(t.formats.len(), SCALAR.formats.len());
+            for (k, s) in t
+                .formats
+                .iter()
+                .zip(&SCALAR.formats)
+                .chain(t.packed.iter().zip(&SCALAR.packed))
+            {
+                assert_eq!((k.ty, k.level, k.packed), (s.ty, level, s.packed));
+                let act = |k: &Kernels| k.dot_q8.map(|q| q.act_type());
+                assert_eq!(act(k), act(s), "{} {}", k.ty, level.name());
+                assert_eq!(k.dot_q8.is_some(), panel_layout(k.ty).is_some(), "{}", k.ty);
+            }
+        }
+    }
+}

@@ -27,9 +27,11 @@
 //!
 //! The code for each format lives in [`formats`] as a type implementing
 //! [`formats::BlockFormat`] (the scalar reference); [`q8`] holds the int8-activation
-//! machinery and its scalar reference; [`kernels::Kernels`] is the dispatch table that
-//! picks SIMD kernels (AVX2, AVX-512; NEON on AArch64) at run time; [`packed`] is sparrow's own row layout
-//! for Q5_0, which decodes faster than ggml's ([`QMatrix::new_packed`] views it).
+//! machinery and its scalar reference; every format with kernels is named once, in the
+//! kernel catalogue (`src/catalogue.rs`), from which each SIMD level's table follows;
+//! [`kernels::Kernels`] is the dispatch table that picks SIMD kernels (AVX2, AVX-512; NEON
+//! on AArch64) at run time; [`packed`] is sparrow's own row layout for Q5_0, which decodes
+//! faster than ggml's ([`QMatrix::new_packed`] views it).
 //!
 //! # int8 activations
 //!
