@@ -34,23 +34,29 @@ macro_rules! entry_pairs {
 }
 pub(crate) use entry_pairs;
 
-/// A plain-`fn` closure around the `#[target_feature]` kernel `$f` (for a [`KernelSet`]
-/// of a level that needs features beyond the target's baseline). `multi` wraps a
-/// multi-token kernel (three arguments) rather than a single-token one (two).
+/// A plain `fn` around the `#[target_feature]` kernel `$f` taking `(row, x: $x)` (or, with
+/// `multi`, `(row, xs: &[$x], out)`), for the [`crate::catalogue::KernelSet`] of a level
+/// that needs features beyond the target's baseline.
+///
+/// A named `fn`, not a closure: a closure coerced to a `fn` pointer goes through a shim
+/// that copies the activation slices (48 bytes) on every call, which measurably slowed
+/// short rows; a `fn` with the kernel's own signature compiles to a single jump.
 macro_rules! checked {
-    ($f:path) => {
-        |row, x| {
+    ($f:path : $x:ty) => {{
+        fn entry(row: &[u8], x: $x) -> f32 {
             // SAFETY: a kernel set's kernels are only reachable through its level's table,
             // which `crate::kernels` hands out only after `SimdLevel::is_supported`
             // confirmed that this CPU has every feature the level's kernels enable.
             unsafe { $f(row, x) }
         }
-    };
-    (multi $f:path) => {
-        |row, xs, out| {
+        entry
+    }};
+    (multi $f:path : $x:ty) => {{
+        fn entry(row: &[u8], xs: &[$x], out: &mut [f32]) {
             // SAFETY: as for the single-token form above.
             unsafe { $f(row, xs, out) }
         }
-    };
+        entry
+    }};
 }
 pub(crate) use checked;

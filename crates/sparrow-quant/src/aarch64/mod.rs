@@ -17,6 +17,7 @@ use crate::catalogue::{int8, Int8, KernelSet, RowDot};
 use crate::entry_points::checked;
 use crate::formats::BlockFormat;
 use crate::level::SimdLevel;
+use crate::q8::{Q8KSlice, Q8_0Slice};
 
 /// The plain NEON kernels.
 pub(crate) struct Neon;
@@ -52,18 +53,18 @@ impl KernelSet for NeonDot {
     const F32: RowDot = Neon::F32;
     const F16: RowDot = Neon::F16;
     const BF16: RowDot = Neon::BF16;
-    const Q4_0: int8::Q8_0 = Int8::new(checked!(neon::q4_0_dot));
-    const Q4_1: int8::Q8_0 = Int8::new(checked!(neon::q4_1_dot));
-    const Q5_0: int8::Q8_0 = Int8::new(checked!(neon::q5_0_dot));
-    const Q5_1: int8::Q8_0 = Int8::new(checked!(neon::q5_1_dot));
-    const Q8_0: int8::Q8_0 = Int8::new(checked!(neon::q8_0_dot));
-    const Q2_K: int8::Q8K = Int8::new(checked!(neon::q2_k_dot));
-    const Q3_K: int8::Q8K = Int8::new(checked!(neon::q3_k_dot));
-    const Q4_K: int8::Q8K = Int8::new(checked!(neon::q4_k_dot));
-    const Q5_K: int8::Q8K = Int8::new(checked!(neon::q5_k_dot));
-    const Q6_K: int8::Q8K = Int8::new(checked!(neon::q6_k_dot));
-    const Q8_K: int8::Q8K = Int8::new(checked!(neon::q8_k_dot));
-    const Q5_0_PACKED: int8::Q8_0 = Int8::new(checked!(neon::q5_0_packed_dot));
+    const Q4_0: int8::Q8_0 = Int8::new(checked!(neon::q4_0_dot: Q8_0Slice<'_>));
+    const Q4_1: int8::Q8_0 = Int8::new(checked!(neon::q4_1_dot: Q8_0Slice<'_>));
+    const Q5_0: int8::Q8_0 = Int8::new(checked!(neon::q5_0_dot: Q8_0Slice<'_>));
+    const Q5_1: int8::Q8_0 = Int8::new(checked!(neon::q5_1_dot: Q8_0Slice<'_>));
+    const Q8_0: int8::Q8_0 = Int8::new(checked!(neon::q8_0_dot: Q8_0Slice<'_>));
+    const Q2_K: int8::Q8K = Int8::new(checked!(neon::q2_k_dot: Q8KSlice<'_>));
+    const Q3_K: int8::Q8K = Int8::new(checked!(neon::q3_k_dot: Q8KSlice<'_>));
+    const Q4_K: int8::Q8K = Int8::new(checked!(neon::q4_k_dot: Q8KSlice<'_>));
+    const Q5_K: int8::Q8K = Int8::new(checked!(neon::q5_k_dot: Q8KSlice<'_>));
+    const Q6_K: int8::Q8K = Int8::new(checked!(neon::q6_k_dot: Q8KSlice<'_>));
+    const Q8_K: int8::Q8K = Int8::new(checked!(neon::q8_k_dot: Q8KSlice<'_>));
+    const Q5_0_PACKED: int8::Q8_0 = Int8::new(checked!(neon::q5_0_packed_dot: Q8_0Slice<'_>));
 
     fn dot_dequant<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
         Neon::dot_dequant::<F>(row, x)

@@ -16,29 +16,39 @@ use crate::catalogue::{int8, Int8, KernelSet, RowDot};
 use crate::entry_points::checked;
 use crate::formats::BlockFormat;
 use crate::level::SimdLevel;
+use crate::q8::{Q8KSlice, Q8_0Slice};
 
 /// The AVX2 (+FMA, F16C) kernels.
 pub(crate) struct Avx2;
 
 impl KernelSet for Avx2 {
     const LEVEL: SimdLevel = SimdLevel::Avx2;
-    const F32: RowDot = checked!(avx2::dot_f32);
-    const F16: RowDot = checked!(avx2::dot_f16);
-    const BF16: RowDot = checked!(avx2::dot_bf16);
-    const Q4_0: int8::Q8_0 = Int8::new(checked!(avx2::q4_0));
-    const Q4_1: int8::Q8_0 = Int8::new(checked!(avx2::q4_1));
-    const Q5_0: int8::Q8_0 = Int8::new(checked!(avx2::q5_0));
-    const Q5_1: int8::Q8_0 = Int8::new(checked!(avx2::q5_1));
-    const Q8_0: int8::Q8_0 = Int8::multi(checked!(avx2::q8_0), checked!(multi avx2::q8_0_multi));
-    const Q2_K: int8::Q8K = Int8::new(checked!(avx2::q2_k));
-    const Q3_K: int8::Q8K = Int8::new(checked!(avx2::q3_k));
-    const Q4_K: int8::Q8K = Int8::multi(checked!(avx2::q4_k), checked!(multi avx2::q4_k_multi));
-    const Q5_K: int8::Q8K = Int8::new(checked!(avx2::q5_k));
-    const Q6_K: int8::Q8K = Int8::multi(checked!(avx2::q6_k), checked!(multi avx2::q6_k_multi));
-    const Q8_K: int8::Q8K = Int8::new(checked!(avx2::q8_k));
+    const F32: RowDot = checked!(avx2::dot_f32: &[f32]);
+    const F16: RowDot = checked!(avx2::dot_f16: &[f32]);
+    const BF16: RowDot = checked!(avx2::dot_bf16: &[f32]);
+    const Q4_0: int8::Q8_0 = Int8::new(checked!(avx2::q4_0: Q8_0Slice<'_>));
+    const Q4_1: int8::Q8_0 = Int8::new(checked!(avx2::q4_1: Q8_0Slice<'_>));
+    const Q5_0: int8::Q8_0 = Int8::new(checked!(avx2::q5_0: Q8_0Slice<'_>));
+    const Q5_1: int8::Q8_0 = Int8::new(checked!(avx2::q5_1: Q8_0Slice<'_>));
+    const Q8_0: int8::Q8_0 = Int8::multi(
+        checked!(avx2::q8_0: Q8_0Slice<'_>),
+        checked!(multi avx2::q8_0_multi: Q8_0Slice<'_>),
+    );
+    const Q2_K: int8::Q8K = Int8::new(checked!(avx2::q2_k: Q8KSlice<'_>));
+    const Q3_K: int8::Q8K = Int8::new(checked!(avx2::q3_k: Q8KSlice<'_>));
+    const Q4_K: int8::Q8K = Int8::multi(
+        checked!(avx2::q4_k: Q8KSlice<'_>),
+        checked!(multi avx2::q4_k_multi: Q8KSlice<'_>),
+    );
+    const Q5_K: int8::Q8K = Int8::new(checked!(avx2::q5_k: Q8KSlice<'_>));
+    const Q6_K: int8::Q8K = Int8::multi(
+        checked!(avx2::q6_k: Q8KSlice<'_>),
+        checked!(multi avx2::q6_k_multi: Q8KSlice<'_>),
+    );
+    const Q8_K: int8::Q8K = Int8::new(checked!(avx2::q8_k: Q8KSlice<'_>));
     const Q5_0_PACKED: int8::Q8_0 = Int8::multi(
-        checked!(avx2::q5_0_packed),
-        checked!(multi avx2::q5_0_packed_multi),
+        checked!(avx2::q5_0_packed: Q8_0Slice<'_>),
+        checked!(multi avx2::q5_0_packed_multi: Q8_0Slice<'_>),
     );
 
     fn dot_dequant<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
@@ -54,30 +64,32 @@ pub(crate) struct Avx512;
 
 impl KernelSet for Avx512 {
     const LEVEL: SimdLevel = SimdLevel::Avx512;
-    const F32: RowDot = checked!(avx512::dot_f32);
-    const F16: RowDot = checked!(avx512::dot_f16);
-    const BF16: RowDot = checked!(avx512::dot_bf16);
-    const Q4_0: int8::Q8_0 = Int8::new(checked!(avx2::q4_0_vnni));
-    const Q4_1: int8::Q8_0 = Int8::new(checked!(avx2::q4_1_vnni));
-    const Q5_0: int8::Q8_0 = Int8::new(checked!(avx512::q5_0));
-    const Q5_1: int8::Q8_0 = Int8::new(checked!(avx2::q5_1_vnni));
-    const Q8_0: int8::Q8_0 =
-        Int8::multi(checked!(avx512::q8_0), checked!(multi avx512::q8_0_multi));
-    const Q2_K: int8::Q8K = Int8::new(checked!(avx2::q2_k_vnni));
-    const Q3_K: int8::Q8K = Int8::new(checked!(avx2::q3_k_vnni));
+    const F32: RowDot = checked!(avx512::dot_f32: &[f32]);
+    const F16: RowDot = checked!(avx512::dot_f16: &[f32]);
+    const BF16: RowDot = checked!(avx512::dot_bf16: &[f32]);
+    const Q4_0: int8::Q8_0 = Int8::new(checked!(avx2::q4_0_vnni: Q8_0Slice<'_>));
+    const Q4_1: int8::Q8_0 = Int8::new(checked!(avx2::q4_1_vnni: Q8_0Slice<'_>));
+    const Q5_0: int8::Q8_0 = Int8::new(checked!(avx512::q5_0: Q8_0Slice<'_>));
+    const Q5_1: int8::Q8_0 = Int8::new(checked!(avx2::q5_1_vnni: Q8_0Slice<'_>));
+    const Q8_0: int8::Q8_0 = Int8::multi(
+        checked!(avx512::q8_0: Q8_0Slice<'_>),
+        checked!(multi avx512::q8_0_multi: Q8_0Slice<'_>),
+    );
+    const Q2_K: int8::Q8K = Int8::new(checked!(avx2::q2_k_vnni: Q8KSlice<'_>));
+    const Q3_K: int8::Q8K = Int8::new(checked!(avx2::q3_k_vnni: Q8KSlice<'_>));
     const Q4_K: int8::Q8K = Int8::multi(
-        checked!(avx2::q4_k_vnni),
-        checked!(multi avx2::q4_k_vnni_multi),
+        checked!(avx2::q4_k_vnni: Q8KSlice<'_>),
+        checked!(multi avx2::q4_k_vnni_multi: Q8KSlice<'_>),
     );
-    const Q5_K: int8::Q8K = Int8::new(checked!(avx2::q5_k_vnni));
+    const Q5_K: int8::Q8K = Int8::new(checked!(avx2::q5_k_vnni: Q8KSlice<'_>));
     const Q6_K: int8::Q8K = Int8::multi(
-        checked!(avx2::q6_k_vnni),
-        checked!(multi avx2::q6_k_vnni_multi),
+        checked!(avx2::q6_k_vnni: Q8KSlice<'_>),
+        checked!(multi avx2::q6_k_vnni_multi: Q8KSlice<'_>),
     );
-    const Q8_K: int8::Q8K = Int8::new(checked!(avx2::q8_k_vnni));
+    const Q8_K: int8::Q8K = Int8::new(checked!(avx2::q8_k_vnni: Q8KSlice<'_>));
     const Q5_0_PACKED: int8::Q8_0 = Int8::multi(
-        checked!(avx2::q5_0_packed_vnni),
-        checked!(multi avx2::q5_0_packed_vnni_multi),
+        checked!(avx2::q5_0_packed_vnni: Q8_0Slice<'_>),
+        checked!(multi avx2::q5_0_packed_vnni_multi: Q8_0Slice<'_>),
     );
 
     fn dot_dequant<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
