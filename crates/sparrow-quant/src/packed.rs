@@ -29,7 +29,7 @@
 
 use crate::error::QuantError;
 use crate::formats::{legacy, BlockFormat};
-use crate::q8::{add_legacy_block, Q8_0Slice, Q8_0_BLOCK};
+use crate::q8::{add_legacy_block, common_blocks, Q8_0Slice, Q8_0_BLOCK};
 use crate::types::GgmlType;
 use rayon::prelude::*;
 
@@ -229,7 +229,7 @@ pub(crate) fn q5_0_dot(row: &[u8], x: &[f32]) -> f32 {
 /// [`crate::q8::q5_0`] on the unpacked row bit for bit (same integer sums, same order of
 /// the f32 operations).
 pub fn q5_0_dot_q8(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    let blocks = x.d.len().min(x.sum.len()).min(x.qs.len() / Q8_0_BLOCK);
+    let blocks = common_blocks(row, Q5_0_BYTES, x);
     let mut acc = 0f32;
     for_each_block(row, |k, b| {
         if k < blocks {

@@ -337,6 +337,52 @@ pub fn act_error_bound(act: GgmlType, w: &[f32], x: &[f32]) -> f64 {
 // Each weight block is first decoded to small integers plus f32 factors, in the form the
 // SIMD kernels use, then the integer products are summed exactly in i32 and scaled once.
 
+/// Where the fields of a legacy block lie, for the SIMD kernels, which name the format by
+/// a const index `TY`: Q4_0 (0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4).
+pub(crate) struct LegacyLayout {
+    /// Bytes per block.
+    pub(crate) bytes: usize,
+    /// Whether an f16 minimum follows the scale.
+    pub(crate) has_min: bool,
+    /// Whether 32 fifth bits (`qh`) follow.
+    pub(crate) has_qh: bool,
+    /// Offset of `qh`, then of the quants.
+    pub(crate) qh_off: usize,
+    pub(crate) qs_off: usize,
+    /// The offset subtracted from the unsigned quants (8, 16 or 0).
+    pub(crate) off: i32,
+}
+
+/// The [`LegacyLayout`] of format index `ty`.
+pub(crate) const fn legacy_layout(ty: u8) -> LegacyLayout {
+    let (bytes, has_min, has_qh, off) = match ty {
+        0 => (18, false, false, 8),
+        1 => (20, true, false, 0),
+        2 => (22, false, true, 16),
+        3 => (24, true, true, 0),
+        _ => (34, false, false, 0),
+    };
+    LegacyLayout {
+        bytes,
+        has_min,
+        has_qh,
+        qh_off: if has_min { 4 } else { 2 },
+        qs_off: 2 + 2 * has_min as usize + 4 * has_qh as usize,
+        off,
+    }
+}
+
+/// Number of whole blocks a legacy-format row (of `block_bytes` blocks) and its Q8_0
+/// activations have in common (the shorter of the two decides, as a zip of the blocks
+/// would): the bound within which the kernels' block reads stay.
+#[inline(always)]
+pub(crate) fn common_blocks(row: &[u8], block_bytes: usize, x: Q8_0Slice<'_>) -> usize {
+    (row.len() / block_bytes)
+        .min(x.d.len())
+        .min(x.sum.len())
+        .min(x.qs.len() / Q8_0_BLOCK)
+}
+
 /// A legacy block as integers: `w_i = d * q_i + m`.
 pub(crate) struct LegacyInts {
     pub(crate) d: f32,

@@ -31,7 +31,7 @@ use core::arch::aarch64::*;
 use core::arch::asm;
 
 use crate::formats::BlockFormat;
-use crate::q8::{q3_k_scales, scales_mins_k4, Q8KSlice, Q8_0Slice, Q8K_BLOCK, Q8_0_BLOCK};
+use crate::q8::{common_blocks, legacy_layout, q3_k_scales, scales_mins_k4, Q8KSlice, Q8_0Slice};
 
 // ---- small helpers ---------------------------------------------------------------------
 
@@ -296,46 +296,6 @@ pub(crate) fn dot_dequant<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
 
 // ---- int8 dots, legacy formats (Q8_0 activations) ----------------------------------------
 
-/// Number of whole blocks a legacy-format row and its Q8_0 activations have in common
-/// (the shorter of the two decides, as a zip of the blocks would).
-#[inline(always)]
-fn common_blocks(row: &[u8], block_bytes: usize, x: Q8_0Slice<'_>) -> usize {
-    (row.len() / block_bytes)
-        .min(x.d.len())
-        .min(x.sum.len())
-        .min(x.qs.len() / Q8_0_BLOCK)
-}
-
-/// Layout of a legacy format `TY`: Q4_0 (`TY = 0`), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4).
-struct Legacy {
-    /// Bytes per block.
-    bytes: usize,
-    /// Whether an f16 minimum follows the scale.
-    has_min: bool,
-    /// Whether 32 fifth bits (`qh`) follow.
-    has_qh: bool,
-    /// Offset of `qh`, then of the quants.
-    qh_off: usize,
-    qs_off: usize,
-}
-
-const fn legacy_layout(ty: u8) -> Legacy {
-    let (bytes, has_min, has_qh) = match ty {
-        0 => (18, false, false),
-        1 => (20, true, false),
-        2 => (22, false, true),
-        3 => (24, true, true),
-        _ => (34, false, false),
-    };
-    Legacy {
-        bytes,
-        has_min,
-        has_qh,
-        qh_off: if has_min { 4 } else { 2 },
-        qs_off: 2 + 2 * has_min as usize + 4 * has_qh as usize,
-    }
-}
-
 /// Byte `i` of the result is byte `i / 8` of `qh` (lanes 0..8 take byte `lo`, 8..16 byte
 /// `lo + 1`), tested against bit `i % 8`: 0xFF where element `i`'s fifth bit is set.
 #[inline(always)]
@@ -363,8 +323,8 @@ unsafe fn legacy_weights<const TY: u8>(b: *const u8) -> (int8x16_t, int8x16_t) {
         if l.has_min {
             return (s8(lo), s8(hi));
         }
-        let eight = vdupq_n_u8(8);
-        return (s8(vsubq_u8(lo, eight)), s8(vsubq_u8(hi, eight)));
+        let off = vdupq_n_u8(l.off as u8); // Q4_0: 8
+        return (s8(vsubq_u8(lo, off)), s8(vsubq_u8(hi, off)));
     }
     let qh = vreinterpretq_u8_u32(vdupq_n_u32(core::ptr::read_unaligned(
         b.add(l.qh_off).cast::<u32>(),

@@ -16,7 +16,9 @@ use core::arch::x86_64::*;
 
 use crate::formats::kquants::scale_min_k4;
 use crate::formats::BlockFormat;
-use crate::q8::{q3_k_scales, scales_mins_k4, Q8KSlice, Q8_0Slice, Q8K_BLOCK, Q8_0_BLOCK};
+use crate::q8::{
+    common_blocks, legacy_layout, q3_k_scales, scales_mins_k4, Q8KSlice, Q8_0Slice, Q8K_BLOCK,
+};
 
 // ---- small helpers ---------------------------------------------------------------------
 
@@ -238,16 +240,6 @@ fn prefetch_ahead(p: *const u8) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES).cast()) }
 }
 
-/// Number of whole blocks a legacy-format row and its Q8_0 activations have in common
-/// (the shorter of the two decides, as a zip of the blocks would).
-#[inline(always)]
-fn common_blocks(row: &[u8], block_bytes: usize, x: Q8_0Slice<'_>) -> usize {
-    (row.len() / block_bytes)
-        .min(x.d.len())
-        .min(x.sum.len())
-        .min(x.qs.len() / Q8_0_BLOCK)
-}
-
 /// The f16 at `p`, widened with F16C.
 ///
 /// # Safety
@@ -329,38 +321,6 @@ pub(super) unsafe fn q8_0_body<const V: bool, const N: usize>(
         q8_0_step::<V, N>(w.add(34 * k), &q, &d, k, &mut acc0);
     }
     core::array::from_fn(|t| hsum_ps(_mm256_add_ps(acc0[t], acc1[t])))
-}
-
-/// Layout of a legacy format `TY`: Q4_0 (`TY = 0`), Q4_1 (1), Q5_0 (2), Q5_1 (3).
-struct Legacy {
-    /// Bytes per block.
-    bytes: usize,
-    /// Whether an f16 minimum follows the scale.
-    has_min: bool,
-    /// Whether 32 fifth bits (`qh`) follow.
-    has_qh: bool,
-    /// Offset of `qh`, then of the 16 nibble bytes.
-    qh_off: usize,
-    qs_off: usize,
-    /// The offset subtracted from the unsigned quants (8, 16 or 0).
-    off: i32,
-}
-
-const fn legacy_layout(ty: u8) -> Legacy {
-    let (bytes, has_min, has_qh, off) = match ty {
-        0 => (18, false, false, 8),
-        1 => (20, true, false, 0),
-        2 => (22, false, true, 16),
-        _ => (24, true, true, 0),
-    };
-    Legacy {
-        bytes,
-        has_min,
-        has_qh,
-        qh_off: if has_min { 4 } else { 2 },
-        qs_off: 2 + 2 * has_min as usize + 4 * has_qh as usize,
-        off,
-    }
 }
 
 /// One legacy block times its activation block: the integer sums (offset removed) as f32
