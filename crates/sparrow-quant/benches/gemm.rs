@@ -5,9 +5,14 @@
 //! `cargo bench -p sparrow-quant --bench gemm` (`SPARROW_BENCH_TOKENS=n` changes the
 //! batch, `SPARROW_BENCH_FORMAT=Q5_0` restricts the formats).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::time::Instant;
 
 use sparrow_quant::{matmul_at_level, GgmlType, QMatrix, SimdLevel};
+
+use common::{fixed_scale_weights, xorshift_bytes};
 
 /// (format, rows, cols): attn q/o and ffn gate/up (Q5_0 and Q8_0 in the Q4_K_M file, as
 /// 896 is not a multiple of 256), ffn down (Q4_K, Q6_K).
@@ -20,35 +25,10 @@ const CASES: [(GgmlType, usize, usize); 6] = [
     (GgmlType::Q4_0, 4864, 896),
 ];
 
-fn rng_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
-}
-
 /// Random weights with a fixed 2^-8 for every f16 scale field, so nothing is NaN/inf.
 fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let n = ty.bytes_for((rows * cols) as u64).unwrap();
-    let mut w = rng_bytes(n, 0x5eed ^ n as u64);
-    let half = half::f16::from_f32(1.0 / 256.0).to_le_bytes();
-    let fields: &[usize] = match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        _ => &[],
-    };
-    for b in w.chunks_exact_mut(ty.block_bytes()) {
-        for &o in fields {
-            b[o..o + 2].copy_from_slice(&half);
-        }
-    }
-    w
+    fixed_scale_weights(ty, n, &mut ((0x5eed ^ n as u64) | 1), 1.0 / 256.0)
 }
 
 fn main() {
@@ -69,7 +49,7 @@ fn main() {
         }
         let w = weights(ty, rows, cols);
         let m = QMatrix::new(ty, &w, rows, cols).unwrap();
-        let xs: Vec<f32> = rng_bytes(n * cols, 9)
+        let xs: Vec<f32> = xorshift_bytes(n * cols, &mut 9)
             .iter()
             .map(|&b| b as f32 / 128.0 - 1.0)
             .collect();

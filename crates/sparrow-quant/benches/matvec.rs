@@ -9,12 +9,17 @@
 //! `cargo bench -p sparrow-quant --bench matvec` (set `SPARROW_BENCH_QUICK=1` to skip the
 //! 151936x896 output shape).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use sparrow_quant::q8::{Q8Dot, Q8KActs, Q8_0Acts};
 use sparrow_quant::{GgmlType, Kernels, SimdLevel};
+
+use common::{fixed_scale_weights, xorshift_bytes};
 
 /// (rows, cols) of the real matrices: attn q/o, ffn gate/up, ffn down, output. k-quants
 /// only fit the 4864-wide one (896 is not a multiple of 256).
@@ -27,37 +32,13 @@ const FORMATS: [GgmlType; 5] = [
     GgmlType::F16,
 ];
 
-fn rng_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
-}
-
 /// Random weights with sane f16 scales (a fixed 2^-8) so nothing is NaN/inf.
 fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let n = ty.bytes_for((rows * cols) as u64).unwrap();
-    let mut w = rng_bytes(n, 0x5eed ^ n as u64);
-    let half = half::f16::from_f32(1.0 / 256.0).to_le_bytes();
-    let fields: &[usize] = match ty {
-        GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        _ => &[],
-    };
+    let mut w = fixed_scale_weights(ty, n, &mut ((0x5eed ^ n as u64) | 1), 1.0 / 256.0);
     if ty == GgmlType::F16 {
         for e in w.chunks_exact_mut(2) {
             e[1] &= 0x3B; // small finite values
-        }
-    }
-    for b in w.chunks_exact_mut(ty.block_bytes()) {
-        for &o in fields {
-            b[o..o + 2].copy_from_slice(&half);
         }
     }
     w
@@ -140,7 +121,7 @@ fn median_time(reps: usize, mut f: impl FnMut()) -> Duration {
 fn bench(c: &mut Criterion) {
     let mut table = vec![];
     for (rows, cols) in shapes() {
-        let x: Vec<f32> = rng_bytes(cols, 9)
+        let x: Vec<f32> = xorshift_bytes(cols, &mut 9)
             .iter()
             .map(|&b| b as f32 / 128.0 - 1.0)
             .collect();

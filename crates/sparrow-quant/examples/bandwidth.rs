@@ -9,39 +9,20 @@
 //! sparrow's packed layout), as GB/s of weights read. Best of 5 runs each; the machine
 //! should be otherwise idle.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::hint::black_box;
 use std::time::Instant;
 
 use sparrow_quant::packed::pack_rows;
 use sparrow_quant::{matvec, GgmlType, QMatrix};
 
-fn rng_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
-}
+use common::{fixed_scale_weights, xorshift_bytes};
 
 /// Random blocks with a fixed small f16 scale in every scale field, so nothing is inf/NaN.
 fn weights(ty: GgmlType, len: usize) -> Vec<u8> {
-    let mut w = rng_bytes(len, 0x5eed ^ len as u64);
-    let one = half::f16::from_f32(1.0 / 256.0).to_le_bytes();
-    let fields: &[usize] = match ty {
-        GgmlType::Q4_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        _ => &[0],
-    };
-    for b in w.chunks_exact_mut(ty.block_bytes()) {
-        for &o in fields {
-            b[o..o + 2].copy_from_slice(&one);
-        }
-    }
-    w
+    fixed_scale_weights(ty, len, &mut ((0x5eed ^ len as u64) | 1), 1.0 / 256.0)
 }
 
 /// Best GB/s of `bytes` moved by `f` over 5 runs (after one warm-up).
@@ -79,25 +60,34 @@ fn main() {
     );
     println!("| --- |{}", " ---: |".repeat(threads.len()));
 
-    let buf = rng_bytes(bytes, 3);
-    let mut cells = vec![];
-    for &t in &threads {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build()
-            .unwrap();
-        let part = bytes.div_ceil(t);
-        cells.push(best_gbs(bytes, || {
-            pool.install(|| {
-                use rayon::prelude::*;
-                let x = buf
-                    .par_chunks(part)
-                    .map(read_all)
-                    .reduce(|| 0, |a, b| a ^ b);
-                black_box(x);
+    // One pool per thread count, each row of the table measured in every one of them.
+    let pools: Vec<rayon::ThreadPool> = threads
+        .iter()
+        .map(|&t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        })
+        .collect();
+
+    let buf = xorshift_bytes(bytes, &mut 3);
+    let cells: Vec<f64> = pools
+        .iter()
+        .map(|pool| {
+            let part = bytes.div_ceil(pool.current_num_threads());
+            best_gbs(bytes, || {
+                pool.install(|| {
+                    use rayon::prelude::*;
+                    let x = buf
+                        .par_chunks(part)
+                        .map(read_all)
+                        .reduce(|| 0, |a, b| a ^ b);
+                    black_box(x);
+                })
             })
-        }));
-    }
+        })
+        .collect();
     print_row("plain read", &cells);
 
     let formats = [
@@ -123,16 +113,14 @@ fn main() {
         .unwrap();
         let x: Vec<f32> = (0..cols).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();
         let mut out = vec![0f32; rows];
-        let mut cells = vec![];
-        for &t in &threads {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .unwrap();
-            cells.push(best_gbs(w.len(), || {
-                pool.install(|| matvec(&m, &x, &mut out).unwrap())
-            }));
-        }
+        let cells: Vec<f64> = pools
+            .iter()
+            .map(|pool| {
+                best_gbs(w.len(), || {
+                    pool.install(|| matvec(&m, &x, &mut out).unwrap())
+                })
+            })
+            .collect();
         print_row(&format!("matvec {name}"), &cells);
     }
 }

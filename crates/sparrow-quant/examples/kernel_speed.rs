@@ -2,37 +2,23 @@
 //! `cargo run --release -p sparrow-quant --example kernel_speed [threads]`.
 //! Prints GB/s of weights for matvec (decode) and GMAC/s for matmul (prefill).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::time::Instant;
 
 use sparrow_quant::{matmul, matvec, GgmlType, QMatrix};
 
-fn rng_bytes(n: usize, seed: &mut u64) -> Vec<u8> {
-    (0..n)
-        .map(|_| {
-            *seed ^= *seed << 13;
-            *seed ^= *seed >> 7;
-            *seed ^= *seed << 17;
-            *seed as u8
-        })
-        .collect()
-}
+use common::fixed_scale_weights;
 
 /// Random blocks with small finite f16 scales at every f16 field.
 fn weights(ty: GgmlType, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
-    let mut b = rng_bytes(rows * cols / ty.block_elems() * ty.block_bytes(), seed);
-    let fields: &[usize] = match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q6_K => &[208],
-        _ => &[],
-    };
-    let h = half::f16::from_f32(0.01).to_le_bytes();
-    for blk in b.chunks_exact_mut(ty.block_bytes()) {
-        for &f in fields {
-            blk[f..f + 2].copy_from_slice(&h);
-        }
-    }
-    b
+    fixed_scale_weights(
+        ty,
+        rows * cols / ty.block_elems() * ty.block_bytes(),
+        seed,
+        0.01,
+    )
 }
 
 fn main() {

@@ -7,35 +7,15 @@
 //! around the kernel calls, which the script subtracts). Prints a checksum so the calls
 //! cannot be optimized away. Bad arguments are reported, not panicked on.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::process::ExitCode;
 
 use sparrow_quant::q8::{Q8Dot, Q8KActs, Q8_0Acts};
 use sparrow_quant::{GgmlType, Kernels, SimdLevel};
 
-/// Deterministic pseudo-random bytes (xorshift).
-fn rng_bytes(n: usize, seed: &mut u64) -> Vec<u8> {
-    (0..n)
-        .map(|_| {
-            *seed ^= *seed << 13;
-            *seed ^= *seed >> 7;
-            *seed ^= *seed << 17;
-            *seed as u8
-        })
-        .collect()
-}
-
-/// Byte offsets of the f16 scale fields of one block of `ty` (set to a small finite value
-/// so no NaN or infinity appears; the kernels have no data-dependent branches anyway).
-fn f16_fields(ty: GgmlType) -> &'static [usize] {
-    match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q6_K => &[208],
-        _ => &[],
-    }
-}
+use common::{fixed_scale_weights, xorshift_bytes};
 
 fn parse_args() -> Result<(GgmlType, SimdLevel, usize, usize, usize), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -83,14 +63,8 @@ fn main() -> ExitCode {
         eprintln!("error: {cols} columns are not whole {ty} blocks");
         return ExitCode::FAILURE;
     };
-    let mut w = rng_bytes(rows * row_bytes, &mut seed);
-    let h = half::f16::from_f32(0.01).to_le_bytes();
-    for b in w.chunks_exact_mut(ty.block_bytes()) {
-        for &f in f16_fields(ty) {
-            b[f..f + 2].copy_from_slice(&h);
-        }
-    }
-    let x: Vec<f32> = rng_bytes(cols, &mut seed)
+    let w = fixed_scale_weights(ty, rows * row_bytes, &mut seed, 0.01);
+    let x: Vec<f32> = xorshift_bytes(cols, &mut seed)
         .iter()
         .map(|&b| b as f32 / 128.0 - 1.0)
         .collect();

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::GgmlType;
+use crate::types::GgmlType;
 
 /// Why a dequantize / dot / matrix operation was refused.
 ///
@@ -94,3 +94,20 @@ impl fmt::Display for QuantError {
 }
 
 impl std::error::Error for QuantError {}
+
+/// [`QuantError::LenMismatch`] unless `actual == expected`: the one length check every
+/// public entry point makes of its slices.
+pub(crate) fn check_len(
+    what: &'static str,
+    expected: usize,
+    actual: usize,
+) -> Result<(), QuantError> {
+    if expected != actual {
+        return Err(QuantError::LenMismatch {
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}

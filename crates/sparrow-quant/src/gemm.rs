@@ -8,12 +8,12 @@
 //!    per-row path does) and regrouped per scale group `G` (32 elements for the legacy
 //!    formats, 16 for the k-quants): quants, the f32 scale `dx`, `-off * sum(quants)` and
 //!    `dx * sum(quants)`.
-//! 2. The weight rows are decoded [`PANEL`] (32) rows at a time to signed integers plus one
+//! 2. The weight rows are decoded `PANEL` (32) rows at a time to signed integers plus one
 //!    f32 factor `dw` (and, for formats with minimums, an offset `mw`) per group, so that
 //!    `w_i = dw * s_i + mw`, and stored interleaved: for every 4 consecutive columns, the 4
 //!    bytes of row 0, then row 1, ... (each as `s + off`, unsigned, with the format's
 //!    smallest `off` that makes it non-negative: 0 for Q4_K, 16 for Q5_0, 32 for Q6_K, 128
-//!    for the 8-bit formats; see [`layout`]). One 64-byte register then holds 4 columns of
+//!    for the 8-bit formats; see `crate::catalogue`). One 64-byte register then holds 4 columns of
 //!    16 rows, one 32-byte register 4 columns of 8 rows.
 //! 3. A micro-kernel runs every token of the batch through the decoded panel, a few tokens
 //!    at a time: per 4 columns, one 32-bit broadcast of each token's 4 activation bytes
@@ -40,11 +40,11 @@
 
 use rayon::prelude::*;
 
-use crate::q8::{k_ints, legacy_ints, Q8KActs, Q8_0Acts, Q8K_BLOCK, Q8_0_BLOCK};
-use crate::{GgmlType, QMatrix, SimdLevel};
-
-/// Rows decoded together (two 16-lane registers).
-pub(crate) const PANEL: usize = 32;
+use crate::catalogue::panel_layout;
+use crate::level::SimdLevel;
+use crate::matrix::QMatrix;
+use crate::panel::{panel_scalar, BatchActs, Layout, Panel, PanelKernel, PANEL};
+use crate::q8::{k_ints, legacy_ints};
 
 /// Fewest tokens for which decoding panels pays off against the per-row kernels, with the
 /// AVX-512 VNNI micro-kernel. Measured on Qwen2.5-0.5B Q4_K_M, 2 threads (`sparrow bench
@@ -66,182 +66,55 @@ pub(crate) const MIN_TOKENS_AVX2: usize = 16;
 #[cfg(target_arch = "aarch64")]
 pub(crate) const MIN_TOKENS_NEON: usize = 8;
 
-/// How a weight format maps onto groups.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Layout {
-    /// Elements per scale group (32 legacy, 16 k-quants).
-    pub(crate) g: usize,
-    /// Whether `w = dw * s + mw` has a non-zero `mw`.
-    pub(crate) mins: bool,
-    /// Legacy (Q8_0 activations) or k-quant (Q8_K activations).
-    pub(crate) legacy: bool,
-    /// The panel stores `s + off`, which lies in `0..=qmax` (see [`Panel`]).
-    pub(crate) off: u8,
-    /// The largest stored value `s + off`: at most 128 except for the 8-bit formats
-    /// (Q8_0, Q8_K: `off = 128`, `qmax = 255`).
-    pub(crate) qmax: u8,
-}
-
-/// The panel layout of `ty`, if it has one (every quantized format with an int8 kernel).
-pub(crate) fn layout(ty: GgmlType) -> Option<Layout> {
-    use GgmlType::*;
-    // (legacy, mins, off, qmax): `s` ranges over `-off ..= qmax - off` (see `q8::legacy_ints`
-    // and `q8::k_ints`).
-    let (legacy, mins, off, qmax) = match ty {
-        Q4_0 => (true, false, 8, 15),
-        Q5_0 => (true, false, 16, 31),
-        Q8_0 => (true, false, 128, 255),
-        Q4_1 => (true, true, 0, 15),
-        Q5_1 => (true, true, 0, 31),
-        Q2_K => (false, true, 0, 3),
-        Q3_K => (false, false, 4, 7),
-        Q4_K => (false, true, 0, 15),
-        Q5_K => (false, true, 0, 31),
-        Q6_K => (false, false, 32, 63),
-        Q8_K => (false, false, 128, 255),
-        _ => return None,
-    };
-    Some(Layout {
-        g: if legacy { 32 } else { 16 },
-        mins,
-        legacy,
-        off,
-        qmax,
-    })
-}
-
-/// The quantized activations of a batch, per token and group (see the module docs).
-#[derive(Debug, Default)]
-pub(crate) struct BatchActs {
-    /// Elements per token.
-    pub(crate) cols: usize,
-    /// Groups per token.
-    pub(crate) groups: usize,
-    /// Quants (as raw bytes of `i8`), `cols` per token.
-    pub(crate) qs: Vec<u8>,
-    /// Activation scale per group.
-    pub(crate) dx: Vec<f32>,
-    /// `-off * sum(quants)` per group (`off` of the weight [`Layout`]).
-    pub(crate) negc: Vec<i32>,
-    /// `dx * sum(quants)` per group.
-    pub(crate) xs: Vec<f32>,
-}
-
-impl BatchActs {
-    /// Quantizes the `n` rows of `xs` (`cols` each) as the per-row kernels of a format of
-    /// `lay` would, in parallel over tokens.
-    pub(crate) fn new(lay: Layout, xs: &[f32], cols: usize, n: usize) -> Self {
-        let groups = cols / lay.g;
-        let mut a = BatchActs {
-            cols,
-            groups,
-            qs: vec![0; n * cols],
-            dx: vec![0.0; n * groups],
-            negc: vec![0; n * groups],
-            xs: vec![0.0; n * groups],
-        };
-        a.qs.par_chunks_mut(cols)
-            .zip(a.dx.par_chunks_mut(groups))
-            .zip(a.negc.par_chunks_mut(groups))
-            .zip(a.xs.par_chunks_mut(groups))
-            .zip(xs.par_chunks_exact(cols))
-            .for_each_init(
-                || (Q8_0Acts::default(), Q8KActs::default()),
-                |(a0, ak), ((((qs, dx), negc), sx), x)| {
-                    let mut put = |gi: usize, d: f32, sum: i32| {
-                        dx[gi] = d;
-                        negc[gi] = -(lay.off as i32) * sum;
-                        sx[gi] = d * sum as f32;
-                    };
-                    if lay.legacy {
-                        a0.quantize_from(x);
-                        let s = a0.as_slice();
-                        for (q, &v) in qs.iter_mut().zip(s.qs) {
-                            *q = v as u8;
-                        }
-                        for b in 0..cols / Q8_0_BLOCK {
-                            put(b, s.d[b], s.sum[b]);
-                        }
-                    } else {
-                        ak.quantize_from(x);
-                        let s = ak.as_slice();
-                        for (q, &v) in qs.iter_mut().zip(s.qs) {
-                            *q = v as u8;
-                        }
-                        for (gi, &bs) in s.bsums.iter().enumerate() {
-                            put(gi, s.d[gi * 16 / Q8K_BLOCK], bs as i32);
-                        }
-                    }
-                },
-            );
-        a
-    }
-}
-
-/// [`PANEL`] weight rows decoded for the micro-kernel (see the module docs).
-#[derive(Debug, Default)]
-pub(crate) struct Panel {
-    /// `s + off` per weight (unsigned, `off` of the [`Layout`]); 4 columns of row 0, of
-    /// row 1, ..., then the next 4 columns.
-    pub(crate) q: Vec<u8>,
-    /// `dw` per group: [`PANEL`] rows per group.
-    pub(crate) dw: Vec<f32>,
-    /// `mw` per group (empty for formats without minimums).
-    pub(crate) mw: Vec<f32>,
-}
-
-impl Panel {
-    /// Decodes rows `r0 .. r0 + PANEL` of `m` (whose type has layout `lay`).
-    pub(crate) fn decode(&mut self, lay: Layout, m: &QMatrix<'_>, r0: usize) {
-        let cols = m.cols();
-        let groups = cols / lay.g;
-        self.q.resize(cols * PANEL, 0);
-        self.dw.resize(groups * PANEL, 0.0);
-        self.mw
-            .resize(if lay.mins { groups * PANEL } else { 0 }, 0.0);
-        let ty = m.ty();
-        let bb = ty.block_bytes();
-        for r in 0..PANEL {
-            if r0 + r >= m.rows() {
-                // padding rows of the last panel: zero weights
-                for j in 0..cols / 4 {
-                    self.q[(j * PANEL + r) * 4..][..4].fill(lay.off);
-                }
-                for gi in 0..groups {
-                    self.dw[gi * PANEL + r] = 0.0;
-                    if lay.mins {
-                        self.mw[gi * PANEL + r] = 0.0;
-                    }
-                }
-                continue;
+/// Decodes rows `r0 .. r0 + PANEL` of `m` (whose type has layout `lay`) into `p`.
+fn decode(p: &mut Panel, lay: Layout, m: &QMatrix<'_>, r0: usize) {
+    let cols = m.cols();
+    let groups = cols / lay.g;
+    p.q.resize(cols * PANEL, 0);
+    p.dw.resize(groups * PANEL, 0.0);
+    p.mw.resize(if lay.mins { groups * PANEL } else { 0 }, 0.0);
+    let ty = m.ty();
+    let bb = ty.block_bytes();
+    for r in 0..PANEL {
+        if r0 + r >= m.rows() {
+            // padding rows of the last panel: zero weights
+            for j in 0..cols / 4 {
+                p.q[(j * PANEL + r) * 4..][..4].fill(lay.off);
             }
-            let row = m.row(r0 + r);
-            if lay.legacy {
-                let mut put = |bi: usize, b: &[u8]| {
-                    let w = legacy_ints(ty, b);
-                    put_q(&mut self.q, lay.off, r, bi * 32, &w.q);
-                    self.dw[bi * PANEL + r] = w.d;
-                    if lay.mins {
-                        self.mw[bi * PANEL + r] = w.m;
-                    }
-                };
-                if m.is_packed() {
-                    crate::packed::for_each_block(row, put);
-                } else {
-                    for (bi, b) in row.chunks_exact(bb).enumerate() {
-                        put(bi, b);
-                    }
+            for gi in 0..groups {
+                p.dw[gi * PANEL + r] = 0.0;
+                if lay.mins {
+                    p.mw[gi * PANEL + r] = 0.0;
                 }
+            }
+            continue;
+        }
+        let row = m.row(r0 + r);
+        if lay.legacy {
+            let mut put = |bi: usize, b: &[u8]| {
+                let w = legacy_ints(ty, b);
+                put_q(&mut p.q, lay.off, r, bi * 32, &w.q);
+                p.dw[bi * PANEL + r] = w.d;
+                if lay.mins {
+                    p.mw[bi * PANEL + r] = w.m;
+                }
+            };
+            if m.is_packed() {
+                crate::packed::for_each_block(row, put);
             } else {
                 for (bi, b) in row.chunks_exact(bb).enumerate() {
-                    let k = k_ints(ty, b);
-                    put_q(&mut self.q, lay.off, r, bi * 256, &k.q);
-                    for g in 0..16 {
-                        let gi = bi * 16 + g;
-                        self.dw[gi * PANEL + r] = k.d * k.sc[g] as f32;
-                        if lay.mins {
-                            self.mw[gi * PANEL + r] = -(k.dmin * k.m[g] as f32);
-                        }
+                    put(bi, b);
+                }
+            }
+        } else {
+            for (bi, b) in row.chunks_exact(bb).enumerate() {
+                let k = k_ints(ty, b);
+                put_q(&mut p.q, lay.off, r, bi * 256, &k.q);
+                for g in 0..16 {
+                    let gi = bi * 16 + g;
+                    p.dw[gi * PANEL + r] = k.d * k.sc[g] as f32;
+                    if lay.mins {
+                        p.mw[gi * PANEL + r] = -(k.dmin * k.m[g] as f32);
                     }
                 }
             }
@@ -261,33 +134,6 @@ fn put_q(panel: &mut [u8], off: u8, r: usize, c0: usize, q: &[i8]) {
         }
     }
 }
-
-/// Runs all `n` tokens of `a` through the decoded panel `p`; `res[t * PANEL + r]` receives
-/// row `r`'s output for token `t`. Portable reference of the SIMD micro-kernel.
-pub(crate) fn panel_scalar(lay: Layout, p: &Panel, a: &BatchActs, n: usize, res: &mut [f32]) {
-    let (g, ng, cols) = (lay.g, a.groups, a.cols);
-    for t in 0..n {
-        for r in 0..PANEL {
-            let mut acc = 0f32;
-            for gi in 0..ng {
-                let mut isum = a.negc[t * ng + gi];
-                for c in gi * g..(gi + 1) * g {
-                    let w = p.q[((c / 4) * PANEL + r) * 4 + c % 4] as i32;
-                    isum += w * (a.qs[t * cols + c] as i8) as i32;
-                }
-                acc += isum as f32 * (p.dw[gi * PANEL + r] * a.dx[t * ng + gi]);
-                if lay.mins {
-                    acc += p.mw[gi * PANEL + r] * a.xs[t * ng + gi];
-                }
-            }
-            res[t * PANEL + r] = acc;
-        }
-    }
-}
-
-/// A panel micro-kernel: `res[t * PANEL + r]` for every token `t` of the batch and every
-/// row `r` of the panel.
-type PanelKernel = fn(Layout, &Panel, &BatchActs, usize, &mut [f32]);
 
 /// The panel micro-kernel of `level`, if it has one, and the fewest tokens it is used for.
 fn panel_kernel(level: SimdLevel) -> Option<(PanelKernel, usize)> {
@@ -318,7 +164,8 @@ pub(crate) fn matmul_panels(
     n: usize,
     out: &mut [f32],
 ) -> bool {
-    let (Some(lay), Some((kernel, min_tokens))) = (layout(m.ty()), panel_kernel(level)) else {
+    let (Some(lay), Some((kernel, min_tokens))) = (panel_layout(m.ty()), panel_kernel(level))
+    else {
         return false;
     };
     if n < min_tokens || m.cols() == 0 {
@@ -331,7 +178,7 @@ pub(crate) fn matmul_panels(
 /// As [`matmul_panels`] with the portable micro-kernel (for tests).
 #[doc(hidden)]
 pub fn matmul_panels_scalar(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> bool {
-    let Some(lay) = layout(m.ty()) else {
+    let Some(lay) = panel_layout(m.ty()) else {
         return false;
     };
     let n = xs.len() / m.cols();
@@ -353,7 +200,7 @@ fn run_panels(
     let parts: Vec<Vec<f32>> = (0..n_panels)
         .into_par_iter()
         .map_init(Panel::default, |p, pi| {
-            p.decode(lay, m, pi * PANEL);
+            decode(p, lay, m, pi * PANEL);
             let mut res = vec![0f32; n * PANEL];
             kernel(lay, p, &acts, n, &mut res);
             res

@@ -27,9 +27,11 @@
 //!
 //! The code for each format lives in [`formats`] as a type implementing
 //! [`formats::BlockFormat`] (the scalar reference); [`q8`] holds the int8-activation
-//! machinery and its scalar reference; [`kernels::Kernels`] is the dispatch table that
-//! picks SIMD kernels (AVX2, AVX-512; NEON on AArch64) at run time; [`packed`] is sparrow's own row layout
-//! for Q5_0, which decodes faster than ggml's ([`QMatrix::new_packed`] views it).
+//! machinery and its scalar reference; every format with kernels is named once, in the
+//! kernel catalogue (`src/catalogue.rs`), from which each SIMD level's table follows;
+//! [`kernels::Kernels`] is the dispatch table that picks SIMD kernels (AVX2, AVX-512; NEON
+//! on AArch64) at run time; [`packed`] is sparrow's own row layout for Q5_0, which decodes
+//! faster than ggml's ([`QMatrix::new_packed`] views it).
 //!
 //! # int8 activations
 //!
@@ -42,21 +44,28 @@
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+mod catalogue;
+mod entry_points;
 mod error;
 pub mod formats;
 #[doc(hidden)]
 pub mod gemm;
 pub mod kernels;
+mod level;
 mod matrix;
 pub mod packed;
+mod panel;
+mod products;
 pub mod q8;
 mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use error::check_len;
 pub use error::QuantError;
 pub use kernels::{Kernels, SimdLevel};
-pub use matrix::{matmul, matmul_at_level, matmul_f32, matvec, matvec_f32, matvec_multi, QMatrix};
+pub use matrix::QMatrix;
+pub use products::{matmul, matmul_at_level, matmul_f32, matvec, matvec_f32, matvec_multi};
 pub use types::GgmlType;
 
 /// The kernels for `ty`, or [`QuantError::Unsupported`].
@@ -91,13 +100,7 @@ pub(crate) fn elems_in(ty: GgmlType, len: usize) -> Result<usize, QuantError> {
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
     let k = kernels_for(ty)?;
     let n = elems_in(ty, bytes.len())?;
-    if out.len() != n {
-        return Err(QuantError::LenMismatch {
-            what: "out",
-            expected: n,
-            actual: out.len(),
-        });
-    }
+    check_len("out", n, out.len())?;
     (k.dequantize)(bytes, out);
     Ok(())
 }
@@ -111,13 +114,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Qua
 pub fn dot(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
     let k = kernels_for(ty)?;
     let n = elems_in(ty, row.len())?;
-    if x.len() != n {
-        return Err(QuantError::LenMismatch {
-            what: "x",
-            expected: n,
-            actual: x.len(),
-        });
-    }
+    check_len("x", n, x.len())?;
     Ok((k.dot)(row, x))
 }
 
@@ -130,13 +127,7 @@ pub fn dot(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 pub fn dot_q8(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
     let k = kernels_for(ty)?;
     let n = elems_in(ty, row.len())?;
-    if x.len() != n {
-        return Err(QuantError::LenMismatch {
-            what: "x",
-            expected: n,
-            actual: x.len(),
-        });
-    }
+    check_len("x", n, x.len())?;
     Ok(match k.dot_q8 {
         Some(q) => q.quantize_and_dot(row, x),
         None => (k.dot)(row, x),

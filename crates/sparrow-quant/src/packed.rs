@@ -27,9 +27,10 @@
 //! bytes exactly, and every product computes the same integer sums as on the ggml layout
 //! (the scalar reference [`q5_0_dot_q8`] equals [`crate::q8::q5_0`] bit for bit).
 
+use crate::error::QuantError;
 use crate::formats::{legacy, BlockFormat};
-use crate::q8::{add_legacy_block, Q8_0Slice, Q8_0_BLOCK};
-use crate::{GgmlType, QuantError};
+use crate::q8::{add_legacy_block, common_blocks, Q8_0Slice, Q8_0_BLOCK};
+use crate::types::GgmlType;
 use rayon::prelude::*;
 
 /// Blocks per packed group.
@@ -84,9 +85,7 @@ pub fn pack_rows(
     row_bytes: usize,
     dst: &mut [u8],
 ) -> Result<(), QuantError> {
-    check(ty, src, dst, row_bytes)?;
-    map_groups(src, row_bytes, dst, pack_group);
-    Ok(())
+    map_groups(ty, src, row_bytes, dst, pack_group)
 }
 
 /// The inverse of [`pack_rows`]: restores ggml's layout exactly.
@@ -96,20 +95,20 @@ pub fn unpack_rows(
     row_bytes: usize,
     dst: &mut [u8],
 ) -> Result<(), QuantError> {
-    check(ty, src, dst, row_bytes)?;
-    map_groups(src, row_bytes, dst, unpack_group);
-    Ok(())
+    map_groups(ty, src, row_bytes, dst, unpack_group)
 }
 
-/// Writes `f` of every whole group of every row of `src` to `dst`, copying the blocks
-/// after a row's last whole group as they are; rows in parallel (a model holds a few
-/// hundred MB of them).
+/// After [`check`]ing the arguments, writes `f` of every whole group of every row of `src`
+/// to `dst`, copying the blocks after a row's last whole group as they are; rows in
+/// parallel (a model holds a few hundred MB of them).
 fn map_groups(
+    ty: GgmlType,
     src: &[u8],
     row_bytes: usize,
     dst: &mut [u8],
     f: fn(&[u8; GROUP_BYTES]) -> [u8; GROUP_BYTES],
-) {
+) -> Result<(), QuantError> {
+    check(ty, src, dst, row_bytes)?;
     src.par_chunks(row_bytes)
         .zip(dst.par_chunks_mut(row_bytes))
         .for_each(|(s, d)| {
@@ -122,6 +121,7 @@ fn map_groups(
             }
             d[whole..].copy_from_slice(&s[whole..]);
         });
+    Ok(())
 }
 
 /// `SPREAD[v]`: byte `i` holds bit `i` of `v` (0 or 1).
@@ -229,7 +229,7 @@ pub(crate) fn q5_0_dot(row: &[u8], x: &[f32]) -> f32 {
 /// [`crate::q8::q5_0`] on the unpacked row bit for bit (same integer sums, same order of
 /// the f32 operations).
 pub fn q5_0_dot_q8(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    let blocks = x.d.len().min(x.sum.len()).min(x.qs.len() / Q8_0_BLOCK);
+    let blocks = common_blocks(row, Q5_0_BYTES, x);
     let mut acc = 0f32;
     for_each_block(row, |k, b| {
         if k < blocks {
@@ -244,15 +244,10 @@ pub fn q5_0_dot_q8(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
 mod tests {
     use super::*;
 
+    /// Arbitrary bytes: the top byte of a multiplicative hash of the index.
     fn bytes(n: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u8
-            })
+        (0..n as u64)
+            .map(|i| ((i ^ seed << 32).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
             .collect()
     }
 

@@ -27,8 +27,9 @@
 //! `sum_blocks (a_b * (1/254 + 2^-11)) * sum_{i in b} |w_i|` plus f32 rounding;
 //! [`act_error_bound`] computes the exact bound, and the tests hold every kernel to it.
 
-use crate::formats::f16_at;
-use crate::GgmlType;
+use crate::formats::kquants::{self, scale_min_k4};
+use crate::formats::{f16_at, legacy, BlockFormat};
+use crate::types::GgmlType;
 
 /// Elements per [`Q8_0Acts`] block.
 pub const Q8_0_BLOCK: usize = 32;
@@ -230,7 +231,23 @@ impl Q8KActs {
     }
 }
 
-impl Q8KSlice<'_> {
+impl<'a> Q8KSlice<'a> {
+    /// The super-blocks of a k-quant `row` (of `bb` bytes each) beside their activations:
+    /// block bytes, the 256 quants, the scale and the 16 `bsums`. (Every k-quant kernel,
+    /// scalar or SIMD, walks a row this way.)
+    #[inline(always)]
+    pub(crate) fn blocks(
+        self,
+        row: &'a [u8],
+        bb: usize,
+    ) -> impl Iterator<Item = (&'a [u8], &'a [i8], f32, &'a [i16])> {
+        row.chunks_exact(bb)
+            .zip(self.qs.chunks_exact(Q8K_BLOCK))
+            .zip(self.d)
+            .zip(self.bsums.chunks_exact(Q8K_BLOCK / Q8K_BSUM))
+            .map(|(((b, xq), &dx), bs)| (b, xq, dx, bs))
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.qs.len()
@@ -320,6 +337,52 @@ pub fn act_error_bound(act: GgmlType, w: &[f32], x: &[f32]) -> f64 {
 // Each weight block is first decoded to small integers plus f32 factors, in the form the
 // SIMD kernels use, then the integer products are summed exactly in i32 and scaled once.
 
+/// Where the fields of a legacy block lie, for the SIMD kernels, which name the format by
+/// a const index `TY`: Q4_0 (0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4).
+pub(crate) struct LegacyLayout {
+    /// Bytes per block.
+    pub(crate) bytes: usize,
+    /// Whether an f16 minimum follows the scale.
+    pub(crate) has_min: bool,
+    /// Whether 32 fifth bits (`qh`) follow.
+    pub(crate) has_qh: bool,
+    /// Offset of `qh`, then of the quants.
+    pub(crate) qh_off: usize,
+    pub(crate) qs_off: usize,
+    /// The offset subtracted from the unsigned quants (8, 16 or 0).
+    pub(crate) off: i32,
+}
+
+/// The [`LegacyLayout`] of format index `ty`.
+pub(crate) const fn legacy_layout(ty: u8) -> LegacyLayout {
+    let (bytes, has_min, has_qh, off) = match ty {
+        0 => (18, false, false, 8),
+        1 => (20, true, false, 0),
+        2 => (22, false, true, 16),
+        3 => (24, true, true, 0),
+        _ => (34, false, false, 0),
+    };
+    LegacyLayout {
+        bytes,
+        has_min,
+        has_qh,
+        qh_off: if has_min { 4 } else { 2 },
+        qs_off: 2 + 2 * has_min as usize + 4 * has_qh as usize,
+        off,
+    }
+}
+
+/// Number of whole blocks a legacy-format row (of `block_bytes` blocks) and its Q8_0
+/// activations have in common (the shorter of the two decides, as a zip of the blocks
+/// would): the bound within which the kernels' block reads stay.
+#[inline(always)]
+pub(crate) fn common_blocks(row: &[u8], block_bytes: usize, x: Q8_0Slice<'_>) -> usize {
+    (row.len() / block_bytes)
+        .min(x.d.len())
+        .min(x.sum.len())
+        .min(x.qs.len() / Q8_0_BLOCK)
+}
+
 /// A legacy block as integers: `w_i = d * q_i + m`.
 pub(crate) struct LegacyInts {
     pub(crate) d: f32,
@@ -365,8 +428,9 @@ pub(crate) fn legacy_ints(ty: GgmlType, b: &[u8]) -> LegacyInts {
     }
 }
 
-fn legacy_dot<const TY: u8>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    let ty = legacy_ty(TY);
+/// The scalar int8 dot of a legacy format `F`.
+fn legacy_dot<F: BlockFormat>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
+    let ty = F::TYPE;
     let bb = ty.block_bytes();
     let mut acc = 0f32;
     for (((b, xq), &dx), &sx) in row
@@ -392,35 +456,25 @@ pub(crate) fn add_legacy_block(acc: &mut f32, ty: GgmlType, b: &[u8], xq: &[i8],
     }
 }
 
-const fn legacy_ty(t: u8) -> GgmlType {
-    match t {
-        0 => GgmlType::Q4_0,
-        1 => GgmlType::Q4_1,
-        2 => GgmlType::Q5_0,
-        3 => GgmlType::Q5_1,
-        _ => GgmlType::Q8_0,
-    }
-}
-
 /// Scalar int8 dot of Q4_0 weights with Q8_0 activations.
 pub fn q4_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    legacy_dot::<0>(row, x)
+    legacy_dot::<legacy::Q4_0>(row, x)
 }
 /// Scalar int8 dot of Q4_1 weights with Q8_0 activations.
 pub fn q4_1(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    legacy_dot::<1>(row, x)
+    legacy_dot::<legacy::Q4_1>(row, x)
 }
 /// Scalar int8 dot of Q5_0 weights with Q8_0 activations.
 pub fn q5_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    legacy_dot::<2>(row, x)
+    legacy_dot::<legacy::Q5_0>(row, x)
 }
 /// Scalar int8 dot of Q5_1 weights with Q8_0 activations.
 pub fn q5_1(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    legacy_dot::<3>(row, x)
+    legacy_dot::<legacy::Q5_1>(row, x)
 }
 /// Scalar int8 dot of Q8_0 weights with Q8_0 activations.
 pub fn q8_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
-    legacy_dot::<4>(row, x)
+    legacy_dot::<legacy::Q8_0>(row, x)
 }
 
 /// A k-quant super-block as integers: per 16-element group `g`,
@@ -431,19 +485,6 @@ pub(crate) struct KInts {
     pub(crate) q: [i8; 256],
     pub(crate) sc: [i32; 16],
     pub(crate) m: [i32; 16],
-}
-
-/// The 6-bit scales and minimums of Q4_K/Q5_K (see `formats::kquants`).
-#[inline(always)]
-pub(crate) fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 0x3F, s[j + 4] & 0x3F)
-    } else {
-        (
-            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
-    }
 }
 
 /// The eight 6-bit scales and eight 6-bit minimums of a Q4_K/Q5_K super-block (the 12
@@ -568,22 +609,11 @@ pub(crate) fn k_ints(ty: GgmlType, b: &[u8]) -> KInts {
     k
 }
 
-fn k_dot<const TY: u8>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    let ty = match TY {
-        0 => GgmlType::Q2_K,
-        1 => GgmlType::Q3_K,
-        2 => GgmlType::Q4_K,
-        3 => GgmlType::Q5_K,
-        4 => GgmlType::Q6_K,
-        _ => GgmlType::Q8_K,
-    };
+/// The scalar int8 dot of a k-quant `F`.
+fn k_dot<F: BlockFormat>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+    let ty = F::TYPE;
     let mut acc = 0f32;
-    for (((b, xq), &dx), bsums) in row
-        .chunks_exact(ty.block_bytes())
-        .zip(x.qs.chunks_exact(Q8K_BLOCK))
-        .zip(x.d)
-        .zip(x.bsums.chunks_exact(Q8K_BLOCK / Q8K_BSUM))
-    {
+    for (b, xq, dx, bsums) in x.blocks(row, ty.block_bytes()) {
         let k = k_ints(ty, b);
         let mut sumi = 0i32;
         let mut summ = 0i32;
@@ -604,44 +634,25 @@ fn k_dot<const TY: u8>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 
 /// Scalar int8 dot of Q2_K weights with Q8_K activations.
 pub fn q2_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<0>(row, x)
+    k_dot::<kquants::Q2_K>(row, x)
 }
 /// Scalar int8 dot of Q3_K weights with Q8_K activations.
 pub fn q3_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<1>(row, x)
+    k_dot::<kquants::Q3_K>(row, x)
 }
 /// Scalar int8 dot of Q4_K weights with Q8_K activations.
 pub fn q4_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<2>(row, x)
+    k_dot::<kquants::Q4_K>(row, x)
 }
 /// Scalar int8 dot of Q5_K weights with Q8_K activations.
 pub fn q5_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<3>(row, x)
+    k_dot::<kquants::Q5_K>(row, x)
 }
 /// Scalar int8 dot of Q6_K weights with Q8_K activations.
 pub fn q6_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<4>(row, x)
+    k_dot::<kquants::Q6_K>(row, x)
 }
 /// Scalar int8 dot of Q8_K weights with Q8_K activations.
 pub fn q8_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    k_dot::<5>(row, x)
-}
-
-/// The scalar int8 kernel for `ty`, if it has one (every quantized format does; the float
-/// formats don't).
-pub fn scalar_q8(ty: GgmlType) -> Option<Q8Dot> {
-    Some(match ty {
-        GgmlType::Q4_0 => Q8Dot::Q8_0(q4_0),
-        GgmlType::Q4_1 => Q8Dot::Q8_0(q4_1),
-        GgmlType::Q5_0 => Q8Dot::Q8_0(q5_0),
-        GgmlType::Q5_1 => Q8Dot::Q8_0(q5_1),
-        GgmlType::Q8_0 => Q8Dot::Q8_0(q8_0),
-        GgmlType::Q2_K => Q8Dot::Q8K(q2_k),
-        GgmlType::Q3_K => Q8Dot::Q8K(q3_k),
-        GgmlType::Q4_K => Q8Dot::Q8K(q4_k),
-        GgmlType::Q5_K => Q8Dot::Q8K(q5_k),
-        GgmlType::Q6_K => Q8Dot::Q8K(q6_k),
-        GgmlType::Q8_K => Q8Dot::Q8K(q8_k),
-        _ => return None,
-    })
+    k_dot::<kquants::Q8_K>(row, x)
 }

@@ -163,13 +163,6 @@ impl GgmlType {
         }
     }
 
-    /// Whether sparrow has dequantize/dot kernels for this type (see [`crate::kernels`]).
-    /// The others can be catalogued and inspected, but computing with them returns
-    /// [`crate::QuantError::Unsupported`].
-    pub fn has_kernels(self) -> bool {
-        crate::kernels::Kernels::get(self).is_some()
-    }
-
     /// Every type in the catalogue, in GGUF id order.
     pub fn all() -> impl Iterator<Item = GgmlType> {
         TABLE.iter().map(|e| e.0)

@@ -26,6 +26,18 @@ use sparrow_quant::{dequantize, GgmlType, Kernels, SimdLevel};
 
 const EPS: f64 = 1.0 / (1u64 << 24) as f64;
 
+/// The formats these tests cover are exactly those with kernels: a format added to the
+/// catalogue fails here until the tests (and `common`'s block builders) know it.
+#[test]
+fn the_tests_cover_every_format_with_kernels() {
+    let with_kernels: Vec<GgmlType> = GgmlType::all().filter(|t| t.has_kernels()).collect();
+    assert_eq!(with_kernels.len(), SUPPORTED.len(), "{with_kernels:?}");
+    assert!(
+        with_kernels.iter().all(|t| SUPPORTED.contains(t)),
+        "{with_kernels:?}"
+    );
+}
+
 /// Byte offset and kind of each block's scale fields: `(offset, is_f32)`.
 fn scale_fields(ty: GgmlType) -> &'static [(usize, bool)] {
     match ty {

@@ -11,7 +11,7 @@
 use core::arch::aarch64::*;
 
 use super::neon::{ld16, ld4f, sdot};
-use crate::gemm::{BatchActs, Layout, Panel, PANEL};
+use crate::panel::{BatchActs, Layout, Panel, PANEL};
 
 /// Token `t` through the panel; writes `res[t * PANEL..][..PANEL]`.
 ///

@@ -31,7 +31,7 @@ use core::arch::aarch64::*;
 use core::arch::asm;
 
 use crate::formats::BlockFormat;
-use crate::q8::{q3_k_scales, scales_mins_k4, Q8KSlice, Q8_0Slice, Q8K_BLOCK, Q8_0_BLOCK};
+use crate::q8::{common_blocks, legacy_layout, q3_k_scales, scales_mins_k4, Q8KSlice, Q8_0Slice};
 
 // ---- small helpers ---------------------------------------------------------------------
 
@@ -296,46 +296,6 @@ pub(crate) fn dot_dequant<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
 
 // ---- int8 dots, legacy formats (Q8_0 activations) ----------------------------------------
 
-/// Number of whole blocks a legacy-format row and its Q8_0 activations have in common
-/// (the shorter of the two decides, as a zip of the blocks would).
-#[inline(always)]
-fn common_blocks(row: &[u8], block_bytes: usize, x: Q8_0Slice<'_>) -> usize {
-    (row.len() / block_bytes)
-        .min(x.d.len())
-        .min(x.sum.len())
-        .min(x.qs.len() / Q8_0_BLOCK)
-}
-
-/// Layout of a legacy format `TY`: Q4_0 (`TY = 0`), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4).
-struct Legacy {
-    /// Bytes per block.
-    bytes: usize,
-    /// Whether an f16 minimum follows the scale.
-    has_min: bool,
-    /// Whether 32 fifth bits (`qh`) follow.
-    has_qh: bool,
-    /// Offset of `qh`, then of the quants.
-    qh_off: usize,
-    qs_off: usize,
-}
-
-const fn legacy_layout(ty: u8) -> Legacy {
-    let (bytes, has_min, has_qh) = match ty {
-        0 => (18, false, false),
-        1 => (20, true, false),
-        2 => (22, false, true),
-        3 => (24, true, true),
-        _ => (34, false, false),
-    };
-    Legacy {
-        bytes,
-        has_min,
-        has_qh,
-        qh_off: if has_min { 4 } else { 2 },
-        qs_off: 2 + 2 * has_min as usize + 4 * has_qh as usize,
-    }
-}
-
 /// Byte `i` of the result is byte `i / 8` of `qh` (lanes 0..8 take byte `lo`, 8..16 byte
 /// `lo + 1`), tested against bit `i % 8`: 0xFF where element `i`'s fifth bit is set.
 #[inline(always)]
@@ -363,8 +323,8 @@ unsafe fn legacy_weights<const TY: u8>(b: *const u8) -> (int8x16_t, int8x16_t) {
         if l.has_min {
             return (s8(lo), s8(hi));
         }
-        let eight = vdupq_n_u8(8);
-        return (s8(vsubq_u8(lo, eight)), s8(vsubq_u8(hi, eight)));
+        let off = vdupq_n_u8(l.off as u8); // Q4_0: 8
+        return (s8(vsubq_u8(lo, off)), s8(vsubq_u8(hi, off)));
     }
     let qh = vreinterpretq_u8_u32(vdupq_n_u32(core::ptr::read_unaligned(
         b.add(l.qh_off).cast::<u32>(),
@@ -512,17 +472,6 @@ unsafe fn q5_0_packed_body<const D: bool>(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
 
 // ---- int8 dots, k-quants (Q8_K activations) ---------------------------------------------
 
-/// Iterates the super-blocks of a k-quant row with their activation block, scale and bsums.
-macro_rules! k_blocks {
-    ($row:expr, $bb:expr, $x:expr) => {
-        $row.chunks_exact($bb)
-            .zip($x.qs.chunks_exact(Q8K_BLOCK))
-            .zip($x.d)
-            .zip($x.bsums.chunks_exact(16))
-            .map(|(((b, xq), &dx), bs)| (b, xq, dx, bs))
-    };
-}
-
 /// `Σ_g sc[g] * p[g]` over 16 groups whose integer sums are the lane totals of `p`: totals
 /// gathered four by four, times the scales widened to i32.
 #[inline(always)]
@@ -543,6 +492,32 @@ unsafe fn mins8(m8: u64, bs: &[i16]) -> int32x4_t {
     vmlal_high_s16(vmull_s16(vget_low_s16(m), vget_low_s16(pairs)), m, pairs)
 }
 
+/// The end of a Q4_K/Q5_K block `b`: its eight sub-block sums (the lane totals of `p`)
+/// times the unpacked 6-bit scales, into `acc.0` with `d * dx`; its minimums times the
+/// pairwise-added activation sums `bs`, into `acc.1` with `dmin * dx`.
+#[inline(always)]
+unsafe fn k4_block_end(
+    (acc, macc): (float32x4_t, float32x4_t),
+    b: &[u8],
+    p: &[int32x4_t; 8],
+    bs: &[i16],
+    dx: f32,
+) -> (float32x4_t, float32x4_t) {
+    let (sc8, m8) = scales_mins_k4(&b[4..16]);
+    let (sc_lo, sc_hi) = widen_u8x8(sc8);
+    let sumi = vmlaq_s32(
+        vmulq_s32(hsum4(p[0], p[1], p[2], p[3]), sc_lo),
+        hsum4(p[4], p[5], p[6], p[7]),
+        sc_hi,
+    );
+    let dm = cvt_f16_u64(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64);
+    let summ = mins8(m8, bs);
+    (
+        vfmaq_n_f32(acc, vcvtq_f32_s32(sumi), dx * vgetq_lane_f32::<0>(dm)),
+        vfmaq_n_f32(macc, vcvtq_f32_s32(summ), dx * vgetq_lane_f32::<1>(dm)),
+    )
+}
+
 /// Q4_K: sub-blocks `2c`, `2c+1` are the low/high nibbles of `qs[32c..32c+32]`; the
 /// eight sub-block sums meet the unpacked 6-bit scales in two vector multiplies, the
 /// minimums meet the pairwise-added activation `bsums` in two widening multiplies.
@@ -553,8 +528,7 @@ unsafe fn mins8(m8: u64, bs: &[i16]) -> int32x4_t {
 unsafe fn q4_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m4 = vdupq_n_u8(0x0F);
     let (mut acc, mut macc) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-    for (b, xq, dx, bs) in k_blocks!(row, 144, x) {
-        let (sc8, m8) = scales_mins_k4(&b[4..16]);
+    for (b, xq, dx, bs) in x.blocks(row, 144) {
         let mut p = [vdupq_n_s32(0); 8];
         for c in 0..4 {
             let (q0, q1) = (ld16(&b[16 + 32 * c..]), ld16(&b[32 + 32 * c..]));
@@ -572,16 +546,7 @@ unsafe fn q4_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
                 ld16i(&xs[48..]),
             );
         }
-        let (sc_lo, sc_hi) = widen_u8x8(sc8);
-        let sumi = vmlaq_s32(
-            vmulq_s32(hsum4(p[0], p[1], p[2], p[3]), sc_lo),
-            hsum4(p[4], p[5], p[6], p[7]),
-            sc_hi,
-        );
-        let dm = cvt_f16_u64(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(sumi), dx * vgetq_lane_f32::<0>(dm));
-        let summ = mins8(m8, bs);
-        macc = vfmaq_n_f32(macc, vcvtq_f32_s32(summ), dx * vgetq_lane_f32::<1>(dm));
+        (acc, macc) = k4_block_end((acc, macc), b, &p, bs, dx);
     }
     vaddvq_f32(acc) - vaddvq_f32(macc)
 }
@@ -596,8 +561,7 @@ unsafe fn q5_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m4 = vdupq_n_u8(0x0F);
     let b4 = vdupq_n_u8(0x10);
     let (mut acc, mut macc) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-    for (b, xq, dx, bs) in k_blocks!(row, 176, x) {
-        let (sc8, m8) = scales_mins_k4(&b[4..16]);
+    for (b, xq, dx, bs) in x.blocks(row, 176) {
         let mut qh = [ld16(&b[16..]), ld16(&b[32..])];
         let mut p = [vdupq_n_s32(0); 8];
         for c in 0..4 {
@@ -622,16 +586,7 @@ unsafe fn q5_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
             );
             qh = [vshrq_n_u8::<2>(qh[0]), vshrq_n_u8::<2>(qh[1])];
         }
-        let (sc_lo, sc_hi) = widen_u8x8(sc8);
-        let sumi = vmlaq_s32(
-            vmulq_s32(hsum4(p[0], p[1], p[2], p[3]), sc_lo),
-            hsum4(p[4], p[5], p[6], p[7]),
-            sc_hi,
-        );
-        let dm = cvt_f16_u64(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(sumi), dx * vgetq_lane_f32::<0>(dm));
-        let summ = mins8(m8, bs);
-        macc = vfmaq_n_f32(macc, vcvtq_f32_s32(summ), dx * vgetq_lane_f32::<1>(dm));
+        (acc, macc) = k4_block_end((acc, macc), b, &p, bs, dx);
     }
     vaddvq_f32(acc) - vaddvq_f32(macc)
 }
@@ -654,7 +609,7 @@ unsafe fn q6_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m33 = vdupq_n_u8(0x33);
     let m32 = vdupq_n_s16(-32);
     let mut acc = vdupq_n_f32(0.0);
-    for (b, xq, dx, bs) in k_blocks!(row, 210, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 210) {
         let b: &[u8; 210] = b.try_into().expect("a Q6_K block");
         let xq: &[i8; 256] = xq.try_into().expect("a Q8_K block");
         // Each group's total starts at its bias, -32 bsum[g].
@@ -815,7 +770,7 @@ unsafe fn q6_k_sdot_block(
 unsafe fn q6_k_widening_body(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m6 = vdupq_n_u8(0x3F);
     let mut acc = vdupq_n_f32(0.0);
-    for (b, xq, dx, bs) in k_blocks!(row, 210, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 210) {
         let b: &[u8; 210] = b.try_into().expect("a Q6_K block");
         let xq: &[i8; 256] = xq.try_into().expect("a Q8_K block");
         let (bp, xp) = (b.as_ptr(), xq.as_ptr());
@@ -889,7 +844,7 @@ unsafe fn q2_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m2 = vdupq_n_u8(0x03);
     let m4 = vdupq_n_u8(0x0F);
     let (mut acc, mut macc) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-    for (b, xq, dx, bs) in k_blocks!(row, 84, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 84) {
         let scales = ld16(b);
         let mut p = [vdupq_n_s32(0); 16];
         for h in 0..2 {
@@ -935,7 +890,7 @@ unsafe fn q3_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m2 = vdupq_n_u8(0x03);
     let four = vdupq_n_u8(4);
     let mut acc = vdupq_n_f32(0.0);
-    for (b, xq, dx, _) in k_blocks!(row, 110, x) {
+    for (b, xq, dx, _) in x.blocks(row, 110) {
         let mut p = [vdupq_n_s32(0); 16];
         for half in 0..2 {
             let hm = ld16(&b[16 * half..]);
@@ -966,7 +921,7 @@ unsafe fn q3_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 #[inline(always)]
 unsafe fn q8_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let mut acc = vdupq_n_f32(0.0);
-    for (b, xq, dx, _) in k_blocks!(row, 292, x) {
+    for (b, xq, dx, _) in x.blocks(row, 292) {
         let mut sumi = vdupq_n_s32(0);
         for c in 0..8 {
             let w = &b[4 + 32 * c..];
@@ -984,24 +939,9 @@ unsafe fn q8_k_body<const D: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 
 // ---- entry points --------------------------------------------------------------------
 
-/// For each kernel body, a plain NEON entry point and a `dotprod` one.
-macro_rules! entries {
-    ($($neon:ident, $dot:ident = $body:ident::<$($c:literal,)*>($x:ty);)*) => {$(
-        pub(crate) fn $neon(row: &[u8], x: $x) -> f32 {
-            // SAFETY: the body with `D = false` needs only NEON, which this target always
-            // has.
-            unsafe { $body::<$($c,)* false>(row, x) }
-        }
-
-        #[target_feature(enable = "dotprod")]
-        pub(crate) fn $dot(row: &[u8], x: $x) -> f32 {
-            // SAFETY: the body with `D = true` needs `dotprod`, enabled here.
-            unsafe { $body::<$($c,)* true>(row, x) }
-        }
-    )*};
-}
-
-entries! {
+// For each kernel body, a plain NEON entry point and a `dotprod` one.
+crate::entry_points::entry_pairs! {
+    lo [], hi [#[target_feature(enable = "dotprod")]];
     q4_0, q4_0_dot = legacy_body::<0,>(Q8_0Slice<'_>);
     q4_1, q4_1_dot = legacy_body::<1,>(Q8_0Slice<'_>);
     q5_0, q5_0_dot = legacy_body::<2,>(Q8_0Slice<'_>);

@@ -4,7 +4,7 @@
 //! but override the row functions: a per-element block call would be absurd here.
 
 use super::{BlockFormat, Lanes};
-use crate::GgmlType;
+use crate::types::GgmlType;
 
 /// Elements per f32 partial sum in the row dots; the partials are carried in f64 (as the
 /// quantized formats carry their block sums) so long rows keep f32-level relative accuracy.

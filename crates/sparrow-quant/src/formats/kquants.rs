@@ -16,8 +16,8 @@
 //! | Q6_K   | 210   | `ql[128], qh[64], scales:i8[16], d:f16` | `(d*sc) * (q - 32)`, 16/sub     |
 //! | Q8_K   | 292   | `d:f32, qs:i8[256], bsums:i16[16]` | `d * q`                         |
 
-use super::{block_format, f16_at};
-use crate::GgmlType;
+use super::{block_formats, f16_at};
+use crate::types::GgmlType;
 
 /// Q2_K: 2-bit quants. Each 128-element half uses 32 bytes of `qs`; element
 /// `h*128 + s*32 + l` is bits `2s..2s+2` of `qs[h*32 + l]`. `scales[k]` holds the scale of
@@ -81,7 +81,7 @@ fn q3_k_each(b: &[u8], mut f: impl FnMut(usize, f32)) {
 /// scale/min are the low 6 bits of bytes `j`/`j+4`; for `j >= 4` the low/high nibble of
 /// byte `j+4` supplies the low four bits and the top two bits of bytes `j-4`/`j` the rest.
 #[inline(always)]
-fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
+pub(crate) fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (s[j] & 0x3F, s[j + 4] & 0x3F)
     } else {
@@ -95,31 +95,27 @@ fn scale_min_k4(s: &[u8], j: usize) -> (u8, u8) {
 /// Q4_K: eight 32-element sub-blocks; sub-blocks `2c` and `2c+1` are the low and high
 /// nibbles of `qs[32c..32c+32]`.
 #[inline(always)]
-fn q4_k_each(b: &[u8], mut f: impl FnMut(usize, f32)) {
-    let d = f16_at(b, 0);
-    let dmin = f16_at(b, 2);
-    let scales = &b[4..16];
-    let qs = &b[16..144];
-    for j in 0..8 {
-        let (sc, m) = scale_min_k4(scales, j);
-        let dl = d * sc as f32;
-        let ml = dmin * m as f32;
-        let shift = 4 * (j & 1);
-        let q32 = &qs[32 * (j / 2)..32 * (j / 2) + 32];
-        for (l, &q) in q32.iter().enumerate() {
-            f(32 * j + l, dl * ((q >> shift) & 0x0F) as f32 - ml);
-        }
-    }
+fn q4_k_each(b: &[u8], f: impl FnMut(usize, f32)) {
+    k4_each::<false>(b, f)
 }
 
 /// Q5_K: Q4_K plus a fifth bit: bit `j` of `qh[l]` is bit 4 of element `32j + l`.
 #[inline(always)]
-fn q5_k_each(b: &[u8], mut f: impl FnMut(usize, f32)) {
+fn q5_k_each(b: &[u8], f: impl FnMut(usize, f32)) {
+    k4_each::<true>(b, f)
+}
+
+/// Q4_K, or with `FIFTH` Q5_K (whose `qh[32]` sits between the scales and `qs`).
+#[inline(always)]
+fn k4_each<const FIFTH: bool>(b: &[u8], mut f: impl FnMut(usize, f32)) {
     let d = f16_at(b, 0);
     let dmin = f16_at(b, 2);
     let scales = &b[4..16];
-    let qh = &b[16..48];
-    let qs = &b[48..176];
+    let (qh, qs) = if FIFTH {
+        (&b[16..48], &b[48..176])
+    } else {
+        (&b[..0], &b[16..144])
+    };
     for j in 0..8 {
         let (sc, m) = scale_min_k4(scales, j);
         let dl = d * sc as f32;
@@ -127,7 +123,10 @@ fn q5_k_each(b: &[u8], mut f: impl FnMut(usize, f32)) {
         let shift = 4 * (j & 1);
         let q32 = &qs[32 * (j / 2)..32 * (j / 2) + 32];
         for (l, &q) in q32.iter().enumerate() {
-            let v = ((q >> shift) & 0x0F) | (((qh[l] >> j) & 1) << 4);
+            let mut v = (q >> shift) & 0x0F;
+            if FIFTH {
+                v |= ((qh[l] >> j) & 1) << 4;
+            }
             f(32 * j + l, dl * v as f32 - ml);
         }
     }
@@ -172,27 +171,17 @@ fn q8_k_each(b: &[u8], mut f: impl FnMut(usize, f32)) {
     }
 }
 
-block_format!(
+block_formats! {
     /// 2-bit k-quant (about 2.6 bits per weight), 256 elements in 84 bytes.
-    Q2_K, GgmlType::Q2_K, 256, 84, q2_k_each
-);
-block_format!(
+    Q2_K, GgmlType::Q2_K, 256, 84, q2_k_each;
     /// 3-bit k-quant, 256 elements in 110 bytes.
-    Q3_K, GgmlType::Q3_K, 256, 110, q3_k_each
-);
-block_format!(
+    Q3_K, GgmlType::Q3_K, 256, 110, q3_k_each;
     /// 4-bit k-quant with minimums, 256 elements in 144 bytes.
-    Q4_K, GgmlType::Q4_K, 256, 144, q4_k_each
-);
-block_format!(
+    Q4_K, GgmlType::Q4_K, 256, 144, q4_k_each;
     /// 5-bit k-quant with minimums, 256 elements in 176 bytes.
-    Q5_K, GgmlType::Q5_K, 256, 176, q5_k_each
-);
-block_format!(
+    Q5_K, GgmlType::Q5_K, 256, 176, q5_k_each;
     /// 6-bit k-quant, 256 elements in 210 bytes.
-    Q6_K, GgmlType::Q6_K, 256, 210, q6_k_each
-);
-block_format!(
+    Q6_K, GgmlType::Q6_K, 256, 210, q6_k_each;
     /// 8-bit activation format for k-quant dots, 256 elements in 292 bytes.
-    Q8_K, GgmlType::Q8_K, 256, 292, q8_k_each
-);
+    Q8_K, GgmlType::Q8_K, 256, 292, q8_k_each;
+}

@@ -15,8 +15,8 @@
 //! Nibble packing: element `j < 16` is the low nibble of `qs[j]`, element `j + 16` the high
 //! nibble. For the 5-bit formats, bit `i` of the little-endian `qh` is bit 4 of element `i`.
 
-use super::{block_format, f16_at};
-use crate::GgmlType;
+use super::{block_formats, f16_at};
+use crate::types::GgmlType;
 
 #[inline(always)]
 fn q4_0_each(b: &[u8], mut f: impl FnMut(usize, f32)) {
@@ -74,23 +74,15 @@ fn q8_0_each(b: &[u8], mut f: impl FnMut(usize, f32)) {
     }
 }
 
-block_format!(
+block_formats! {
     /// 4-bit symmetric quantization, 32 elements in 18 bytes.
-    Q4_0, GgmlType::Q4_0, 32, 18, q4_0_each
-);
-block_format!(
+    Q4_0, GgmlType::Q4_0, 32, 18, q4_0_each;
     /// 4-bit affine quantization (scale and minimum), 32 elements in 20 bytes.
-    Q4_1, GgmlType::Q4_1, 32, 20, q4_1_each
-);
-block_format!(
+    Q4_1, GgmlType::Q4_1, 32, 20, q4_1_each;
     /// 5-bit symmetric quantization, 32 elements in 22 bytes.
-    Q5_0, GgmlType::Q5_0, 32, 22, q5_0_each
-);
-block_format!(
+    Q5_0, GgmlType::Q5_0, 32, 22, q5_0_each;
     /// 5-bit affine quantization, 32 elements in 24 bytes.
-    Q5_1, GgmlType::Q5_1, 32, 24, q5_1_each
-);
-block_format!(
+    Q5_1, GgmlType::Q5_1, 32, 24, q5_1_each;
     /// 8-bit symmetric quantization, 32 elements in 34 bytes.
-    Q8_0, GgmlType::Q8_0, 32, 34, q8_0_each
-);
+    Q8_0, GgmlType::Q8_0, 32, 34, q8_0_each;
+}

@@ -13,7 +13,7 @@ pub mod float;
 pub mod kquants;
 pub mod legacy;
 
-use crate::GgmlType;
+use crate::types::GgmlType;
 
 /// One ggml block format: a fixed number of elements stored in a fixed number of bytes.
 ///
@@ -87,18 +87,19 @@ impl Lanes {
     }
 }
 
-/// Implements [`BlockFormat`] for a format from one `each(block, f)` function that calls
-/// `f(index, weight)` for every element of the block. Dequantize stores the weights, dot
-/// multiplies them into `x` as they are produced; sharing the decoder guarantees the two
-/// agree, and `#[inline(always)]` on `each` lets the closure fuse into the loop.
-macro_rules! block_format {
-    ($(#[$m:meta])* $name:ident, $ty:expr, $elems:expr, $bytes:expr, $each:path) => {
+/// Implements [`BlockFormat`] for each format listed, from one `each(block, f)` function
+/// that calls `f(index, weight)` for every element of the block. Dequantize stores the
+/// weights, dot multiplies them into `x` as they are produced; sharing the decoder
+/// guarantees the two agree, and `#[inline(always)]` on `each` lets the closure fuse into
+/// the loop.
+macro_rules! block_formats {
+    ($($(#[$m:meta])* $name:ident, $ty:expr, $elems:expr, $bytes:expr, $each:path;)*) => {$(
         $(#[$m])*
         #[allow(non_camel_case_types)] // named as in ggml, like GgmlType's variants
         pub struct $name;
 
         impl $crate::formats::BlockFormat for $name {
-            const TYPE: $crate::GgmlType = $ty;
+            const TYPE: $crate::types::GgmlType = $ty;
             const BLOCK_ELEMS: usize = $elems;
             const BLOCK_BYTES: usize = $bytes;
 
@@ -114,6 +115,6 @@ macro_rules! block_format {
                 lanes.sum()
             }
         }
-    };
+    )*};
 }
-pub(crate) use block_format;
+pub(crate) use block_formats;

@@ -14,9 +14,10 @@
 
 use core::arch::x86_64::*;
 
+use crate::formats::kquants::scale_min_k4;
 use crate::formats::BlockFormat;
 use crate::q8::{
-    q3_k_scales, scale_min_k4, scales_mins_k4, Q8KSlice, Q8_0Slice, Q8K_BLOCK, Q8_0_BLOCK,
+    common_blocks, legacy_layout, q3_k_scales, scales_mins_k4, Q8KSlice, Q8_0Slice, Q8K_BLOCK,
 };
 
 // ---- small helpers ---------------------------------------------------------------------
@@ -239,16 +240,6 @@ fn prefetch_ahead(p: *const u8) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES).cast()) }
 }
 
-/// Number of whole blocks a legacy-format row and its Q8_0 activations have in common
-/// (the shorter of the two decides, as a zip of the blocks would).
-#[inline(always)]
-fn common_blocks(row: &[u8], block_bytes: usize, x: Q8_0Slice<'_>) -> usize {
-    (row.len() / block_bytes)
-        .min(x.d.len())
-        .min(x.sum.len())
-        .min(x.qs.len() / Q8_0_BLOCK)
-}
-
 /// The f16 at `p`, widened with F16C.
 ///
 /// # Safety
@@ -330,38 +321,6 @@ pub(super) unsafe fn q8_0_body<const V: bool, const N: usize>(
         q8_0_step::<V, N>(w.add(34 * k), &q, &d, k, &mut acc0);
     }
     core::array::from_fn(|t| hsum_ps(_mm256_add_ps(acc0[t], acc1[t])))
-}
-
-/// Layout of a legacy format `TY`: Q4_0 (`TY = 0`), Q4_1 (1), Q5_0 (2), Q5_1 (3).
-struct Legacy {
-    /// Bytes per block.
-    bytes: usize,
-    /// Whether an f16 minimum follows the scale.
-    has_min: bool,
-    /// Whether 32 fifth bits (`qh`) follow.
-    has_qh: bool,
-    /// Offset of `qh`, then of the 16 nibble bytes.
-    qh_off: usize,
-    qs_off: usize,
-    /// The offset subtracted from the unsigned quants (8, 16 or 0).
-    off: i32,
-}
-
-const fn legacy_layout(ty: u8) -> Legacy {
-    let (bytes, has_min, has_qh, off) = match ty {
-        0 => (18, false, false, 8),
-        1 => (20, true, false, 0),
-        2 => (22, false, true, 16),
-        _ => (24, true, true, 0),
-    };
-    Legacy {
-        bytes,
-        has_min,
-        has_qh,
-        qh_off: if has_min { 4 } else { 2 },
-        qs_off: 2 + 2 * has_min as usize + 4 * has_qh as usize,
-        off,
-    }
 }
 
 /// One legacy block times its activation block: the integer sums (offset removed) as f32
@@ -522,17 +481,6 @@ unsafe fn q5_0_packed_body<const V: bool, const N: usize>(
 
 // ---- int8 dots, k-quants (Q8_K activations) ---------------------------------------------
 
-/// Iterates the super-blocks of a k-quant row with their activation block, scale and bsums.
-macro_rules! k_blocks {
-    ($row:expr, $bb:expr, $x:expr) => {
-        $row.chunks_exact($bb)
-            .zip($x.qs.chunks_exact(Q8K_BLOCK))
-            .zip($x.d)
-            .zip($x.bsums.chunks_exact(16))
-            .map(|(((b, xq), &dx), bs)| (b, xq, dx, bs))
-    };
-}
-
 /// `vpshufb` control that broadcasts 16-bit lane `j` (of each 128-bit half) to all lanes.
 #[inline(always)]
 unsafe fn splat_i16_lane(j: usize) -> __m256i {
@@ -615,7 +563,7 @@ unsafe fn q5_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let one = _mm256_set1_epi8(1);
     let mut acc = _mm256_setzero_ps();
     let mut macc = 0f32;
-    for (b, xq, dx, bs) in k_blocks!(row, 176, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 176) {
         let scales = &b[4..16];
         let qh = ld32(&b[16..]);
         let mut sumi = _mm256_setzero_si256();
@@ -734,7 +682,7 @@ unsafe fn q2_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m2 = _mm256_set1_epi8(0x03);
     let mut acc = _mm256_setzero_ps();
     let mut macc = 0f32;
-    for (b, xq, dx, bs) in k_blocks!(row, 84, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 84) {
         let scales = &b[0..16];
         let mut summ = 0i32;
         for g in 0..16 {
@@ -766,7 +714,7 @@ unsafe fn q3_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let m2 = _mm256_set1_epi8(0x03);
     let one = _mm256_set1_epi8(1);
     let mut acc = _mm256_setzero_ps();
-    for (b, xq, dx, bs) in k_blocks!(row, 110, x) {
+    for (b, xq, dx, bs) in x.blocks(row, 110) {
         let sc = q3_k_scales(&b[96..108]);
         let mut corr = 0i32;
         for g in 0..16 {
@@ -801,7 +749,7 @@ unsafe fn q3_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 #[inline(always)]
 unsafe fn q8_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     let mut acc = _mm256_setzero_ps();
-    for (b, xq, dx, _) in k_blocks!(row, 292, x) {
+    for (b, xq, dx, _) in x.blocks(row, 292) {
         let mut sumi = _mm256_setzero_si256();
         for c in 0..8 {
             sumi = acc_i8i8::<V>(sumi, ld32(&b[4 + 32 * c..]), ld32i(&xq[32 * c..]));
@@ -814,25 +762,10 @@ unsafe fn q8_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 
 // ---- entry points --------------------------------------------------------------------
 
-/// For each kernel body, an AVX2 entry point and (when compiled) an AVX-512 VNNI one.
-macro_rules! entries {
-    ($($avx2:ident, $vnni:ident = $body:ident::<$($c:literal,)*>($x:ty);)*) => {$(
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(crate) fn $avx2(row: &[u8], x: $x) -> f32 {
-            // SAFETY: the body with `V = false` needs AVX2, FMA and F16C, enabled here.
-            unsafe { $body::<$($c,)* false>(row, x) }
-        }
-
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        pub(crate) fn $vnni(row: &[u8], x: $x) -> f32 {
-            // SAFETY: the body with `V = true` needs AVX2, FMA, F16C and AVX-512 VL + VNNI,
-            // all enabled here.
-            unsafe { $body::<$($c,)* true>(row, x) }
-        }
-    )*};
-}
-
-entries! {
+// For each kernel body, an AVX2 entry point and an AVX-512 VNNI one.
+crate::entry_points::entry_pairs! {
+    lo [#[target_feature(enable = "avx2,fma,f16c")]],
+    hi [#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]];
     q4_0, q4_0_vnni = legacy_body::<0,>(Q8_0Slice<'_>);
     q4_1, q4_1_vnni = legacy_body::<1,>(Q8_0Slice<'_>);
     q5_0, q5_0_vnni = legacy_body::<2,>(Q8_0Slice<'_>);

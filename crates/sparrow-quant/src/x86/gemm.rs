@@ -9,7 +9,7 @@ use core::arch::x86_64::*;
 
 use super::avx2::{ld32, ld8f};
 use super::avx512::ld16f;
-use crate::gemm::{BatchActs, Layout, Panel, PANEL};
+use crate::panel::{BatchActs, Layout, Panel, PANEL};
 
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -368,7 +368,7 @@ pub(crate) fn panel_avx2(lay: Layout, p: &Panel, a: &BatchActs, n: usize, res: &
                 panel_avx2_impl::<16, 1, { mode::SIGNED }, false>(p, a, n, res)
             }
             // no other layout exists today; the portable kernel keeps this total
-            _ => crate::gemm::panel_scalar(lay, p, a, n, res),
+            _ => crate::panel::panel_scalar(lay, p, a, n, res),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Helpers shared by the integration tests: a tiny deterministic RNG (no `rand` dependency)
-//! and random-block builders.
+//! Helpers shared by the integration tests, the benches and the examples (which include
+//! this file with `#[path]`): tiny deterministic RNGs (no `rand` dependency) and
+//! random-block builders.
 
 #![allow(dead_code)]
 
@@ -58,6 +59,33 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q6_K => &[208],
         _ => &[],
     }
+}
+
+/// Deterministic bytes from the xorshift state `s` (non-zero), advanced as they are drawn:
+/// the benches' and examples' data, kept as it was so their figures stay comparable.
+pub fn xorshift_bytes(n: usize, s: &mut u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            *s ^= *s << 13;
+            *s ^= *s >> 7;
+            *s ^= *s << 17;
+            *s as u8
+        })
+        .collect()
+}
+
+/// `n_bytes` of random `ty` blocks ([`xorshift_bytes`] from `s`) with every f16 scale
+/// field set to `scale`, so nothing is NaN or infinite (for timing: the kernels have no
+/// data-dependent branches).
+pub fn fixed_scale_weights(ty: GgmlType, n_bytes: usize, s: &mut u64, scale: f32) -> Vec<u8> {
+    let mut w = xorshift_bytes(n_bytes, s);
+    let h = half::f16::from_f32(scale).to_le_bytes();
+    for b in w.chunks_exact_mut(ty.block_bytes()) {
+        for &o in f16_fields(ty) {
+            b[o..o + 2].copy_from_slice(&h);
+        }
+    }
+    w
 }
 
 /// `n_elems` elements of `ty` with random quants and realistic, finite scales (magnitudes

@@ -1,0 +1,363 @@
+//! The (multi-threaded) products of a [`QMatrix`] with activations: [`matvec`] and its
+//! variants for one token, [`matmul`] for a batch (through [`crate::gemm`]'s panels when the
+//! batch is big enough).
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::error::check_len;
+use crate::error::QuantError;
+use crate::kernels::Kernels;
+use crate::level::SimdLevel;
+use crate::matrix::QMatrix;
+use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8_0Acts};
+use crate::types::GgmlType;
+
+/// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).
+///
+/// Large enough that rayon's per-task cost (a few microseconds) is small against the work,
+/// small enough that a 896-wide layer still splits into a dozen tasks for load balancing.
+/// A matrix no bigger than one task runs on the calling thread, so tiny projections don't
+/// pay for waking the pool at all.
+const TASK_BYTES: usize = 32 * 1024;
+
+/// The row kernel a product with `acts` uses on `m`.
+fn row_dot(m: &QMatrix<'_>, acts: Acts) -> Result<Dot, QuantError> {
+    let k = m.kernels()?;
+    Ok(match (acts, k.dot_q8) {
+        (Acts::Int8, Some(q)) => Dot::Int8(q),
+        _ => Dot::F32(k.dot),
+    })
+}
+
+/// Rows of `m` per parallel task when each row is walked `passes` times.
+fn rows_per_task(m: &QMatrix<'_>, passes: usize) -> usize {
+    let per_row = m.row_bytes().saturating_mul(passes).max(1);
+    TASK_BYTES.div_ceil(per_row).max(1)
+}
+
+/// How each row's dot is computed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Acts {
+    /// The int8 kernel when the format has one, else f32.
+    Int8,
+    /// Always the f32-activation kernel.
+    F32,
+}
+
+fn matvec_multi_with(
+    ms: &[QMatrix<'_>],
+    x: &[f32],
+    outs: &mut [&mut [f32]],
+    acts: Acts,
+) -> Result<(), QuantError> {
+    check_len("outputs", ms.len(), outs.len())?;
+    let (mut uses_q8_0, mut uses_q8k) = (false, false);
+    for (m, out) in ms.iter().zip(outs.iter()) {
+        check_len("x", m.cols(), x.len())?;
+        check_len("out", m.rows(), out.len())?;
+        if let Dot::Int8(q) = row_dot(m, acts)? {
+            uses_q8_0 |= q.act_type() == GgmlType::Q8_0;
+            uses_q8k |= q.act_type() == GgmlType::Q8_K;
+        }
+    }
+    with_scratch(|s| {
+        if uses_q8_0 {
+            s.0.quantize_from(x);
+        }
+        if uses_q8k {
+            s.1.quantize_from(x);
+        }
+        let (a0, ak) = (s.0.as_slice(), s.1.as_slice());
+        // Rows `first..first + out.len()` of `m`, with its row kernel `dot`.
+        let run = |m: &QMatrix<'_>, dot: Dot, first: usize, out: &mut [f32]| {
+            let row = |j: usize| {
+                let r = first + j;
+                &m.data()[r * m.row_bytes()..(r + 1) * m.row_bytes()]
+            };
+            let out = out.iter_mut().enumerate();
+            match dot {
+                Dot::Int8(Q8Dot::Q8_0(f)) => out.for_each(|(j, v)| *v = f(row(j), a0)),
+                Dot::Int8(Q8Dot::Q8K(f)) => out.for_each(|(j, v)| *v = f(row(j), ak)),
+                Dot::F32(f) => out.for_each(|(j, v)| *v = f(row(j), x)),
+            }
+        };
+        // Each matrix in ~32 KiB chunks of rows, all of them one parallel pass (nested
+        // rayon iterators: no task list is allocated); a single small matrix stays on the
+        // calling thread.
+        let chunked = |m: &QMatrix<'_>, out: &mut [f32]| {
+            let dot = row_dot(m, acts).expect("kernels resolved above");
+            let chunk = rows_per_task(m, 1);
+            if m.rows() <= chunk {
+                run(m, dot, 0, out);
+            } else {
+                out.par_chunks_mut(chunk)
+                    .enumerate()
+                    .for_each(|(c, o)| run(m, dot, c * chunk, o));
+            }
+        };
+        match (ms, outs) {
+            ([m], [out]) => chunked(m, out),
+            (ms, outs) => ms
+                .par_iter()
+                .zip(outs.par_iter_mut())
+                .for_each(|(m, out)| chunked(m, out)),
+        }
+    });
+    Ok(())
+}
+
+/// The row kernel a product uses.
+#[derive(Clone, Copy)]
+enum Dot {
+    Int8(Q8Dot),
+    F32(fn(&[u8], &[f32]) -> f32),
+}
+
+thread_local! {
+    /// Per-thread activation buffers for [`matvec`], so the token path does not allocate
+    /// once they have grown to the model's widths.
+    static SCRATCH: RefCell<(Q8_0Acts, Q8KActs)> = RefCell::default();
+}
+
+/// Runs `f` with this thread's activation scratch, or fresh buffers if it is in use (a
+/// `matvec` nested inside another on the same thread, e.g. through rayon work stealing).
+fn with_scratch(f: impl FnOnce(&mut (Q8_0Acts, Q8KActs))) {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut Default::default()),
+    })
+}
+
+/// `out = m * x`: `out[r] = dot_q8(row r, x)` for every row, `x.len() == m.cols()`,
+/// `out.len() == m.rows()`.
+///
+/// For quantized weights, `x` is quantized once to 8-bit blocks and every row uses the
+/// integer kernel ([`crate::dot_q8`]); float weights use [`crate::dot`]. Rows are split
+/// into chunks of about 32 KiB of weights and run on the current rayon pool (see the crate
+/// docs for choosing the thread count); a matrix of a single chunk runs on the calling
+/// thread. Each output is exactly [`crate::dot_q8`] of its row: threading never changes
+/// the result.
+pub fn matvec(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    matvec_multi_with(std::slice::from_ref(m), x, &mut [out], Acts::Int8)
+}
+
+/// Several products with the same input: `outs[i] = ms[i] * x`, each output exactly what
+/// [`matvec`] gives, computed as *one* parallel pass over the rows of all the matrices
+/// (e.g. a layer's q, k and v projections, or its gate and up projections). `x` is
+/// quantized once per activation type rather than once per matrix, and the pool is woken
+/// once, which matters in decode where each product is short.
+pub fn matvec_multi(
+    ms: &[QMatrix<'_>],
+    x: &[f32],
+    outs: &mut [&mut [f32]],
+) -> Result<(), QuantError> {
+    matvec_multi_with(ms, x, outs, Acts::Int8)
+}
+
+/// [`matvec`] with f32 activations throughout: each output is exactly [`crate::dot`] of
+/// its row (the reference semantics; slower for quantized weights).
+pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    matvec_multi_with(std::slice::from_ref(m), x, &mut [out], Acts::F32)
+}
+
+/// Batched product: for each of `n_tokens` activation rows `xs[t*cols..(t+1)*cols]`,
+/// `out[t*rows + r] = dot_q8(row r, x_t)`. `n_tokens` is `xs.len() / m.cols()`; `out` must
+/// hold `n_tokens * m.rows()`.
+///
+/// Each token's activations are quantized once, as in [`matvec`]. Where the active level
+/// has a panel kernel (AVX-512 VNNI and AVX2 from 16 tokens), the weights are
+/// decoded 32 rows at a time and every token runs through the decoded panel (see
+/// [`crate::gemm`]): the integer sums equal [`crate::dot_q8`]'s, the per-group f32 scaling
+/// is ordered differently, so results agree with it to f32 rounding. Otherwise each weight
+/// row is dotted against every token while it sits in L1 (through the multi-token kernel,
+/// [`Kernels::dot_q8_multi`], where the level has one: each block unpacked once per group
+/// of tokens), and results equal [`crate::dot_q8`] exactly.
+pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    matmul_with(m, xs, out, Acts::Int8, m.kernels()?)
+}
+
+/// [`matmul`] with the kernels of `level` rather than the active one (for tests and
+/// benchmarks). [`QuantError::Unsupported`] if the level is not supported here.
+#[doc(hidden)]
+pub fn matmul_at_level(
+    level: SimdLevel,
+    m: &QMatrix<'_>,
+    xs: &[f32],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let k = m.kernels_at(level)?;
+    matmul_with(m, xs, out, Acts::Int8, k)
+}
+
+/// [`matmul`] with f32 activations throughout: results equal [`crate::dot`] exactly.
+pub fn matmul_f32(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    matmul_with(m, xs, out, Acts::F32, m.kernels()?)
+}
+
+fn matmul_with(
+    m: &QMatrix<'_>,
+    xs: &[f32],
+    out: &mut [f32],
+    acts: Acts,
+    k: &Kernels,
+) -> Result<(), QuantError> {
+    let n_tokens = if m.cols() > 0 {
+        if !xs.len().is_multiple_of(m.cols()) {
+            return Err(QuantError::LenMismatch {
+                what: "xs (not a whole number of cols-long rows)",
+                expected: xs.len() / m.cols() * m.cols(),
+                actual: xs.len(),
+            });
+        }
+        xs.len() / m.cols()
+    } else {
+        // zero-width matrix: the token count can only come from `out`
+        match out.len().checked_div(m.rows()) {
+            Some(n) => n,
+            None => return check_len("out", 0, out.len()),
+        }
+    };
+    let expected_out = n_tokens
+        .checked_mul(m.rows())
+        .ok_or(QuantError::SizeOverflow {
+            rows: n_tokens,
+            cols: m.rows(),
+        })?;
+    check_len("out", expected_out, out.len())?;
+    if n_tokens == 0 || m.rows() == 0 {
+        return Ok(());
+    }
+    if m.cols() == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    if acts == Acts::Int8
+        && k.dot_q8.is_some()
+        && crate::gemm::matmul_panels(k.level, m, &xs[..n_tokens * m.cols()], n_tokens, out)
+    {
+        return Ok(());
+    }
+    let tokens = || xs.chunks_exact(m.cols()).take(n_tokens);
+    // Below the panel threshold each weight row is dotted with every token while it sits in
+    // L1: through the multi-token kernel where the level has one (each block unpacked once
+    // for a group of tokens, results bit-identical to `dot_q8`), else once per token.
+    match (acts, k.dot_q8, k.dot_q8_multi) {
+        (Acts::Int8, Some(Q8Dot::Q8_0(f)), multi) => {
+            let a: Vec<Q8_0Acts> = tokens().map(Q8_0Acts::new).collect();
+            let multi = match multi {
+                Some(Q8DotMulti::Q8_0(g)) => Some(g),
+                _ => None,
+            };
+            matmul_int8(
+                m,
+                out,
+                &a.iter().map(|a| a.as_slice()).collect::<Vec<_>>(),
+                f,
+                multi,
+            )
+        }
+        (Acts::Int8, Some(Q8Dot::Q8K(f)), multi) => {
+            let a: Vec<Q8KActs> = tokens().map(Q8KActs::new).collect();
+            let multi = match multi {
+                Some(Q8DotMulti::Q8K(g)) => Some(g),
+                _ => None,
+            };
+            matmul_int8(
+                m,
+                out,
+                &a.iter().map(|a| a.as_slice()).collect::<Vec<_>>(),
+                f,
+                multi,
+            )
+        }
+        _ => {
+            let x: Vec<&[f32]> = tokens().collect();
+            matmul_rows(m, n_tokens, 1, out, |row, o| {
+                o.iter_mut().zip(&x).for_each(|(v, x)| *v = (k.dot)(row, x))
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A multi-token int8 kernel on activations `X` (see [`Q8DotMulti`]).
+type MultiDot<X> = fn(&[u8], &[X], &mut [f32]);
+
+/// [`matmul_rows`] through an int8 kernel, the tokens' activations `acts` already
+/// quantized: the multi-token kernel where the level has one (each block unpacked once for
+/// a group of tokens, results bit-identical to `dot`), else `dot` once per token.
+fn matmul_int8<X: Copy + Sync>(
+    m: &QMatrix<'_>,
+    out: &mut [f32],
+    acts: &[X],
+    dot: fn(&[u8], X) -> f32,
+    multi: Option<MultiDot<X>>,
+) {
+    let n_tokens = acts.len();
+    match multi {
+        Some(g) => matmul_rows(m, n_tokens, MULTI_WIDTH, out, |row, o| g(row, acts, o)),
+        None => matmul_rows(m, n_tokens, 1, out, |row, o| {
+            o.iter_mut().zip(acts).for_each(|(v, &x)| *v = dot(row, x))
+        }),
+    }
+}
+
+/// Tokens a multi-token kernel takes per pass over a weight row, roughly (the x86 kernels
+/// take 2 to 8 by format and level), for sizing parallel tasks by the passes they make.
+const MULTI_WIDTH: usize = 4;
+
+/// `out[t * rows + r]` for every token `t` and row `r`, `f(row r, o)` writing row `r`'s
+/// value for every token into `o` (`n_tokens` long); parallel over chunks of rows, sized as
+/// `n_tokens / per_pass` passes over each row. Each task writes its rows of every token's
+/// output directly (the outputs are split into per-chunk, per-token slices up front), so
+/// nothing is allocated per task and nothing transposed afterwards.
+fn matmul_rows(
+    m: &QMatrix<'_>,
+    n_tokens: usize,
+    per_pass: usize,
+    out: &mut [f32],
+    f: impl Fn(&[u8], &mut [f32]) + Sync,
+) {
+    let chunk = rows_per_task(m, n_tokens.div_ceil(per_pass));
+    let n_chunks = m.rows().div_ceil(chunk);
+    // Chunk-major: chunk `c`'s slice of token 0's outputs, of token 1's, ...
+    let mut per_token: Vec<_> = out
+        .chunks_exact_mut(m.rows())
+        .map(|o| o.chunks_mut(chunk))
+        .collect();
+    let mut parts: Vec<&mut [f32]> = Vec::with_capacity(n_chunks * n_tokens);
+    for _ in 0..n_chunks {
+        for it in per_token.iter_mut() {
+            parts.extend(it.next());
+        }
+    }
+    // Rows `c * chunk..` of every token, `outs[t]` token `t`'s slice of them.
+    let run = |c: usize, outs: &mut [&mut [f32]]| {
+        let mut stack = [0f32; 16];
+        let mut heap = Vec::new();
+        let vals: &mut [f32] = if n_tokens <= stack.len() {
+            &mut stack[..n_tokens]
+        } else {
+            heap.resize(n_tokens, 0.0);
+            &mut heap
+        };
+        let rows = outs.first().map_or(0, |o| o.len());
+        for j in 0..rows {
+            let r = c * chunk + j;
+            f(&m.data()[r * m.row_bytes()..(r + 1) * m.row_bytes()], vals);
+            for (o, &v) in outs.iter_mut().zip(vals.iter()) {
+                o[j] = v;
+            }
+        }
+    };
+    if n_chunks == 1 {
+        run(0, &mut parts);
+    } else {
+        parts
+            .par_chunks_mut(n_tokens)
+            .enumerate()
+            .for_each(|(c, outs)| run(c, outs));
+    }
+}
