@@ -15,7 +15,7 @@
 //!   the same number of keys as one contiguous range.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
-use sparrow_attn::{forward_dense, KvElement, KvStore, SparseAttention, SparseConfig, Tensor3};
+use sparrow_attn::{forward_dense, KvElement, LayerCache, SparseAttention, SparseConfig, Tensor3};
 
 fn rand(seq: usize, heads: usize, dim: usize, seed: u64) -> Tensor3 {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -76,8 +76,8 @@ fn prefill(c: &mut Criterion) {
     g.finish();
 }
 
-fn filled<E: KvElement>(t: usize) -> KvStore<E> {
-    let mut c = KvStore::<E>::new(t, 8, 128, 64).unwrap();
+fn filled<E: KvElement>(t: usize) -> LayerCache<E> {
+    let mut c = LayerCache::<E>::new(t, 8, 128, 64).unwrap();
     c.append_all(&rand(t, 8, 128, 4), &rand(t, 8, 128, 5))
         .unwrap();
     c

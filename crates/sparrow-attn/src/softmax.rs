@@ -186,7 +186,7 @@ pub fn merge_into(out_a: &mut [f32], lse_a: f32, out_b: &[f32], lse_b: f32) -> R
 /// `keys[j * stride .. j * stride + dim]`, and likewise for values.
 ///
 /// Views come from a [`Tensor3`] pair ([`KvView::from_tensors`]), from a KV cache
-/// (`KvStore::view`), or from any caller-owned buffers ([`KvView::new`]), so a sparse
+/// (`LayerCache::view`), or from any caller-owned buffers ([`KvView::new`]), so a sparse
 /// policy can run [`partial_attention`] over whatever key subset it selects. A view is a
 /// [`KvSource`] of one KV head (rows `stride` apart).
 #[derive(Clone, Copy, Debug)]
