@@ -15,9 +15,10 @@ use core::ops::Range;
 
 use crate::element::KvElement;
 use crate::error::{AttnError, Result};
-use crate::kernel::tile::scores;
+use crate::kernel::tile::{scores, Tile};
 use crate::kernel::{head_rows, AttnShape, F32Rows, KvRows, KvSource, Level, TILE};
 use crate::pattern::{SparseConfig, Visible};
+use crate::policy::Batch;
 use crate::softmax::KvView;
 use crate::sparse::SparseAttention;
 use crate::tensor::{checked_len, Tensor3};
@@ -520,7 +521,12 @@ impl SparseAttention {
         let mut lse = vec![0.0f32; q.len() / cache.dim];
         let visible = vec![seen.clone()];
         let (shape, lm) = (cache.shape(q), cache.landmarks());
-        self.attend(shape, cache, lm, visible, q, out, Some(&mut lse));
+        let batch = Batch {
+            q,
+            out,
+            lse: Some(&mut lse[..]),
+        };
+        self.attend(shape, cache, lm, visible, batch);
         (seen, lse)
     }
 
@@ -654,7 +660,7 @@ fn probabilities<S: KvSource + ?Sized>(
                 let rows = src.key_rows(start, n);
                 let off = src.head_offset(g, hd);
                 let (k, stride) = head_rows(level, rows, off, src.kv_dim(), hd, n, &mut buf);
-                scores(level, k, stride, n, hd, &qt, rw, scale, &mut s);
+                scores(level, Tile::new(k, stride, n, hd), &qt, rw, scale, &mut s);
                 for (t, pt) in p[at..at + n].iter_mut().enumerate() {
                     *pt += lse
                         .iter()

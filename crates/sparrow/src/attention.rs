@@ -12,7 +12,8 @@ pub use crate::policy::{policy_names, AttentionChoice};
 pub use sparrow_attn::kernel::AttnShape;
 use sparrow_attn::kernel::Level;
 pub use sparrow_attn::policy::{
-    execute, KeysView, Phase, PlanContext, PlanEntry, ReadPlan, SideTable, Source, SparsePolicy,
+    execute, Batch, KeysView, Phase, PlanContext, PlanEntry, ReadPlan, SideTable, Source,
+    SparsePolicy,
 };
 
 /// Attention of layer `layer` for a batch: `q` holds `n` rows of `n_head * head_dim`
@@ -55,9 +56,11 @@ pub fn attend(
             shape,
             &store,
             &plan,
-            q,
-            out,
-            wants_lse.then_some(&mut lse[..]),
+            Batch {
+                q,
+                out,
+                lse: wants_lse.then_some(&mut lse[..]),
+            },
         );
     }
     if wants_lse {
@@ -89,9 +92,11 @@ pub fn attend_sliding(
         shape,
         &store,
         &plan,
-        q,
-        out,
-        None,
+        Batch {
+            q,
+            out,
+            lse: None,
+        },
     );
 }
 

@@ -354,7 +354,7 @@ fn scattered_short_ranges_match_f64_reference_at_every_level() {
 /// short runs per head, against the f64 reference with per-head key sets.
 #[test]
 fn per_head_scattered_plans_match_f64_reference() {
-    use crate::policy::{execute, PlanEntry, ReadPlan, Source};
+    use crate::policy::{execute, Batch, PlanEntry, ReadPlan, Source};
     let mut rnd = rng(3);
     let shape = AttnShape {
         n_head: 14,
@@ -402,7 +402,12 @@ fn per_head_scattered_plans_match_f64_reference() {
         for level in Level::supported() {
             for threads in [1, 2, 16] {
                 let mut got = vec![0.0; q_dim];
-                execute(level, threads, shape, &store, &plan, &q, &mut got, None);
+                let batch = Batch {
+                    q: &q,
+                    out: &mut got,
+                    lse: None,
+                };
+                execute(level, threads, shape, &store, &plan, batch);
                 for (a, b) in got.iter().zip(&want) {
                     assert!(
                         (a - b).abs() < 2e-5,
@@ -492,7 +497,7 @@ fn adjacent_split_ranges_equal_one_range() {
 /// leaves the one-piece path as it was.
 #[test]
 fn one_range_is_the_plain_tile_loop_bit_for_bit() {
-    use super::tile::{pv, scores, softmax_tile};
+    use super::tile::{pv, scores, softmax_tile, Tile};
     let mut rnd = rng(5);
     let shape = AttnShape {
         n_head: 14,
@@ -543,7 +548,7 @@ fn one_range_is_the_plain_tile_loop_bit_for_bit() {
                     let s = &mut s[..n * rw];
                     let rows = store.key_rows(start, n);
                     let (k, ks) = head_rows(level, rows, kv_head * hd, kv_dim, hd, n, &mut kb);
-                    scores(level, k, ks, n, hd, &qt, rw, scale, s);
+                    scores(level, Tile::new(k, ks, n, hd), &qt, rw, scale, s);
                     softmax_tile(level, s, n, rw, &mut m, &mut l, &mut corr);
                     for (r, &c) in corr[..group].iter().enumerate() {
                         if c != 1.0 {
@@ -552,7 +557,7 @@ fn one_range_is_the_plain_tile_loop_bit_for_bit() {
                     }
                     let rows = store.value_rows(start, n);
                     let (v, vs) = head_rows(level, rows, kv_head * hd, kv_dim, hd, n, &mut vb);
-                    pv(level, s, rw, group, v, vs, n, hd, &mut o);
+                    pv(level, s, rw, group, Tile::new(v, vs, n, hd), &mut o);
                     start += n;
                 }
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();

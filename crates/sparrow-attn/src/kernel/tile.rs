@@ -94,41 +94,86 @@ pub fn dequant_q8_0_tile(
     }
 }
 
-/// Scores of a tile: `s[t * rw + r] = scale * Σ_d k[t * stride + d] * qt[d * rw + r]` for
-/// `t < n`, `r < rw`.
-#[allow(clippy::too_many_arguments)]
-pub fn scores(
-    level: Level,
-    k: &[f32],
-    stride: usize,
-    n: usize,
-    hd: usize,
-    qt: &[f32],
-    rw: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
-    check_rows(k.len(), n, stride, hd);
+/// `n` rows of `width` f32, row `t` at `data[t * stride..]`: a tile of keys or values as the
+/// kernels read it (one KV head's rows of a cache, `stride` being the cache's row width, or
+/// a tile converted from f16 or dequantized from Q8_0, `stride == width`).
+#[derive(Clone, Copy, Debug)]
+pub struct Tile<'a> {
+    /// The rows; at least `(n - 1) * stride + width` floats.
+    pub data: &'a [f32],
+    /// Distance between the starts of consecutive rows.
+    pub stride: usize,
+    /// Number of rows (keys).
+    pub n: usize,
+    /// Floats used per row (the head size).
+    pub width: usize,
+}
+
+impl<'a> Tile<'a> {
+    /// Rows `t * stride..t * stride + width` of `data` for `t < n`.
+    pub fn new(data: &'a [f32], stride: usize, n: usize, width: usize) -> Self {
+        Tile {
+            data,
+            stride,
+            n,
+            width,
+        }
+    }
+
+    /// The tile as the vector loops read it (its bounds checked by the caller).
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    fn raw(&self) -> RawRows {
+        RawRows {
+            ptr: self.data.as_ptr(),
+            stride: self.stride,
+            n: self.n,
+            width: self.width,
+        }
+    }
+
+    /// Row `t`'s `width` floats.
+    fn row(&self, t: usize) -> &'a [f32] {
+        &self.data[t * self.stride..][..self.width]
+    }
+}
+
+/// Scores of a tile: `s[t * rw + r] = scale * Σ_d k.row(t)[d] * qt[d * rw + r]` for
+/// `t < k.n`, `r < rw` — the keys against a query block transposed (`qt[d * rw + r]`, so 8
+/// rows share one vector), `rw` the block's rows padded.
+pub fn scores(level: Level, k: Tile<'_>, qt: &[f32], rw: usize, scale: f32, s: &mut [f32]) {
+    let (n, hd) = (k.n, k.width);
+    check_rows(k.data.len(), n, k.stride, hd);
     assert!(
         qt.len() >= hd * rw && s.len() >= n * rw,
         "tile out of bounds"
     );
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    let job = ScoreTile {
+        k: k.raw(),
+        qt: qt.as_ptr(),
+        s: s.as_mut_ptr(),
+        rw,
+        scale,
+    };
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() && rw.is_multiple_of(8) {
         // SAFETY: AVX2, FMA and F16C were detected on this CPU (`usable`); the bounds the
         // kernel relies on were asserted above and `rw` is a multiple of 8.
-        unsafe { avx2::scores(k, stride, n, hd, qt, rw, scale, s) };
+        unsafe { avx2::scores(job) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if level == Level::Neon && rw.is_multiple_of(8) {
         // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
         // were asserted above and `rw` is a multiple of 8.
-        unsafe { neon::scores(k, stride, n, hd, qt, rw, scale, s) };
+        unsafe { neon::scores(job) };
         return;
     }
     for t in 0..n {
-        let kt = &k[t * stride..][..hd];
+        let kt = k.row(t);
         for r in 0..rw {
             let mut acc = 0.0f32;
             for (d, &kv) in kt.iter().enumerate() {
@@ -191,42 +236,41 @@ pub fn softmax_tile(
     }
 }
 
-/// Weighted values: `o[r * hd + d] += Σ_t p[t * rw + r] · v[t * stride + d]` for
-/// `r < rows`, `d < hd`, `t < n`.
-#[allow(clippy::too_many_arguments)]
-pub fn pv(
-    level: Level,
-    p: &[f32],
-    rw: usize,
-    rows: usize,
-    v: &[f32],
-    stride: usize,
-    n: usize,
-    hd: usize,
-    o: &mut [f32],
-) {
-    check_rows(v.len(), n, stride, hd);
+/// Weighted values: `o[r * hd + d] += Σ_t p[t * rw + r] · v.row(t)[d]` for `r < rows`,
+/// `d < hd = v.width`, `t < v.n` — a block's probabilities (`p[t * rw + r]`, `rw` its
+/// padded rows, the first `rows` real) times a tile of values into its output
+/// accumulators.
+pub fn pv(level: Level, p: &[f32], rw: usize, rows: usize, v: Tile<'_>, o: &mut [f32]) {
+    let (n, hd) = (v.n, v.width);
+    check_rows(v.data.len(), n, v.stride, hd);
     assert!(rows <= rw && p.len() >= n * rw && o.len() >= rows * hd);
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    let job = PvTile {
+        p: p.as_ptr(),
+        rw,
+        v: v.raw(),
+        o: o.as_mut_ptr(),
+        o_stride: hd,
+    };
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() {
         // SAFETY: AVX2, FMA and F16C were detected on this CPU (`usable`); the bounds the
         // kernel relies on were asserted above.
-        unsafe { avx2::pv(p, rw, rows, v, stride, n, hd, o) };
+        unsafe { avx2::pv(job, rows) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if level == Level::Neon {
         // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
         // were asserted above.
-        unsafe { neon::pv(p, rw, rows, v, stride, n, hd, o) };
+        unsafe { neon::pv(job, rows) };
         return;
     }
     for r in 0..rows {
         let acc = &mut o[r * hd..(r + 1) * hd];
         for t in 0..n {
             let w = p[t * rw + r];
-            let vt = &v[t * stride..][..hd];
-            acc.iter_mut().zip(vt).for_each(|(a, &x)| *a += w * x);
+            acc.iter_mut().zip(v.row(t)).for_each(|(a, &x)| *a += w * x);
         }
     }
 }
@@ -235,6 +279,8 @@ pub fn pv(
 use super::avx2;
 #[cfg(target_arch = "aarch64")]
 use super::neon;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use super::simd::{PvTile, RawRows, ScoreTile};
 
 #[cfg(test)]
 mod tests {
@@ -394,10 +440,12 @@ mod tests {
                     let k: Vec<f32> = (0..n * stride).map(|_| r()).collect();
                     let v: Vec<f32> = (0..n * stride).map(|_| r()).collect();
                     let qt: Vec<f32> = (0..hd * rw).map(|_| r()).collect();
+                    let (keys, values) =
+                        (Tile::new(&k, stride, n, hd), Tile::new(&v, stride, n, hd));
                     let mut want_t = vec![0.0; n * hd];
                     convert_tile(Level::Scalar, &kh, stride, n, hd, &mut want_t);
                     let mut want_s = vec![0.0; n * rw];
-                    scores(Level::Scalar, &k, stride, n, hd, &qt, rw, 0.3, &mut want_s);
+                    scores(Level::Scalar, keys, &qt, rw, 0.3, &mut want_s);
                     // Some rows start from a previous state, some see only -inf.
                     let mut m0: Vec<f32> = (0..rw).map(|i| (i as f32) * 0.1 - 0.5).collect();
                     m0[1] = f32::NEG_INFINITY;
@@ -418,17 +466,7 @@ mod tests {
                     for rows in 1..=rw {
                         let o0: Vec<f32> = (0..rows * hd).map(|_| r()).collect();
                         let mut want_o = o0.clone();
-                        pv(
-                            Level::Scalar,
-                            &want_p,
-                            rw,
-                            rows,
-                            &v,
-                            stride,
-                            n,
-                            hd,
-                            &mut want_o,
-                        );
+                        pv(Level::Scalar, &want_p, rw, rows, values, &mut want_o);
                         want_os.push((rows, o0, want_o));
                     }
                     assert_eq!(wm[2], f32::NEG_INFINITY);
@@ -439,7 +477,7 @@ mod tests {
                         convert_tile(level, &kh, stride, n, hd, &mut got_t);
                         assert_eq!(got_t, want_t, "{level:?} convert hd {hd}");
                         let mut got_s = vec![0.0; n * rw];
-                        scores(level, &k, stride, n, hd, &qt, rw, 0.3, &mut got_s);
+                        scores(level, keys, &qt, rw, 0.3, &mut got_s);
                         close(&got_s, &want_s, 1e-6);
                         let (mut gm, mut gl, mut gc) = (m0.clone(), l0.clone(), vec![0.0; rw]);
                         let mut got_p = s_in.clone();
@@ -450,7 +488,7 @@ mod tests {
                         close(&gc, &wc, 1e-6);
                         for (rows, o0, want_o) in &want_os {
                             let mut got_o = o0.clone();
-                            pv(level, &want_p, rw, *rows, &v, stride, n, hd, &mut got_o);
+                            pv(level, &want_p, rw, *rows, values, &mut got_o);
                             close(&got_o, want_o, 1e-6);
                         }
                     }
