@@ -92,11 +92,7 @@ pub fn attend_sliding(
         shape,
         &store,
         &plan,
-        Batch {
-            q,
-            out,
-            lse: None,
-        },
+        Batch { q, out, lse: None },
     );
 }
 
