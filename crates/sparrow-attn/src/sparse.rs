@@ -12,7 +12,7 @@ use crate::error::{AttnError, Result};
 use crate::kernel::{AttnShape, F32Rows, KvSource, Level};
 use crate::pattern::{candidates, CandidateCount, LandmarkMode, SparseConfig, Visible};
 use crate::policy::{execute, Batch, PlanEntry, ReadPlan, SideTable, Source};
-use crate::tensor::{first_diff, Tensor3};
+use crate::tensor::{same_shape, Tensor3};
 
 /// Sparse attention with a fixed pattern ([`SparseConfig`]).
 ///
@@ -202,28 +202,12 @@ pub fn forward_dense_flash(q: &Tensor3, k: &Tensor3, v: &Tensor3, causal: bool) 
 }
 
 fn validate_mha(q: &Tensor3, k: &Tensor3, v: &Tensor3) -> Result<()> {
-    for t in [k, v] {
-        if q.shape() != t.shape() {
-            let (what, expected, got) = first_diff(q.shape(), t.shape());
-            return Err(AttnError::ShapeMismatch {
-                what,
-                expected,
-                got,
-            });
-        }
-    }
-    Ok(())
+    same_shape(q, k)?;
+    same_shape(q, v)
 }
 
 pub(crate) fn validate_gqa(q: &Tensor3, k: &Tensor3, v: &Tensor3) -> Result<()> {
-    if k.shape() != v.shape() {
-        let (what, expected, got) = first_diff(k.shape(), v.shape());
-        return Err(AttnError::ShapeMismatch {
-            what,
-            expected,
-            got,
-        });
-    }
+    same_shape(k, v)?;
     if q.seq() != k.seq() {
         return Err(AttnError::ShapeMismatch {
             what: "seq",

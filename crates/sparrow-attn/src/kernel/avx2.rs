@@ -7,7 +7,9 @@
 
 #[cfg(feature = "fp16")]
 use super::rows::{BlockQ8_0, QK8_0};
-use super::simd::{self, PvTile, ScoreTile, Simd};
+use super::simd::{self, PvTile, ScoreTile, Simd, SoftmaxTile};
+#[cfg(feature = "fp16")]
+use super::tile::Tile;
 #[cfg(feature = "fp16")]
 use half::f16;
 use std::arch::x86_64::*;
@@ -120,28 +122,16 @@ impl Simd for Avx2 {
 
 #[cfg(feature = "fp16")]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn convert_tile(
-    src: &[f16],
-    stride: usize,
-    n: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
+pub(super) unsafe fn convert_tile(src: Tile<'_, f16>, dst: &mut [f32]) {
     // SAFETY: the features are enabled here; the bounds are the wrapper's.
-    unsafe { simd::convert_tile::<Avx2>(src, stride, n, width, dst) }
+    unsafe { simd::convert_tile::<Avx2>(src, dst) }
 }
 
 #[cfg(feature = "fp16")]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q8_0_tile(
-    src: &[BlockQ8_0],
-    stride: usize,
-    n: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
+pub(super) unsafe fn dequant_q8_0_tile(src: Tile<'_, BlockQ8_0>, dst: &mut [f32]) {
     // SAFETY: the features are enabled here; the bounds are the wrapper's.
-    unsafe { simd::dequant_q8_0_tile::<Avx2>(src, stride, n, width, dst) }
+    unsafe { simd::dequant_q8_0_tile::<Avx2>(src, dst) }
 }
 
 /// Scores of a tile (`rw` a multiple of 8): pairs of row vectors against blocks of 6 keys
@@ -165,17 +155,10 @@ pub(super) unsafe fn scores(j: ScoreTile) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn softmax_tile(
-    s: &mut [f32],
-    n: usize,
-    rw: usize,
-    m: &mut [f32],
-    l: &mut [f32],
-    corr: &mut [f32],
-) {
+pub(super) unsafe fn softmax_tile(j: SoftmaxTile<'_>) {
     // SAFETY: the features are enabled here; the bounds (and `rw` a multiple of 8) are the
     // wrapper's.
-    unsafe { simd::softmax_tile::<Avx2>(s, n, rw, m, l, corr) }
+    unsafe { simd::softmax_tile::<Avx2>(j) }
 }
 
 /// P·V of a tile for the block's first `rows` rows: blocks of 6 rows × 2 vectors; a
@@ -214,6 +197,13 @@ pub(super) unsafe fn pv(j: PvTile, rows: usize) {
     }
 }
 
+/// Blocks' centres and radii for Quest's bounds, block `p`'s starting at `p · stride` of each.
+pub(crate) struct Blocks<'a> {
+    pub center: &'a [f32],
+    pub radius: &'a [f32],
+    pub stride: usize,
+}
+
 /// Quest's group bound for `n` blocks: `out[p] = Σ_d sum[d]·center[p·stride + d] +
 /// abs_sum[d]·radius[p·stride + d]`, the width being `sum.len()` (see
 /// `policy::quest::group_upper_bounds`, whose scalar loop this twins).
@@ -221,11 +211,14 @@ pub(super) unsafe fn pv(j: PvTile, rows: usize) {
 pub(crate) unsafe fn group_bounds(
     sum: &[f32],
     abs_sum: &[f32],
-    center: &[f32],
-    radius: &[f32],
-    stride: usize,
+    blocks: Blocks<'_>,
     out: &mut [f32],
 ) {
+    let Blocks {
+        center,
+        radius,
+        stride,
+    } = blocks;
     let width = sum.len();
     let full = width / 8 * 8;
     for (p, o) in out.iter_mut().enumerate() {

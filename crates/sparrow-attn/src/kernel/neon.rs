@@ -11,7 +11,9 @@
 
 #[cfg(feature = "fp16")]
 use super::rows::{BlockQ8_0, QK8_0};
-use super::simd::{self, PvTile, ScoreTile, Simd};
+use super::simd::{self, PvTile, ScoreTile, Simd, SoftmaxTile};
+#[cfg(feature = "fp16")]
+use super::tile::Tile;
 #[cfg(feature = "fp16")]
 use half::f16;
 use std::arch::aarch64::*;
@@ -165,29 +167,17 @@ impl Simd for Neon {
 /// # Safety
 /// The bounds `tile::convert_tile` asserts.
 #[cfg(feature = "fp16")]
-pub(super) unsafe fn convert_tile(
-    src: &[f16],
-    stride: usize,
-    n: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
+pub(super) unsafe fn convert_tile(src: Tile<'_, f16>, dst: &mut [f32]) {
     // SAFETY: the bounds are the caller's.
-    unsafe { simd::convert_tile::<Neon>(src, stride, n, width, dst) }
+    unsafe { simd::convert_tile::<Neon>(src, dst) }
 }
 
 /// # Safety
 /// The bounds `tile::dequant_q8_0_tile` asserts.
 #[cfg(feature = "fp16")]
-pub(super) unsafe fn dequant_q8_0_tile(
-    src: &[BlockQ8_0],
-    stride: usize,
-    n: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
+pub(super) unsafe fn dequant_q8_0_tile(src: Tile<'_, BlockQ8_0>, dst: &mut [f32]) {
     // SAFETY: the bounds are the caller's.
-    unsafe { simd::dequant_q8_0_tile::<Neon>(src, stride, n, width, dst) }
+    unsafe { simd::dequant_q8_0_tile::<Neon>(src, dst) }
 }
 
 /// Scores of a tile: four row vectors (16 rows) against blocks of 6 keys (24 accumulators
@@ -214,16 +204,9 @@ pub(super) unsafe fn scores(j: ScoreTile) {
 
 /// # Safety
 /// The bounds `tile::softmax_tile` asserts, and `rw` a multiple of 4.
-pub(super) unsafe fn softmax_tile(
-    s: &mut [f32],
-    n: usize,
-    rw: usize,
-    m: &mut [f32],
-    l: &mut [f32],
-    corr: &mut [f32],
-) {
+pub(super) unsafe fn softmax_tile(j: SoftmaxTile<'_>) {
     // SAFETY: the bounds are the caller's.
-    unsafe { simd::softmax_tile::<Neon>(s, n, rw, m, l, corr) }
+    unsafe { simd::softmax_tile::<Neon>(j) }
 }
 
 /// P·V of a tile for the block's first `rows` rows: blocks of 4 rows × 4 vectors (16

@@ -14,6 +14,8 @@
 #[cfg(feature = "fp16")]
 use super::rows::{BlockQ8_0, QK8_0};
 #[cfg(feature = "fp16")]
+use super::tile::Tile;
+#[cfg(feature = "fp16")]
 use half::f16;
 
 /// One instruction set's f32 vector of [`LANES`](Simd::LANES) lanes.
@@ -161,20 +163,32 @@ pub(crate) unsafe fn score_rows<S: Simd, const KB: usize, const RB: usize>(j: Sc
     }
 }
 
-/// One tile of online softmax for every row (see `tile::softmax_tile`), `LANES` rows per
-/// vector.
+/// One tile of online softmax (see `tile::softmax_tile`): the scores of `n` keys for `rw`
+/// rows (`s[t · rw + r]`), and each row's running maximum `m`, sum `l` and the correction
+/// `corr` its earlier output is to be scaled by.
+pub(crate) struct SoftmaxTile<'a> {
+    pub s: &'a mut [f32],
+    pub n: usize,
+    pub rw: usize,
+    pub m: &'a mut [f32],
+    pub l: &'a mut [f32],
+    pub corr: &'a mut [f32],
+}
+
+/// One tile of online softmax for every row, `LANES` rows per vector.
 ///
 /// # Safety
 /// `rw` a multiple of `LANES`; `s` holds `n × rw` floats, `m`, `l`, `corr` at least `rw`.
 #[inline(always)]
-pub(crate) unsafe fn softmax_tile<S: Simd>(
-    s: &mut [f32],
-    n: usize,
-    rw: usize,
-    m: &mut [f32],
-    l: &mut [f32],
-    corr: &mut [f32],
-) {
+pub(crate) unsafe fn softmax_tile<S: Simd>(j: SoftmaxTile<'_>) {
+    let SoftmaxTile {
+        s,
+        n,
+        rw,
+        m,
+        l,
+        corr,
+    } = j;
     let sp = s.as_mut_ptr();
     for o in (0..rw).step_by(S::LANES) {
         // SAFETY: `o + LANES <= rw`, within `m`, `l`, `corr` (≥ rw) and, for `t < n`,
@@ -333,13 +347,13 @@ pub(crate) unsafe fn pv_rows<S: Simd, const RB: usize, const CB: usize>(j: PvTil
 /// The bounds `tile::convert_tile` asserts.
 #[cfg(feature = "fp16")]
 #[inline(always)]
-pub(crate) unsafe fn convert_tile<S: Simd>(
-    src: &[f16],
-    stride: usize,
-    n: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
+pub(crate) unsafe fn convert_tile<S: Simd>(src: Tile<'_, f16>, dst: &mut [f32]) {
+    let Tile {
+        data: src,
+        stride,
+        n,
+        width,
+    } = src;
     let full = width / 8 * 8;
     for t in 0..n {
         let s = &src[t * stride..][..width];
@@ -360,13 +374,13 @@ pub(crate) unsafe fn convert_tile<S: Simd>(
 /// The bounds `tile::dequant_q8_0_tile` asserts.
 #[cfg(feature = "fp16")]
 #[inline(always)]
-pub(crate) unsafe fn dequant_q8_0_tile<S: Simd>(
-    src: &[BlockQ8_0],
-    stride: usize,
-    n: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
+pub(crate) unsafe fn dequant_q8_0_tile<S: Simd>(src: Tile<'_, BlockQ8_0>, dst: &mut [f32]) {
+    let Tile {
+        data: src,
+        stride,
+        n,
+        width,
+    } = src;
     for t in 0..n {
         let row = &src[t * stride..][..width];
         let out = &mut dst[t * width * QK8_0..][..width * QK8_0];

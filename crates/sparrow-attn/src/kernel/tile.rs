@@ -17,14 +17,6 @@ use super::rows::{BlockQ8_0, QK8_0};
 #[cfg(feature = "fp16")]
 use half::{f16, slice::HalfFloatSliceExt};
 
-fn check_rows(len: usize, n: usize, stride: usize, width: usize) {
-    assert!(width <= stride || n <= 1, "rows overlap");
-    assert!(
-        n == 0 || len >= (n - 1) * stride + width,
-        "tile out of bounds"
-    );
-}
-
 #[cfg(feature = "fp16")]
 /// `dst[t * width + j] = src[t * stride + j]` as f32, for `t < n`, `j < width`.
 pub fn convert_tile(
@@ -35,24 +27,26 @@ pub fn convert_tile(
     width: usize,
     dst: &mut [f32],
 ) {
-    check_rows(src.len(), n, stride, width);
+    let src = Tile::new(src, stride, n, width);
+    src.check();
     assert!(dst.len() >= n * width, "tile out of bounds");
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() {
         // SAFETY: AVX2, FMA and F16C were detected on this CPU just above (`usable`).
-        unsafe { avx2::convert_tile(src, stride, n, width, dst) };
+        unsafe { avx2::convert_tile(src, dst) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if level == Level::Neon {
         // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
         // were asserted above.
-        unsafe { neon::convert_tile(src, stride, n, width, dst) };
+        unsafe { neon::convert_tile(src, dst) };
         return;
     }
     let _ = level;
     for t in 0..n {
-        src[t * stride..t * stride + width].convert_to_f32_slice(&mut dst[t * width..][..width]);
+        src.row(t)
+            .convert_to_f32_slice(&mut dst[t * width..][..width]);
     }
 }
 
@@ -68,39 +62,40 @@ pub fn dequant_q8_0_tile(
     width: usize,
     dst: &mut [f32],
 ) {
-    check_rows(src.len(), n, stride, width);
+    let src = Tile::new(src, stride, n, width);
+    src.check();
     assert!(dst.len() >= n * width * QK8_0, "tile out of bounds");
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() {
         // SAFETY: AVX2, FMA and F16C were detected on this CPU just above (`usable`); the
         // bounds the kernel relies on were asserted above.
-        unsafe { avx2::dequant_q8_0_tile(src, stride, n, width, dst) };
+        unsafe { avx2::dequant_q8_0_tile(src, dst) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if level == Level::Neon {
         // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
         // were asserted above.
-        unsafe { neon::dequant_q8_0_tile(src, stride, n, width, dst) };
+        unsafe { neon::dequant_q8_0_tile(src, dst) };
         return;
     }
     let _ = level;
     for t in 0..n {
-        let row = &src[t * stride..][..width];
         let out = &mut dst[t * width * QK8_0..][..width * QK8_0];
-        for (b, o) in row.iter().zip(out.chunks_exact_mut(QK8_0)) {
+        for (b, o) in src.row(t).iter().zip(out.chunks_exact_mut(QK8_0)) {
             b.dequantize(o);
         }
     }
 }
 
-/// `n` rows of `width` f32, row `t` at `data[t * stride..]`: a tile of keys or values as the
-/// kernels read it (one KV head's rows of a cache, `stride` being the cache's row width, or
-/// a tile converted from f16 or dequantized from Q8_0, `stride == width`).
+/// `n` rows of `width` values, row `t` at `data[t * stride..]`: a tile of keys or values as
+/// the kernels read it — f32 (one KV head's rows of a cache, `stride` being the cache's row
+/// width, or a tile converted from f16 or dequantized from Q8_0, `stride == width`), or the
+/// f16 values or Q8_0 blocks a tile is converted from.
 #[derive(Clone, Copy, Debug)]
-pub struct Tile<'a> {
-    /// The rows; at least `(n - 1) * stride + width` floats.
-    pub data: &'a [f32],
+pub struct Tile<'a, T = f32> {
+    /// The rows; at least `(n - 1) * stride + width` values.
+    pub data: &'a [T],
     /// Distance between the starts of consecutive rows.
     pub stride: usize,
     /// Number of rows (keys).
@@ -109,9 +104,9 @@ pub struct Tile<'a> {
     pub width: usize,
 }
 
-impl<'a> Tile<'a> {
+impl<'a, T> Tile<'a, T> {
     /// Rows `t * stride..t * stride + width` of `data` for `t < n`.
-    pub fn new(data: &'a [f32], stride: usize, n: usize, width: usize) -> Self {
+    pub fn new(data: &'a [T], stride: usize, n: usize, width: usize) -> Self {
         Tile {
             data,
             stride,
@@ -120,6 +115,23 @@ impl<'a> Tile<'a> {
         }
     }
 
+    /// Row `t`'s `width` values.
+    fn row(&self, t: usize) -> &'a [T] {
+        &self.data[t * self.stride..][..self.width]
+    }
+
+    /// Panics unless the rows are disjoint and within `data` (what the SIMD twins rely on).
+    fn check(&self) {
+        let (n, stride, width) = (self.n, self.stride, self.width);
+        assert!(width <= stride || n <= 1, "rows overlap");
+        assert!(
+            n == 0 || self.data.len() >= (n - 1) * stride + width,
+            "tile out of bounds"
+        );
+    }
+}
+
+impl Tile<'_> {
     /// The tile as the vector loops read it (its bounds checked by the caller).
     #[cfg_attr(
         not(any(target_arch = "x86_64", target_arch = "aarch64")),
@@ -133,11 +145,6 @@ impl<'a> Tile<'a> {
             width: self.width,
         }
     }
-
-    /// Row `t`'s `width` floats.
-    fn row(&self, t: usize) -> &'a [f32] {
-        &self.data[t * self.stride..][..self.width]
-    }
 }
 
 /// Scores of a tile: `s[t * rw + r] = scale * Σ_d k.row(t)[d] * qt[d * rw + r]` for
@@ -145,7 +152,7 @@ impl<'a> Tile<'a> {
 /// rows share one vector), `rw` the block's rows padded.
 pub fn scores(level: Level, k: Tile<'_>, qt: &[f32], rw: usize, scale: f32, s: &mut [f32]) {
     let (n, hd) = (k.n, k.width);
-    check_rows(k.data.len(), n, k.stride, hd);
+    k.check();
     assert!(
         qt.len() >= hd * rw && s.len() >= n * rw,
         "tile out of bounds"
@@ -200,16 +207,32 @@ pub fn softmax_tile(
     assert!(m.len() >= rw && l.len() >= rw && corr.len() >= rw);
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() && rw.is_multiple_of(8) {
+        let job = SoftmaxTile {
+            s,
+            n,
+            rw,
+            m,
+            l,
+            corr,
+        };
         // SAFETY: AVX2, FMA and F16C were detected on this CPU (`usable`); the bounds the
         // kernel relies on were asserted above and `rw` is a multiple of 8.
-        unsafe { avx2::softmax_tile(s, n, rw, m, l, corr) };
+        unsafe { avx2::softmax_tile(job) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if level == Level::Neon && rw.is_multiple_of(4) {
+        let job = SoftmaxTile {
+            s,
+            n,
+            rw,
+            m,
+            l,
+            corr,
+        };
         // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
         // were asserted above and `rw` is a multiple of 4.
-        unsafe { neon::softmax_tile(s, n, rw, m, l, corr) };
+        unsafe { neon::softmax_tile(job) };
         return;
     }
     for r in 0..rw {
@@ -242,7 +265,7 @@ pub fn softmax_tile(
 /// accumulators.
 pub fn pv(level: Level, p: &[f32], rw: usize, rows: usize, v: Tile<'_>, o: &mut [f32]) {
     let (n, hd) = (v.n, v.width);
-    check_rows(v.data.len(), n, v.stride, hd);
+    v.check();
     assert!(rows <= rw && p.len() >= n * rw && o.len() >= rows * hd);
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     let job = PvTile {
@@ -280,7 +303,7 @@ use super::avx2;
 #[cfg(target_arch = "aarch64")]
 use super::neon;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-use super::simd::{PvTile, RawRows, ScoreTile};
+use super::simd::{PvTile, RawRows, ScoreTile, SoftmaxTile};
 
 #[cfg(test)]
 mod tests {
@@ -298,44 +321,10 @@ mod tests {
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn exp8_matches_libm() {
-        if !Level::Avx2.usable() {
-            return;
-        }
-        use std::arch::x86_64::*;
-        let mut xs: Vec<f32> = (0..4000).map(|i| -100.0 + i as f32 * 0.0251).collect();
-        xs.extend([0.0, -0.0, -1e-8, f32::NEG_INFINITY, -87.3, -87.4, -88.5]);
-        while !xs.len().is_multiple_of(8) {
-            xs.push(-1.0);
-        }
-        for c in xs.chunks(8) {
-            let mut got = [0.0f32; 8];
-            // SAFETY: AVX2 and FMA were detected above; `c` and `got` hold 8 floats.
-            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr()))) };
-            for (&x, &g) in c.iter().zip(&got) {
-                let want = x.exp();
-                if x < -87.33 {
-                    assert!(g == 0.0 || (g - want).abs() < 1e-37, "{x}: {g}");
-                } else {
-                    assert!(
-                        (g - want).abs() <= 2.5e-7 * want,
-                        "exp({x}) = {g}, want {want}"
-                    );
-                }
-            }
-        }
-        let mut one = [0.0f32; 8];
-        // SAFETY: AVX2 and FMA were detected above; `one` holds 8 floats.
-        unsafe { _mm256_storeu_ps(one.as_mut_ptr(), avx2::exp8(_mm256_setzero_ps())) };
-        assert_eq!(one, [1.0; 8]);
-    }
-
-    #[cfg(target_arch = "aarch64")]
-    #[test]
-    fn exp4_matches_libm() {
-        use std::arch::aarch64::*;
+    /// A vector `exp` of `lanes` lanes against libm: within 2.5e-7 relative over
+    /// [-87.33, 88], 0 (or the subnormal result) below, `exp(0)` exactly 1.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    fn check_exp(lanes: usize, exp: impl Fn(&[f32]) -> Vec<f32>) {
         let mut xs: Vec<f32> = (0..4000).map(|i| -100.0 + i as f32 * 0.0251).collect();
         xs.extend([
             0.0,
@@ -347,14 +336,11 @@ mod tests {
             -88.5,
             88.0,
         ]);
-        while !xs.len().is_multiple_of(4) {
+        while !xs.len().is_multiple_of(lanes) {
             xs.push(-1.0);
         }
-        for c in xs.chunks(4) {
-            let mut got = [0.0f32; 4];
-            // SAFETY: NEON is part of the AArch64 baseline; `c` and `got` hold 4 floats.
-            unsafe { vst1q_f32(got.as_mut_ptr(), neon::exp4(vld1q_f32(c.as_ptr()))) };
-            for (&x, &g) in c.iter().zip(&got) {
+        for c in xs.chunks(lanes) {
+            for (&x, g) in c.iter().zip(exp(c)) {
                 let want = x.exp();
                 if x < -87.33 {
                     assert!(g == 0.0 || (g - want).abs() < 1e-37, "{x}: {g}");
@@ -366,10 +352,34 @@ mod tests {
                 }
             }
         }
-        let mut one = [0.0f32; 4];
-        // SAFETY: as above; `one` holds 4 floats.
-        unsafe { vst1q_f32(one.as_mut_ptr(), neon::exp4(vdupq_n_f32(0.0))) };
-        assert_eq!(one, [1.0; 4]);
+        assert!(exp(&vec![0.0; lanes]).iter().all(|&y| y == 1.0));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp8_matches_libm() {
+        if !Level::Avx2.usable() {
+            return;
+        }
+        use std::arch::x86_64::*;
+        check_exp(8, |c| {
+            let mut got = [0.0f32; 8];
+            // SAFETY: AVX2 and FMA were detected above; `c` and `got` hold 8 floats.
+            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr()))) };
+            got.to_vec()
+        });
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn exp4_matches_libm() {
+        use std::arch::aarch64::*;
+        check_exp(4, |c| {
+            let mut got = [0.0f32; 4];
+            // SAFETY: NEON is part of the AArch64 baseline; `c` and `got` hold 4 floats.
+            unsafe { vst1q_f32(got.as_mut_ptr(), neon::exp4(vld1q_f32(c.as_ptr()))) };
+            got.to_vec()
+        });
     }
 
     /// The Q8_0 tile dequantizer: each level equals the blocks' own scalar dequantization
