@@ -1,7 +1,7 @@
-//! The inner loops of dense attention, each written three times: a scalar reference, an
-//! AVX2 (+FMA, F16C) version and a NEON version (AArch64), chosen at run time. All follow
-//! the same order of operations, so they differ only by FMA contraction and the vector
-//! `exp` (Cephes' polynomial, within 2 ulp).
+//! The inner loops of dense attention, each written twice: a scalar reference here, and a
+//! vector version (`simd`'s loops over AVX2 (+FMA, F16C) primitives on x86_64 or NEON ones
+//! on AArch64), chosen at run time. Both follow the same order of operations, so they
+//! differ only by FMA contraction and the vector `exp` (Cephes' polynomial, within 2 ulp).
 //!
 //! The layouts, for one tile of `n` keys and a block of query rows padded to `rw` (a
 //! multiple of 8 for the SIMD paths):
