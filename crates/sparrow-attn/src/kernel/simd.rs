@@ -190,12 +190,15 @@ pub(crate) unsafe fn softmax_tile<S: Simd>(j: SoftmaxTile<'_>) {
         corr,
     } = j;
     let sp = s.as_mut_ptr();
-    for o in (0..rw).step_by(S::LANES) {
+    // SAFETY: a splat touches no memory.
+    let ninf = unsafe { S::splat(f32::NEG_INFINITY) };
+    for v in 0..rw / S::LANES {
+        let o = v * S::LANES;
         // SAFETY: `o + LANES <= rw`, within `m`, `l`, `corr` (≥ rw) and, for `t < n`,
         // within `s` (≥ n × rw), as the caller guarantees.
         unsafe {
             let m_old = S::load(m.as_ptr().add(o));
-            let mut mx = S::splat(f32::NEG_INFINITY);
+            let mut mx = ninf;
             for t in 0..n {
                 mx = S::max(mx, S::load(sp.add(t * rw + o)));
             }
