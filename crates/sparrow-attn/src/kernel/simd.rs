@@ -361,9 +361,11 @@ pub(crate) unsafe fn convert_tile<S: Simd>(src: Tile<'_, f16>, dst: &mut [f32]) 
     for t in 0..n {
         let s = &src[t * stride..][..width];
         let d = &mut dst[t * width..][..width];
-        for j in (0..full).step_by(8) {
+        let mut j = 0;
+        while j < full {
             // SAFETY: `j + 8 <= width`, the length of both `s` and `d`.
             unsafe { S::widen8(s.as_ptr().add(j), d.as_mut_ptr().add(j)) };
+            j += 8;
         }
         for j in full..width {
             d[j] = s[j].to_f32();
