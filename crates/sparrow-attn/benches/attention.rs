@@ -15,7 +15,7 @@
 //!   the same number of keys as one contiguous range.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
-use sparrow_attn::{forward_dense, KvElement, KvStore, SparseAttention, SparseConfig, Tensor3};
+use sparrow_attn::{forward_dense, KvElement, LayerCache, SparseAttention, SparseConfig, Tensor3};
 
 fn rand(seq: usize, heads: usize, dim: usize, seed: u64) -> Tensor3 {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -38,10 +38,17 @@ fn cfg() -> SparseConfig {
 }
 
 fn prefill(c: &mut Criterion) {
+    prefill_group(c, "prefill", &[512, 1024, 2048, 4096, 8192], true);
+    prefill_group(c, "prefill_long", &[16384, 32768], false);
+}
+
+/// Sparse `forward` and `forward_flash` (and, with `dense`, `forward_dense`) at each length
+/// (8 heads, dim 64).
+fn prefill_group(c: &mut Criterion, name: &str, seqs: &[usize], dense: bool) {
     let a = SparseAttention::new(cfg()).unwrap();
-    let mut g = c.benchmark_group("prefill");
+    let mut g = c.benchmark_group(name);
     g.sample_size(10);
-    for seq in [512usize, 1024, 2048, 4096, 8192] {
+    for &seq in seqs {
         let (q, k, v) = (
             rand(seq, 8, 64, 1),
             rand(seq, 8, 64, 2),
@@ -53,31 +60,17 @@ fn prefill(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("sparse_flash", seq), &seq, |b, _| {
             b.iter(|| a.forward_flash(black_box(&q), &k, &v).unwrap())
         });
-        g.bench_with_input(BenchmarkId::new("dense", seq), &seq, |b, _| {
-            b.iter(|| forward_dense(black_box(&q), &k, &v, true).unwrap())
-        });
-    }
-    g.finish();
-    let mut g = c.benchmark_group("prefill_long");
-    g.sample_size(10);
-    for seq in [16384usize, 32768] {
-        let (q, k, v) = (
-            rand(seq, 8, 64, 1),
-            rand(seq, 8, 64, 2),
-            rand(seq, 8, 64, 3),
-        );
-        g.bench_with_input(BenchmarkId::new("sparse_forward", seq), &seq, |b, _| {
-            b.iter(|| a.forward(black_box(&q), &k, &v).unwrap())
-        });
-        g.bench_with_input(BenchmarkId::new("sparse_flash", seq), &seq, |b, _| {
-            b.iter(|| a.forward_flash(black_box(&q), &k, &v).unwrap())
-        });
+        if dense {
+            g.bench_with_input(BenchmarkId::new("dense", seq), &seq, |b, _| {
+                b.iter(|| forward_dense(black_box(&q), &k, &v, true).unwrap())
+            });
+        }
     }
     g.finish();
 }
 
-fn filled<E: KvElement>(t: usize) -> KvStore<E> {
-    let mut c = KvStore::<E>::new(t, 8, 128, 64).unwrap();
+fn filled<E: KvElement>(t: usize) -> LayerCache<E> {
+    let mut c = LayerCache::<E>::new(t, 8, 128, 64).unwrap();
     c.append_all(&rand(t, 8, 128, 4), &rand(t, 8, 128, 5))
         .unwrap();
     c

@@ -192,15 +192,8 @@ fn landmark_partial(
 }
 
 fn main() {
-    let base = SparseConfig {
-        window: 128,
-        block_size: 64,
-        sinks: 1,
-        causal: true,
-        log_stride: true,
-        landmarks: LandmarkMode::All,
-        sort_candidates: true,
-    };
+    // Window 128, block 64, 1 sink, causal, ladder on, every landmark.
+    let base = SparseConfig::default();
     let configs: [(&'static str, SparseConfig); 4] = [
         (
             "window + sink only",

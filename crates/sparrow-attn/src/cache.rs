@@ -1,8 +1,10 @@
-//! KV caches for decoding: [`KvCache`] (f32) and [`KvCacheF16`] (feature `fp16`), both
-//! [`KvStore`]. Keys/values are stored one row of `kv_heads × dim` per slot, the layout the
-//! kernel reads ([`KvSource`]; f16 rows are converted per tile). Block landmark means are
-//! kept up to date by a Welford update on every append (`O(kv_heads × dim)`), so a decode
-//! step costs `O(window + log T + T / block_size)` row reads, never `O(T)`.
+//! KV caches for decoding: [`LayerCache`], one layer's cache, with the aliases [`KvCache`]
+//! (f32) and [`KvCacheF16`] (feature `fp16`). The name says what it holds — one layer — and
+//! stays clear of the engine's `KvStore` trait, which stores every layer. Keys/values are
+//! stored one row of `kv_heads × dim` per slot, the layout the kernel reads ([`KvSource`];
+//! f16 rows are converted per tile). Block landmark means are kept up to date by a Welford
+//! update on every append (`O(kv_heads × dim)`), so a decode step costs
+//! `O(window + log T + T / block_size)` row reads, never `O(T)`.
 //!
 //! H2O eviction: every tracked decode step adds the attention probability each visited
 //! token received (summed over query heads) to that token's score; landmark weight goes
@@ -13,9 +15,10 @@ use core::ops::Range;
 
 use crate::element::KvElement;
 use crate::error::{AttnError, Result};
-use crate::kernel::tile::scores;
+use crate::kernel::tile::{scores, Tile};
 use crate::kernel::{head_rows, AttnShape, F32Rows, KvRows, KvSource, Level, TILE};
 use crate::pattern::{SparseConfig, Visible};
+use crate::policy::Batch;
 use crate::softmax::KvView;
 use crate::sparse::SparseAttention;
 use crate::tensor::{checked_len, Tensor3};
@@ -24,7 +27,7 @@ use crate::tensor::{checked_len, Tensor3};
 /// stored as `E`, with per-block landmark means (f32) and H2O attention scores. As a
 /// [`KvSource`] its positions are logical: position `t` is read from slot `order()[t]`.
 #[derive(Clone, Debug)]
-pub struct KvStore<E: KvElement = f32> {
+pub struct LayerCache<E: KvElement = f32> {
     capacity: usize,
     kv_heads: usize,
     dim: usize,
@@ -54,13 +57,13 @@ pub struct KvStore<E: KvElement = f32> {
 }
 
 /// f32 KV cache.
-pub type KvCache = KvStore<f32>;
+pub type KvCache = LayerCache<f32>;
 
 /// f16 KV cache (half the bytes; landmark means and arithmetic stay f32).
 #[cfg(feature = "fp16")]
-pub type KvCacheF16 = KvStore<half::f16>;
+pub type KvCacheF16 = LayerCache<half::f16>;
 
-impl<E: KvElement> KvStore<E> {
+impl<E: KvElement> LayerCache<E> {
     /// An empty cache. `block_size` is the landmark granularity; it should match the
     /// `block_size` of the [`SparseConfig`] used to decode. All four must be positive.
     pub fn new(
@@ -450,7 +453,7 @@ impl SparseAttention {
     /// key/value first; the query sits at position `len - 1`. `q` is `(1, q_heads, dim)`
     /// with `q_heads` a multiple of the cache's `kv_heads`. Same result as the last row of
     /// [`forward_gqa`](Self::forward_gqa) over the cached sequence.
-    pub fn decode_step<E: KvElement>(&self, q: &Tensor3, cache: &KvStore<E>) -> Result<Tensor3> {
+    pub fn decode_step<E: KvElement>(&self, q: &Tensor3, cache: &LayerCache<E>) -> Result<Tensor3> {
         self.check_decode(q, cache, 1)?;
         let mut out = Tensor3::zeros(1, q.heads(), q.dim())?;
         self.decode(q.data(), cache, out.data_mut());
@@ -462,7 +465,7 @@ impl SparseAttention {
     pub fn decode_step_tracked<E: KvElement>(
         &self,
         q: &Tensor3,
-        cache: &mut KvStore<E>,
+        cache: &mut LayerCache<E>,
     ) -> Result<Tensor3> {
         self.check_decode(q, cache, 1)?;
         let mut out = Tensor3::zeros(1, q.heads(), q.dim())?;
@@ -479,7 +482,7 @@ impl SparseAttention {
         q: &Tensor3,
         new_k: &Tensor3,
         new_v: &Tensor3,
-        cache: &mut KvStore<E>,
+        cache: &mut LayerCache<E>,
     ) -> Result<Tensor3> {
         let m = q.seq();
         cache.check_tokens(new_k, new_v, m)?;
@@ -511,18 +514,23 @@ impl SparseAttention {
     fn decode<E: KvElement>(
         &self,
         q: &[f32],
-        cache: &KvStore<E>,
+        cache: &LayerCache<E>,
         out: &mut [f32],
     ) -> (Visible, Vec<f32>) {
         let seen = Visible::of(self.config(), cache.len, cache.len - 1);
         let mut lse = vec![0.0f32; q.len() / cache.dim];
         let visible = vec![seen.clone()];
         let (shape, lm) = (cache.shape(q), cache.landmarks());
-        self.attend(shape, cache, lm, visible, q, out, Some(&mut lse));
+        let batch = Batch {
+            q,
+            out,
+            lse: Some(&mut lse[..]),
+        };
+        self.attend(shape, cache, lm, visible, batch);
         (seen, lse)
     }
 
-    fn check_shape_decode<E: KvElement>(&self, q: &Tensor3, cache: &KvStore<E>) -> Result<()> {
+    fn check_shape_decode<E: KvElement>(&self, q: &Tensor3, cache: &LayerCache<E>) -> Result<()> {
         if q.dim() != cache.dim {
             return Err(AttnError::ShapeMismatch {
                 what: "head dim",
@@ -548,7 +556,7 @@ impl SparseAttention {
     fn check_decode<E: KvElement>(
         &self,
         q: &Tensor3,
-        cache: &KvStore<E>,
+        cache: &LayerCache<E>,
         seq: usize,
     ) -> Result<()> {
         if q.seq() != seq {
@@ -566,7 +574,7 @@ impl SparseAttention {
     }
 }
 
-impl<E: KvElement> KvStore<E> {
+impl<E: KvElement> LayerCache<E> {
     /// Head counts of a decode of the query row `q`.
     fn shape(&self, q: &[f32]) -> AttnShape {
         AttnShape {
@@ -591,7 +599,7 @@ impl<E: KvElement> KvStore<E> {
     }
 }
 
-impl<E: KvElement> KvSource for KvStore<E> {
+impl<E: KvElement> KvSource for LayerCache<E> {
     fn kv_dim(&self) -> usize {
         self.kv_heads * self.dim
     }
@@ -652,7 +660,7 @@ fn probabilities<S: KvSource + ?Sized>(
                 let rows = src.key_rows(start, n);
                 let off = src.head_offset(g, hd);
                 let (k, stride) = head_rows(level, rows, off, src.kv_dim(), hd, n, &mut buf);
-                scores(level, k, stride, n, hd, &qt, rw, scale, &mut s);
+                scores(level, Tile::new(k, stride, n, hd), &qt, rw, scale, &mut s);
                 for (t, pt) in p[at..at + n].iter_mut().enumerate() {
                     *pt += lse
                         .iter()

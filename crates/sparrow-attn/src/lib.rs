@@ -5,11 +5,13 @@
 //! Everything runs on one primitive, the [`kernel`]: a block of query rows (tokens × the
 //! query heads of one GQA group) attends over key ranges of a [`kernel::KvSource`] in tiles
 //! of keys with a one-pass online softmax, giving partials `(m, l, o)` that merge exactly by
-//! log-sum-exp. Its inner loops have a scalar reference and an AVX2 twin, the level chosen
-//! once per process ([`kernel::Level`], capped by `SPARROW_SIMD=scalar|avx2|avx512`); f16
-//! rows are converted per tile. [`policy`] states what one layer reads as a
-//! [`policy::ReadPlan`] (key ranges per token and KV head, plus small side tables) and runs
-//! any plan through the kernel. The engine's attention paths are these two modules.
+//! log-sum-exp. Its inner loops have a scalar reference with an AVX2 twin (x86_64 with
+//! AVX2, FMA and F16C, detected at run time) and a NEON twin (AArch64); the level
+//! ([`kernel::Level`]: `scalar`, `avx2` or `neon`; no AVX-512 level, an AVX-512 CPU runs
+//! AVX2) is the best the CPU supports, chosen once per process, and `SPARROW_SIMD=scalar`
+//! forces the scalar loops (other values leave the best level on); f16 rows are converted
+//! per tile. [`policy`] states what one layer reads as a [`policy::ReadPlan`] (key ranges
+//! per token and KV head, plus small side tables) and runs any plan through the kernel. The engine's attention paths are these two modules.
 //!
 //! The seed-style API is built on the same primitive:
 //!
@@ -19,9 +21,10 @@
 //!   tiles): per query, ascending key ranges of the keys, plus landmark rows (block means)
 //!   of a side table — one read plan; [`forward_dense`] is the pattern with a window
 //!   covering everything;
-//! * KV caches ([`KvCache`], `KvCacheF16` with feature `fp16`), which are `KvSource`s, with
-//!   incremental landmark means, `decode_step` in `O(window + log T + T/block)`,
-//!   `decode_batch`, and H2O eviction (`evict_and_append`);
+//! * KV caches ([`LayerCache`], one layer's; the aliases [`KvCache`] and `KvCacheF16` with
+//!   feature `fp16`), which are `KvSource`s, with incremental landmark means,
+//!   `decode_step` in `O(window + log T + T/block)`, `decode_batch`, and H2O eviction
+//!   (`evict_and_append`);
 //! * [`partial_attention`] → [`Partial`] and an exact [`merge`]: attention over disjoint key
 //!   sets (a window, some blocks, a bucket) combines into attention over their union;
 //!   [`OnlineSoftmax`] accumulates partials, or single keys (`push`, the plain single-row
@@ -64,7 +67,7 @@ mod tensor;
 
 #[cfg(feature = "fp16")]
 pub use cache::KvCacheF16;
-pub use cache::{KvCache, KvStore};
+pub use cache::{KvCache, LayerCache};
 pub use element::KvElement;
 pub use error::{AttnError, Result};
 pub use pattern::{
@@ -78,7 +81,7 @@ pub use sparse::{forward_dense, forward_dense_flash, SparseAttention};
 pub use tensor::Tensor3;
 
 /// The instruction set the attention kernels run at: [`kernel::Level::active`]'s name
-/// (`scalar` or `avx2`), detected once and capped by `SPARROW_SIMD`.
+/// (`scalar`, `avx2` or `neon`), detected once; `SPARROW_SIMD=scalar` forces `scalar`.
 pub fn kernel_name() -> &'static str {
     kernel::Level::active().name()
 }

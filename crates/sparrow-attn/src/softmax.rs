@@ -16,7 +16,7 @@ use core::ops::Range;
 use crate::element::KvElement;
 use crate::error::{AttnError, Result};
 use crate::kernel::{attend_block, union, write_merged, AttnShape, KvRows, KvSource, Level, Unit};
-use crate::tensor::{first_diff, Tensor3};
+use crate::tensor::{same_shape, Tensor3};
 
 /// Running softmax state of one query: running max, running denominator, and the
 /// unnormalised weighted sum of values, rescaled whenever the max grows (Milakov &
@@ -186,7 +186,7 @@ pub fn merge_into(out_a: &mut [f32], lse_a: f32, out_b: &[f32], lse_b: f32) -> R
 /// `keys[j * stride .. j * stride + dim]`, and likewise for values.
 ///
 /// Views come from a [`Tensor3`] pair ([`KvView::from_tensors`]), from a KV cache
-/// (`KvStore::view`), or from any caller-owned buffers ([`KvView::new`]), so a sparse
+/// (`LayerCache::view`), or from any caller-owned buffers ([`KvView::new`]), so a sparse
 /// policy can run [`partial_attention`] over whatever key subset it selects. A view is a
 /// [`KvSource`] of one KV head (rows `stride` apart).
 #[derive(Clone, Copy, Debug)]
@@ -277,14 +277,7 @@ impl<E: KvElement> KvSource for KvView<'_, E> {
 impl<'a> KvView<'a, f32> {
     /// The view of head `head` of a `(seq, heads, dim)` key tensor and value tensor.
     pub fn from_tensors(k: &'a Tensor3, v: &'a Tensor3, head: usize) -> Result<Self> {
-        if k.shape() != v.shape() {
-            let (what, expected, got) = first_diff(k.shape(), v.shape());
-            return Err(AttnError::ShapeMismatch {
-                what,
-                expected,
-                got,
-            });
-        }
+        same_shape(k, v)?;
         if head >= k.heads() {
             return Err(AttnError::IndexOutOfRange {
                 what: "head",

@@ -11,8 +11,8 @@
 use crate::error::{AttnError, Result};
 use crate::kernel::{AttnShape, F32Rows, KvSource, Level};
 use crate::pattern::{candidates, CandidateCount, LandmarkMode, SparseConfig, Visible};
-use crate::policy::{execute, PlanEntry, ReadPlan, SideTable, Source};
-use crate::tensor::{first_diff, Tensor3};
+use crate::policy::{execute, Batch, PlanEntry, ReadPlan, SideTable, Source};
+use crate::tensor::{same_shape, Tensor3};
 
 /// Sparse attention with a fixed pattern ([`SparseConfig`]).
 ///
@@ -118,26 +118,25 @@ impl SparseAttention {
             &store,
             landmarks,
             pattern,
-            q.data(),
-            out.data_mut(),
-            None,
+            Batch {
+                q: q.data(),
+                out: out.data_mut(),
+                lse: None,
+            },
         );
         Ok(out)
     }
 
     /// Run the pattern (`visible[i]` for batch token `i`) over `store` and the landmark
     /// table `landmarks` (row `b` = block `b`'s means, every KV head) through the kernel's
-    /// executor, writing `out` and, with `lse`, each row's log-sum-exp.
-    #[allow(clippy::too_many_arguments)]
+    /// executor for `batch`.
     pub(crate) fn attend<S: KvSource + ?Sized>(
         &self,
         shape: AttnShape,
         store: &S,
         landmarks: F32Rows<'_>,
         visible: Vec<Visible>,
-        q: &[f32],
-        out: &mut [f32],
-        lse: Option<&mut [f32]>,
+        batch: Batch<'_>,
     ) {
         let (tokens, blocks): (Vec<_>, Vec<_>) =
             visible.into_iter().map(|v| (v.tokens, v.blocks)).unzip();
@@ -157,7 +156,7 @@ impl SparseAttention {
         let threads = rayon::current_num_threads();
         #[cfg(not(feature = "parallel"))]
         let threads = 1;
-        let run = || execute(Level::active(), threads, shape, store, &plan, q, out, lse);
+        let run = || execute(Level::active(), threads, shape, store, &plan, batch);
         #[cfg(feature = "parallel")]
         if !self.parallel {
             use std::sync::OnceLock;
@@ -203,28 +202,12 @@ pub fn forward_dense_flash(q: &Tensor3, k: &Tensor3, v: &Tensor3, causal: bool) 
 }
 
 fn validate_mha(q: &Tensor3, k: &Tensor3, v: &Tensor3) -> Result<()> {
-    for t in [k, v] {
-        if q.shape() != t.shape() {
-            let (what, expected, got) = first_diff(q.shape(), t.shape());
-            return Err(AttnError::ShapeMismatch {
-                what,
-                expected,
-                got,
-            });
-        }
-    }
-    Ok(())
+    same_shape(q, k)?;
+    same_shape(q, v)
 }
 
 pub(crate) fn validate_gqa(q: &Tensor3, k: &Tensor3, v: &Tensor3) -> Result<()> {
-    if k.shape() != v.shape() {
-        let (what, expected, got) = first_diff(k.shape(), v.shape());
-        return Err(AttnError::ShapeMismatch {
-            what,
-            expected,
-            got,
-        });
-    }
+    same_shape(k, v)?;
     if q.seq() != k.seq() {
         return Err(AttnError::ShapeMismatch {
             what: "seq",

@@ -11,18 +11,24 @@ pub(crate) fn checked_len(seq: usize, heads: usize, dim: usize) -> Result<usize>
         })
 }
 
-/// The first shape component where `a` and `b` differ, as an error's `(what, expected, got)`.
-pub(crate) fn first_diff(
-    a: (usize, usize, usize),
-    b: (usize, usize, usize),
-) -> (&'static str, usize, usize) {
-    if a.0 != b.0 {
-        ("seq", a.0, b.0)
-    } else if a.1 != b.1 {
-        ("heads", a.1, b.1)
+/// `Ok` when `a` and `b` have the same shape, else a [`AttnError::ShapeMismatch`] naming the
+/// first component that differs (`b`'s against `a`'s).
+pub(crate) fn same_shape(a: &Tensor3, b: &Tensor3) -> Result<()> {
+    let (x, y) = (a.shape(), b.shape());
+    let (what, expected, got) = if x.0 != y.0 {
+        ("seq", x.0, y.0)
+    } else if x.1 != y.1 {
+        ("heads", x.1, y.1)
+    } else if x.2 != y.2 {
+        ("dim", x.2, y.2)
     } else {
-        ("dim", a.2, b.2)
-    }
+        return Ok(());
+    };
+    Err(AttnError::ShapeMismatch {
+        what,
+        expected,
+        got,
+    })
 }
 
 /// A `(seq, heads, dim)` tensor of `f32`, stored row-major: element `(t, h, d)` lives at

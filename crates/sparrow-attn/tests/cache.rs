@@ -23,11 +23,7 @@ fn cfg(window: usize, block_size: usize, sinks: usize, landmarks: LandmarkMode) 
 #[test]
 fn decode_step_equals_last_row_of_forward() {
     let (seq, qh, kvh, dim) = (333, 8, 2, 24);
-    let (q, k, v) = (
-        rand_tensor(seq, qh, dim, 1, 1.0),
-        rand_tensor(seq, kvh, dim, 2, 1.0),
-        rand_tensor(seq, kvh, dim, 3, 1.0),
-    );
+    let (q, k, v) = qkv(seq, qh, kvh, dim, 1, 1.0);
     for landmarks in [LandmarkMode::Off, LandmarkMode::Ladder, LandmarkMode::All] {
         let c = cfg(40, 16, 3, landmarks);
         let a = SparseAttention::new(c).unwrap();
@@ -53,11 +49,7 @@ fn decode_step_equals_last_row_of_forward() {
 #[test]
 fn decode_batch_equals_forward_rows() {
     let (seq, qh, kvh, dim) = (180, 4, 4, 16);
-    let (q, k, v) = (
-        rand_tensor(seq, qh, dim, 4, 1.0),
-        rand_tensor(seq, kvh, dim, 5, 1.0),
-        rand_tensor(seq, kvh, dim, 6, 1.0),
-    );
+    let (q, k, v) = qkv(seq, qh, kvh, dim, 4, 1.0);
     let a = SparseAttention::new(cfg(32, 8, 1, LandmarkMode::All)).unwrap();
     let full = a.forward(&q, &k, &v).unwrap();
     let mut cache = KvCache::new(seq, kvh, dim, 8).unwrap();
@@ -121,11 +113,7 @@ fn partials_over_cache_views_merge_to_decode_step() {
 #[test]
 fn f16_cache_close_to_f32() {
     let (seq, qh, kvh, dim) = (400, 8, 2, 64);
-    let (q, k, v) = (
-        rand_tensor(seq, qh, dim, 10, 1.0),
-        rand_tensor(seq, kvh, dim, 11, 1.0),
-        rand_tensor(seq, kvh, dim, 12, 1.0),
-    );
+    let (q, k, v) = qkv(seq, qh, kvh, dim, 10, 1.0);
     let a = SparseAttention::new(cfg(64, 16, 1, LandmarkMode::All)).unwrap();
     let mut c32 = KvCache::new(seq, kvh, dim, 16).unwrap();
     let mut c16 = KvCacheF16::new(seq, kvh, dim, 16).unwrap();
@@ -150,14 +138,10 @@ fn h2o_run<E: KvElement>(
 ) {
     let (qh, kvh, dim) = (4, 2, 8);
     let total = cap + steps;
-    let (q, k, v) = (
-        rand_tensor(total, qh, dim, seed, 2.0),
-        rand_tensor(total, kvh, dim, seed + 1, 2.0),
-        rand_tensor(total, kvh, dim, seed + 2, 1.0),
-    );
+    let (q, k, v) = qkv(total, qh, kvh, dim, seed, 2.0);
     let c = cfg(window, bs, sinks, LandmarkMode::All);
     let a = SparseAttention::new(c.clone()).unwrap();
-    let mut cache = KvStore::<E>::new(cap, kvh, dim, bs).unwrap();
+    let mut cache = LayerCache::<E>::new(cap, kvh, dim, bs).unwrap();
     let mut kept: Vec<usize> = Vec::new(); // original positions of the cached tokens
     for t in 0..total {
         if cache.is_full() {

@@ -12,7 +12,8 @@ pub use crate::policy::{policy_names, AttentionChoice};
 pub use sparrow_attn::kernel::AttnShape;
 use sparrow_attn::kernel::Level;
 pub use sparrow_attn::policy::{
-    execute, KeysView, Phase, PlanContext, PlanEntry, ReadPlan, SideTable, Source, SparsePolicy,
+    execute, Batch, KeysView, Phase, PlanContext, PlanEntry, ReadPlan, SideTable, Source,
+    SparsePolicy,
 };
 
 /// Attention of layer `layer` for a batch: `q` holds `n` rows of `n_head * head_dim`
@@ -52,9 +53,11 @@ pub fn attend(
             &store,
             shape,
             &plan,
-            q,
-            out,
-            wants_lse.then_some(&mut lse[..]),
+            Batch {
+                q,
+                out,
+                lse: wants_lse.then_some(&mut lse[..]),
+            },
         );
     }
     if wants_lse {
@@ -79,22 +82,20 @@ pub fn attend_sliding(
         layer,
     };
     let plan = ReadPlan::sliding(shape, pos0, q.len() / shape.q_dim(), window);
-    run_plan(&store, shape, &plan, q, out, None);
+    run_plan(&store, shape, &plan, Batch { q, out, lse: None });
 }
 
-/// Tell the store what `plan` reads of `layer` ([`KvStore::prefetch`]), then run it through
-/// the executor at the active SIMD level on the current thread pool.
+/// Tell the store what `plan` reads of `layer` ([`KvStore::prefetch`]), then run it for
+/// `batch` through the executor at the active SIMD level on the current thread pool.
 fn run_plan(
     layer: &StoreLayer<'_, dyn KvStore + '_>,
     shape: AttnShape,
     plan: &ReadPlan<'_>,
-    q: &[f32],
-    out: &mut [f32],
-    lse: Option<&mut [f32]>,
+    batch: Batch<'_>,
 ) {
     layer.store.prefetch(layer.layer, plan);
     let threads = rayon::current_num_threads();
-    execute(Level::active(), threads, shape, layer, plan, q, out, lse);
+    execute(Level::active(), threads, shape, layer, plan, batch);
 }
 
 /// The store positions each KV head's query group reads when the single query row `q` at

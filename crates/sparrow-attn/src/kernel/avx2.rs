@@ -1,8 +1,15 @@
 //! The AVX2 kernels. Every function here requires AVX2, FMA and F16C (checked by the
 //! callers in the parent module) and the slice bounds the parent's wrappers assert.
+//!
+//! The tile kernels are the shared loops of [`super::simd`] over [`Avx2`]'s 8-lane
+//! primitives, instantiated inside `#[target_feature]` entry points (which is where the
+//! intrinsics inline); this module picks their register blocking for 16 vector registers.
 
 #[cfg(feature = "fp16")]
 use super::rows::{BlockQ8_0, QK8_0};
+use super::simd::{self, PvTile, ScoreTile, Simd, SoftmaxTile};
+#[cfg(feature = "fp16")]
+use super::tile::Tile;
 #[cfg(feature = "fp16")]
 use half::f16;
 use std::arch::x86_64::*;
@@ -33,340 +40,177 @@ pub(crate) fn exp8(x: __m256) -> __m256 {
     _mm256_andnot_ps(tiny, _mm256_mul_ps(y, pow2n))
 }
 
-#[cfg(feature = "fp16")]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn convert_tile(
-    src: &[f16],
-    stride: usize,
-    n: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
-    let full = width / 8 * 8;
-    for t in 0..n {
-        let s = &src[t * stride..][..width];
-        let d = &mut dst[t * width..][..width];
-        let mut j = 0;
-        while j < full {
-            // SAFETY: `j + 8 <= width`, the length of both `s` and `d`; `f16` is a
-            // transparent `u16`, so 8 of them are the 128 bits `cvtph` reads.
-            unsafe {
-                let h = _mm_loadu_si128(s.as_ptr().add(j) as *const __m128i);
-                _mm256_storeu_ps(d.as_mut_ptr().add(j), _mm256_cvtph_ps(h));
-            }
-            j += 8;
-        }
-        for j in full..width {
-            d[j] = s[j].to_f32();
-        }
-    }
-}
+/// AVX2 + FMA + F16C, 8 lanes. Its primitives are only called from the entry points
+/// below, which enable those features.
+pub(crate) struct Avx2;
 
-#[cfg(feature = "fp16")]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant_q8_0_tile(
-    src: &[BlockQ8_0],
-    stride: usize,
-    n: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
-    for t in 0..n {
-        let row = &src[t * stride..][..width];
-        let out = &mut dst[t * width * QK8_0..][..width * QK8_0];
-        for (b, o) in row.iter().zip(out.chunks_exact_mut(QK8_0)) {
-            // SAFETY: `b.qs` holds 32 bytes, read 8 at a time at offsets 0, 8, 16, 24;
-            // `o` holds 32 floats, written 8 at a time at the same offsets.
-            unsafe {
-                let d = _mm256_set1_ps(b.d.to_f32());
-                let q = b.qs.as_ptr();
-                for j in (0..QK8_0).step_by(8) {
-                    let bytes = _mm_loadl_epi64(q.add(j) as *const __m128i);
-                    let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-                    _mm256_storeu_ps(o.as_mut_ptr().add(j), _mm256_mul_ps(x, d));
-                }
-            }
-        }
+impl Simd for Avx2 {
+    type V = __m256;
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
     }
-}
-
-/// `KB` keys × `RB` row vectors of scores; `k` points at the first key's row, `qt` at the
-/// first row vector of dimension 0, `s` at the first key's first row vector.
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn score_block<const KB: usize, const RB: usize>(
-    k: *const f32,
-    stride: usize,
-    hd: usize,
-    qt: *const f32,
-    rw: usize,
-    scale: __m256,
-    s: *mut f32,
-) {
-    let mut acc = [[_mm256_setzero_ps(); RB]; KB];
-    for d in 0..hd {
-        // SAFETY (whole block): the caller guarantees keys `0..KB` (rows `stride` apart,
-        // `hd` long), query vectors `0..RB` of each of the `hd` dimensions and score
-        // vectors `0..RB` of keys `0..KB` are in bounds.
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: the caller guarantees 8 readable floats at `p`.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        // SAFETY: the caller guarantees 8 writable floats at `p`.
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(acc: __m256, a: __m256, b: f32) -> __m256 {
+        // SAFETY: FMA is enabled by the entry point this is inlined into.
+        unsafe { _mm256_fmadd_ps(_mm256_set1_ps(b), a, acc) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+        _mm256_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m256, b: __m256) -> __m256 {
+        _mm256_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn exp(x: __m256) -> __m256 {
+        // SAFETY: AVX2 and FMA are enabled by the entry point this is inlined into.
+        unsafe { exp8(x) }
+    }
+    #[inline(always)]
+    unsafe fn zero_neg_inf(x: __m256) -> __m256 {
+        let none = _mm256_cmp_ps::<_CMP_EQ_OQ>(x, _mm256_set1_ps(f32::NEG_INFINITY));
+        _mm256_andnot_ps(none, x)
+    }
+    #[cfg(feature = "fp16")]
+    #[inline(always)]
+    unsafe fn widen8(src: *const f16, dst: *mut f32) {
+        // SAFETY: the caller guarantees 8 f16 at `src` (`f16` is a transparent `u16`, so
+        // they are the 128 bits `cvtph` reads) and 8 floats at `dst`; F16C is enabled by
+        // the entry point.
         unsafe {
-            let mut qv = [_mm256_setzero_ps(); RB];
-            for (j, v) in qv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(qt.add(d * rw + j * 8));
-            }
-            for (i, a) in acc.iter_mut().enumerate() {
-                let b = _mm256_broadcast_ss(&*k.add(i * stride + d));
-                for (x, &q) in a.iter_mut().zip(&qv) {
-                    *x = _mm256_fmadd_ps(b, q, *x);
-                }
-            }
+            let h = _mm_loadu_si128(src as *const __m128i);
+            _mm256_storeu_ps(dst, _mm256_cvtph_ps(h));
         }
     }
-    for (i, a) in acc.iter().enumerate() {
-        for (j, &x) in a.iter().enumerate() {
-            // SAFETY: see above.
-            unsafe { _mm256_storeu_ps(s.add(i * rw + j * 8), _mm256_mul_ps(x, scale)) };
+    #[cfg(feature = "fp16")]
+    #[inline(always)]
+    unsafe fn dequant_block(b: &BlockQ8_0, dst: *mut f32) {
+        // SAFETY: `b.qs` holds 32 bytes, read 8 at a time at offsets 0, 8, 16, 24; the
+        // caller guarantees 32 floats at `dst`, written at the same offsets.
+        unsafe {
+            let d = _mm256_set1_ps(b.d.to_f32());
+            let q = b.qs.as_ptr();
+            for j in (0..QK8_0).step_by(8) {
+                let bytes = _mm_loadl_epi64(q.add(j) as *const __m128i);
+                let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                _mm256_storeu_ps(dst.add(j), _mm256_mul_ps(x, d));
+            }
         }
     }
 }
 
-/// Keys `0..n` for `RB` row vectors starting at vector `v`: blocks of `KB` keys, then
-/// of 4, then single keys.
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn score_rows<const KB: usize, const RB: usize>(
-    k: *const f32,
-    stride: usize,
-    n: usize,
-    hd: usize,
-    qt: *const f32,
-    rw: usize,
-    scale: __m256,
-    s: *mut f32,
-) {
-    // SAFETY (every call): keys `t..t + block` with `t + block <= n` and the `RB` row
-    // vectors at `qt`/`s`, which the caller guarantees are in bounds.
-    unsafe {
-        let mut t = 0;
-        while t + KB <= n {
-            score_block::<KB, RB>(k.add(t * stride), stride, hd, qt, rw, scale, s.add(t * rw));
-            t += KB;
-        }
-        while t + 4 <= n {
-            score_block::<4, RB>(k.add(t * stride), stride, hd, qt, rw, scale, s.add(t * rw));
-            t += 4;
-        }
-        while t < n {
-            score_block::<1, RB>(k.add(t * stride), stride, hd, qt, rw, scale, s.add(t * rw));
-            t += 1;
-        }
-    }
-}
-
+#[cfg(feature = "fp16")]
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn scores(
-    k: &[f32],
-    stride: usize,
-    n: usize,
-    hd: usize,
-    qt: &[f32],
-    rw: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
-    let scale = _mm256_set1_ps(scale);
-    let (kp, qp, sp) = (k.as_ptr(), qt.as_ptr(), s.as_mut_ptr());
-    let vecs = rw / 8;
-    // SAFETY (every call below): keys `0..n` and row vectors `v..v + RB` with
-    // `v + RB <= vecs`, which the wrapper's asserts on `k`, `qt` and `s` (`n` rows of
-    // `stride`, `hd × rw`, `n × rw`) cover. Blocks use at most 15 vector registers.
+pub(super) unsafe fn convert_tile(src: Tile<'_, f16>, dst: &mut [f32]) {
+    // SAFETY: the features are enabled here; the bounds are the wrapper's.
+    unsafe { simd::convert_tile::<Avx2>(src, dst) }
+}
+
+#[cfg(feature = "fp16")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dequant_q8_0_tile(src: Tile<'_, BlockQ8_0>, dst: &mut [f32]) {
+    // SAFETY: the features are enabled here; the bounds are the wrapper's.
+    unsafe { simd::dequant_q8_0_tile::<Avx2>(src, dst) }
+}
+
+/// Scores of a tile (`rw` a multiple of 8): pairs of row vectors against blocks of 6 keys
+/// (12 accumulators, 2 query vectors and a broadcast: 15 of the 16 registers), then a lone
+/// vector against blocks of 12.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn scores(j: ScoreTile) {
+    let vecs = j.rw / 8;
+    // SAFETY (every call below): row vectors `v..v + RB` with `v + RB <= vecs`, within the
+    // bounds the wrapper asserted.
     unsafe {
         let mut v = 0;
         while v + 2 <= vecs {
-            let (q, o) = (qp.add(v * 8), sp.add(v * 8));
-            score_rows::<6, 2>(kp, stride, n, hd, q, rw, scale, o);
+            simd::score_rows::<Avx2, 6, 2>(j.at(0, v * 8));
             v += 2;
         }
         if v < vecs {
-            let (q, o) = (qp.add(v * 8), sp.add(v * 8));
-            score_rows::<12, 1>(kp, stride, n, hd, q, rw, scale, o);
+            simd::score_rows::<Avx2, 12, 1>(j.at(0, v * 8));
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn softmax_tile(
-    s: &mut [f32],
-    n: usize,
-    rw: usize,
-    m: &mut [f32],
-    l: &mut [f32],
-    corr: &mut [f32],
-) {
-    let sp = s.as_mut_ptr();
-    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-    for v in 0..rw / 8 {
-        let o = v * 8;
-        // SAFETY: `o + 8 <= rw`, within `m`, `l`, `corr` (≥ rw) and, for `t < n`, within
-        // `s` (≥ n × rw), as the wrapper asserted.
-        unsafe {
-            let m_old = _mm256_loadu_ps(m.as_ptr().add(o));
-            let mut mx = ninf;
-            for t in 0..n {
-                mx = _mm256_max_ps(mx, _mm256_loadu_ps(sp.add(t * rw + o)));
-            }
-            let m_new = _mm256_max_ps(m_old, mx);
-            let none = _mm256_cmp_ps::<_CMP_EQ_OQ>(m_new, ninf);
-            let m_use = _mm256_andnot_ps(none, m_new);
-            let c = exp8(_mm256_sub_ps(m_old, m_use));
-            let mut sum = _mm256_setzero_ps();
-            for t in 0..n {
-                let at = sp.add(t * rw + o);
-                let p = exp8(_mm256_sub_ps(_mm256_loadu_ps(at), m_use));
-                _mm256_storeu_ps(at, p);
-                sum = _mm256_add_ps(sum, p);
-            }
-            let l_old = _mm256_loadu_ps(l.as_ptr().add(o));
-            _mm256_storeu_ps(
-                l.as_mut_ptr().add(o),
-                _mm256_add_ps(_mm256_mul_ps(l_old, c), sum),
-            );
-            _mm256_storeu_ps(m.as_mut_ptr().add(o), m_new);
-            _mm256_storeu_ps(corr.as_mut_ptr().add(o), c);
-        }
-    }
+pub(super) unsafe fn softmax_tile(j: SoftmaxTile<'_>) {
+    // SAFETY: the features are enabled here; the bounds (and `rw` a multiple of 8) are the
+    // wrapper's.
+    unsafe { simd::softmax_tile::<Avx2>(j) }
 }
 
-/// `RB` rows × `CB` vectors of 8 output dimensions; `p` points at the first row's
-/// probability of key 0, `v` at key 0's first dimension, `o` at the first row's first
-/// dimension.
+/// [`simd::pv_rows`] as a function of its own, which the compiler may keep out of line (as it
+/// does for the common blockings): inlining every blocking into [`pv`] measured a few
+/// percent slower.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pv_block<const RB: usize, const CB: usize>(
-    p: *const f32,
-    rw: usize,
-    v: *const f32,
-    stride: usize,
-    n: usize,
-    o: *mut f32,
-    hd: usize,
-) {
-    // SAFETY (whole function): the caller guarantees rows `0..RB` of `p` (for keys
-    // `0..n`, `rw` apart) and of `o` (`hd` apart), and dimensions `0..8·CB` of `v` and
-    // `o`, are in bounds.
-    unsafe {
-        let mut acc = [[_mm256_setzero_ps(); CB]; RB];
-        for (r, a) in acc.iter_mut().enumerate() {
-            for (c, x) in a.iter_mut().enumerate() {
-                *x = _mm256_loadu_ps(o.add(r * hd + c * 8));
-            }
-        }
-        for t in 0..n {
-            let mut vv = [_mm256_setzero_ps(); CB];
-            for (c, x) in vv.iter_mut().enumerate() {
-                *x = _mm256_loadu_ps(v.add(t * stride + c * 8));
-            }
-            for (r, a) in acc.iter_mut().enumerate() {
-                let b = _mm256_broadcast_ss(&*p.add(t * rw + r));
-                for (x, &y) in a.iter_mut().zip(&vv) {
-                    *x = _mm256_fmadd_ps(b, y, *x);
-                }
-            }
-        }
-        for (r, a) in acc.iter().enumerate() {
-            for (c, &x) in a.iter().enumerate() {
-                _mm256_storeu_ps(o.add(r * hd + c * 8), x);
-            }
-        }
-    }
+unsafe fn pv_rows<const RB: usize, const CB: usize>(j: PvTile) {
+    // SAFETY: the features are enabled here; the bounds are the caller's.
+    unsafe { simd::pv_rows::<Avx2, RB, CB>(j) }
 }
 
-/// One block of `RB` rows over every dimension: vectors of `8·CB`, then of 8, then a
-/// scalar tail. `RB × CB` accumulators plus `CB` values and a broadcast stay within the
-/// 16 vector registers.
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pv_rows<const RB: usize, const CB: usize>(
-    p: *const f32,
-    rw: usize,
-    v: *const f32,
-    stride: usize,
-    n: usize,
-    o: *mut f32,
-    hd: usize,
-) {
-    // SAFETY (whole function): the caller guarantees rows `0..RB` of `p` and `o` and
-    // dimensions `0..hd` of `v` and `o` are in bounds; each call below covers a
-    // sub-range of those dimensions.
-    unsafe {
-        let mut d = 0;
-        while d + 8 * CB <= hd {
-            pv_block::<RB, CB>(p, rw, v.add(d), stride, n, o.add(d), hd);
-            d += 8 * CB;
-        }
-        while d + 8 <= hd {
-            pv_block::<RB, 1>(p, rw, v.add(d), stride, n, o.add(d), hd);
-            d += 8;
-        }
-        for r in 0..RB {
-            for dd in d..hd {
-                let mut acc = *o.add(r * hd + dd);
-                for t in 0..n {
-                    acc += *p.add(t * rw + r) * *v.add(t * stride + dd);
-                }
-                *o.add(r * hd + dd) = acc;
-            }
-        }
-    }
-}
-
+/// P·V of a tile for the block's first `rows` rows: blocks of 6 rows × 2 vectors; a
+/// remainder of 1 after some is taken as 5 + 2 (a lone row keeps too few accumulators in
+/// flight). `RB × CB` accumulators plus `CB` values and a broadcast stay within the 16
+/// vector registers.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn pv(
-    p: &[f32],
-    rw: usize,
-    rows: usize,
-    v: &[f32],
-    stride: usize,
-    n: usize,
-    hd: usize,
-    o: &mut [f32],
-) {
-    let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), o.as_mut_ptr());
-    // Blocks of 6 rows; a remainder of 1 after some is taken as 5 + 2 (a lone row keeps
-    // too few accumulators in flight).
+pub(super) unsafe fn pv(j: PvTile, rows: usize) {
     let mut sixes = rows / 6;
     let mut rest = rows % 6;
     if rest == 1 && sixes > 0 {
         sixes -= 1;
         rest = 7;
     }
-    // SAFETY (every call below): rows `r..r + RB` with `r + RB <= rows <= rw`, which the
-    // wrapper's asserts (`p` ≥ n × rw, `o` ≥ rows × hd, `v` holds `n` rows of `stride`
-    // with `hd` used) cover.
+    // SAFETY (every call below): rows `r..r + RB` with `r + RB <= rows <= rw`, within the
+    // bounds the wrapper asserted.
     unsafe {
-        let at = |r: usize| (pp.add(r), op.add(r * hd));
         let mut r = 0;
         for _ in 0..sixes {
-            let (p6, o6) = at(r);
-            pv_rows::<6, 2>(p6, rw, vp, stride, n, o6, hd);
+            pv_rows::<6, 2>(j.rows_from(r));
             r += 6;
         }
-        let (pr, or) = at(r);
+        let j = j.rows_from(r);
         match rest {
             0 => {}
-            1 => pv_rows::<1, 4>(pr, rw, vp, stride, n, or, hd),
-            2 => pv_rows::<2, 4>(pr, rw, vp, stride, n, or, hd),
-            3 => pv_rows::<3, 2>(pr, rw, vp, stride, n, or, hd),
-            4 => pv_rows::<4, 2>(pr, rw, vp, stride, n, or, hd),
-            5 => pv_rows::<5, 2>(pr, rw, vp, stride, n, or, hd),
+            1 => pv_rows::<1, 4>(j),
+            2 => pv_rows::<2, 4>(j),
+            3 => pv_rows::<3, 2>(j),
+            4 => pv_rows::<4, 2>(j),
+            5 => pv_rows::<5, 2>(j),
             _ => {
-                pv_rows::<5, 2>(pr, rw, vp, stride, n, or, hd);
-                let (p2, o2) = at(r + 5);
-                pv_rows::<2, 4>(p2, rw, vp, stride, n, o2, hd);
+                pv_rows::<5, 2>(j);
+                pv_rows::<2, 4>(j.rows_from(5));
             }
         }
     }
+}
+
+/// Blocks' centres and radii for Quest's bounds, block `p`'s starting at `p · stride` of each.
+pub(crate) struct Blocks<'a> {
+    pub center: &'a [f32],
+    pub radius: &'a [f32],
+    pub stride: usize,
 }
 
 /// Quest's group bound for `n` blocks: `out[p] = Σ_d sum[d]·center[p·stride + d] +
@@ -376,11 +220,14 @@ pub(super) unsafe fn pv(
 pub(crate) unsafe fn group_bounds(
     sum: &[f32],
     abs_sum: &[f32],
-    center: &[f32],
-    radius: &[f32],
-    stride: usize,
+    blocks: Blocks<'_>,
     out: &mut [f32],
 ) {
+    let Blocks {
+        center,
+        radius,
+        stride,
+    } = blocks;
     let width = sum.len();
     let full = width / 8 * 8;
     for (p, o) in out.iter_mut().enumerate() {

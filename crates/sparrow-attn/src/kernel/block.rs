@@ -16,7 +16,7 @@ use super::rows::QK8_0;
 use super::rows::{for_each_run, prefetch_head_rows, KvRows, KvSource};
 #[cfg(feature = "fp16")]
 use super::tile::{convert_tile, dequant_q8_0_tile};
-use super::tile::{pv, scores, softmax_tile};
+use super::tile::{pv, scores, softmax_tile, Tile};
 use std::ops::Range;
 
 /// Head counts and size: query heads, KV heads (a divisor of `n_head`) and head size.
@@ -182,7 +182,7 @@ pub fn attend_block<S: KvSource + ?Sized>(
                 )
             }
         };
-        scores(level, k, k_stride, n, hd, &qt, rw, scale, s);
+        scores(level, Tile::new(k, k_stride, n, hd), &qt, rw, scale, s);
         // Per piece: its rows of the tile are keys `start..start + len`. A block of one
         // token sees every key of its unit (the unit's keys are the union of its tokens'
         // visible ranges): nothing to mask, which a decode over thousands of scattered
@@ -221,7 +221,14 @@ pub fn attend_block<S: KvSource + ?Sized>(
                 &mut vtile,
             ),
         };
-        pv(level, s, rw, rows, v, v_stride, n, hd, &mut part.o);
+        pv(
+            level,
+            s,
+            rw,
+            rows,
+            Tile::new(v, v_stride, n, hd),
+            &mut part.o,
+        );
     }
     part
 }

@@ -4,7 +4,8 @@
 //! * [`level`]: the instruction set, chosen once per process (`SPARROW_SIMD` caps it);
 //! * [`tile`]: the inner loops (scores, online-softmax step, P·V, f16 conversion, Q8_0
 //!   dequantization), each a scalar reference with an AVX2 twin (x86_64) and a NEON twin
-//!   (AArch64) tested against it;
+//!   (AArch64) tested against it; the twins are one set of loops (`simd`) over each
+//!   instruction set's vector primitives (`avx2`, `neon`);
 //! * [`rows`]: the rows a kernel reads ([`KvRows`]: f32, f16, Q8_0) and the [`KvSource`]
 //!   trait through which a store hands them out;
 //! * [`block`]: the primitive — a block of query rows over key ranges of a source, giving a
@@ -19,6 +20,8 @@ pub mod level;
 pub(crate) mod neon;
 pub mod reference;
 pub mod rows;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod simd;
 #[cfg(all(test, feature = "fp16"))]
 mod tests;
 pub mod tile;

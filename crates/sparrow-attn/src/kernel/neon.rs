@@ -1,7 +1,9 @@
 //! The NEON kernels (AArch64, where Advanced SIMD is part of the baseline): the AVX2
-//! kernels' twins on 4-lane vectors, with the same order of operations as the scalar
-//! reference (so they differ from it only by FMA contraction and the vector `exp`). Every
-//! function requires the slice bounds the parent's wrappers assert.
+//! kernels' twins on 4-lane vectors — the shared loops of [`super::simd`] over [`Neon`]'s
+//! primitives, with the same order of operations as the scalar reference (so they differ
+//! from it only by FMA contraction and the vector `exp`). This module picks their register
+//! blocking for 32 vector registers. Every function requires the slice bounds the parent's
+//! wrappers assert.
 //!
 //! The functions are `unsafe fn`s: they read and write through raw pointers within bounds
 //! their callers guarantee. f16 widening is `fcvtl` in inline assembly (the Rust intrinsic
@@ -9,6 +11,9 @@
 
 #[cfg(feature = "fp16")]
 use super::rows::{BlockQ8_0, QK8_0};
+use super::simd::{self, PvTile, ScoreTile, Simd, SoftmaxTile};
+#[cfg(feature = "fp16")]
+use super::tile::Tile;
 #[cfg(feature = "fp16")]
 use half::f16;
 use std::arch::aarch64::*;
@@ -64,323 +69,165 @@ unsafe fn cvt_f16x8(h: uint16x8_t) -> (float32x4_t, float32x4_t) {
     (lo, hi)
 }
 
-/// # Safety
-/// The bounds `tile::convert_tile` asserts.
-#[cfg(feature = "fp16")]
-pub(super) unsafe fn convert_tile(
-    src: &[f16],
-    stride: usize,
-    n: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
-    let full = width / 8 * 8;
-    for t in 0..n {
-        let s = &src[t * stride..][..width];
-        let d = &mut dst[t * width..][..width];
-        let mut j = 0;
-        while j < full {
-            // SAFETY: `j + 8 <= width`, the length of both `s` and `d`; `f16` is a
-            // transparent `u16`, so 8 of them are the 128 bits loaded.
-            unsafe {
-                let h = vld1q_u16(s.as_ptr().add(j).cast::<u16>());
-                let (lo, hi) = cvt_f16x8(h);
-                vst1q_f32(d.as_mut_ptr().add(j), lo);
-                vst1q_f32(d.as_mut_ptr().add(j + 4), hi);
-            }
-            j += 8;
-        }
-        for j in full..width {
-            d[j] = s[j].to_f32();
+/// AArch64 Advanced SIMD, 4 lanes (always present on this target).
+pub(crate) struct Neon;
+
+impl Simd for Neon {
+    type V = float32x4_t;
+    const LANES: usize = 4;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> float32x4_t {
+        // SAFETY: NEON is part of the AArch64 baseline.
+        unsafe { vdupq_n_f32(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> float32x4_t {
+        // SAFETY: the caller guarantees 4 readable floats at `p`.
+        unsafe { vld1q_f32(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: float32x4_t) {
+        // SAFETY: the caller guarantees 4 writable floats at `p`.
+        unsafe { vst1q_f32(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(acc: float32x4_t, a: float32x4_t, b: f32) -> float32x4_t {
+        // SAFETY: NEON is part of the AArch64 baseline.
+        unsafe { vfmaq_n_f32(acc, a, b) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON is part of the AArch64 baseline.
+        unsafe { vaddq_f32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON is part of the AArch64 baseline.
+        unsafe { vsubq_f32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON is part of the AArch64 baseline.
+        unsafe { vmulq_f32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn max(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON is part of the AArch64 baseline.
+        unsafe { vmaxq_f32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn exp(x: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON is part of the AArch64 baseline.
+        unsafe { exp4(x) }
+    }
+    #[inline(always)]
+    unsafe fn zero_neg_inf(x: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON is part of the AArch64 baseline.
+        unsafe {
+            let none = vceqq_f32(x, vdupq_n_f32(f32::NEG_INFINITY));
+            vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(x), none))
         }
     }
-}
-
-/// # Safety
-/// The bounds `tile::dequant_q8_0_tile` asserts.
-#[cfg(feature = "fp16")]
-pub(super) unsafe fn dequant_q8_0_tile(
-    src: &[BlockQ8_0],
-    stride: usize,
-    n: usize,
-    width: usize,
-    dst: &mut [f32],
-) {
-    for t in 0..n {
-        let row = &src[t * stride..][..width];
-        let out = &mut dst[t * width * QK8_0..][..width * QK8_0];
-        for (b, o) in row.iter().zip(out.chunks_exact_mut(QK8_0)) {
-            // SAFETY: `b.qs` holds 32 bytes, read 16 at a time at offsets 0 and 16; `o`
-            // holds 32 floats, written 4 at a time at offsets 0..32.
-            unsafe {
-                let d = vdupq_n_f32(b.d.to_f32());
-                let q = b.qs.as_ptr().cast::<i8>();
-                for j in (0..QK8_0).step_by(16) {
-                    let v = vld1q_s8(q.add(j));
-                    let (lo, hi) = (vmovl_s8(vget_low_s8(v)), vmovl_high_s8(v));
-                    let parts = [
-                        vmovl_s16(vget_low_s16(lo)),
-                        vmovl_high_s16(lo),
-                        vmovl_s16(vget_low_s16(hi)),
-                        vmovl_high_s16(hi),
-                    ];
-                    for (i, p) in parts.into_iter().enumerate() {
-                        vst1q_f32(
-                            o.as_mut_ptr().add(j + 4 * i),
-                            vmulq_f32(vcvtq_f32_s32(p), d),
-                        );
-                    }
+    #[cfg(feature = "fp16")]
+    #[inline(always)]
+    unsafe fn widen8(src: *const f16, dst: *mut f32) {
+        // SAFETY: the caller guarantees 8 f16 at `src` (`f16` is a transparent `u16`, so
+        // they are the 128 bits loaded) and 8 floats at `dst`.
+        unsafe {
+            let (lo, hi) = cvt_f16x8(vld1q_u16(src.cast::<u16>()));
+            vst1q_f32(dst, lo);
+            vst1q_f32(dst.add(4), hi);
+        }
+    }
+    #[cfg(feature = "fp16")]
+    #[inline(always)]
+    unsafe fn dequant_block(b: &BlockQ8_0, dst: *mut f32) {
+        // SAFETY: `b.qs` holds 32 bytes, read 16 at a time at offsets 0 and 16; the caller
+        // guarantees 32 floats at `dst`, written 4 at a time at offsets 0..32.
+        unsafe {
+            let d = vdupq_n_f32(b.d.to_f32());
+            let q = b.qs.as_ptr().cast::<i8>();
+            for j in (0..QK8_0).step_by(16) {
+                let v = vld1q_s8(q.add(j));
+                let (lo, hi) = (vmovl_s8(vget_low_s8(v)), vmovl_high_s8(v));
+                let parts = [
+                    vmovl_s16(vget_low_s16(lo)),
+                    vmovl_high_s16(lo),
+                    vmovl_s16(vget_low_s16(hi)),
+                    vmovl_high_s16(hi),
+                ];
+                for (i, p) in parts.into_iter().enumerate() {
+                    vst1q_f32(dst.add(j + 4 * i), vmulq_f32(vcvtq_f32_s32(p), d));
                 }
             }
         }
     }
 }
 
-/// `KB` keys × `RB` row vectors (4 rows each) of scores; `k` points at the first key's
-/// row, `qt` at the first row vector of dimension 0, `s` at the first key's first row
-/// vector.
-///
 /// # Safety
-/// Keys `0..KB` (rows `stride` apart, `hd` long), query vectors `0..RB` of each of the
-/// `hd` dimensions and score vectors `0..RB` of keys `0..KB` must be in bounds.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn score_block<const KB: usize, const RB: usize>(
-    k: *const f32,
-    stride: usize,
-    hd: usize,
-    qt: *const f32,
-    rw: usize,
-    scale: f32,
-    s: *mut f32,
-) {
-    let mut acc = [[vdupq_n_f32(0.0); RB]; KB];
-    for d in 0..hd {
-        let mut qv = [vdupq_n_f32(0.0); RB];
-        for (j, v) in qv.iter_mut().enumerate() {
-            *v = vld1q_f32(qt.add(d * rw + j * 4));
-        }
-        for (i, a) in acc.iter_mut().enumerate() {
-            let kv = *k.add(i * stride + d);
-            for (x, &q) in a.iter_mut().zip(&qv) {
-                *x = vfmaq_n_f32(*x, q, kv);
-            }
-        }
-    }
-    for (i, a) in acc.iter().enumerate() {
-        for (j, &x) in a.iter().enumerate() {
-            vst1q_f32(s.add(i * rw + j * 4), vmulq_n_f32(x, scale));
-        }
-    }
+/// The bounds `tile::convert_tile` asserts.
+#[cfg(feature = "fp16")]
+pub(super) unsafe fn convert_tile(src: Tile<'_, f16>, dst: &mut [f32]) {
+    // SAFETY: the bounds are the caller's.
+    unsafe { simd::convert_tile::<Neon>(src, dst) }
 }
 
-/// Keys `0..n` for `RB` row vectors: blocks of `KB` keys, then single keys.
-///
 /// # Safety
-/// As [`score_block`], for keys `0..n`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn score_rows<const KB: usize, const RB: usize>(
-    k: *const f32,
-    stride: usize,
-    n: usize,
-    hd: usize,
-    qt: *const f32,
-    rw: usize,
-    scale: f32,
-    s: *mut f32,
-) {
-    let mut t = 0;
-    while t + KB <= n {
-        score_block::<KB, RB>(k.add(t * stride), stride, hd, qt, rw, scale, s.add(t * rw));
-        t += KB;
-    }
-    while t < n {
-        score_block::<1, RB>(k.add(t * stride), stride, hd, qt, rw, scale, s.add(t * rw));
-        t += 1;
-    }
+/// The bounds `tile::dequant_q8_0_tile` asserts.
+#[cfg(feature = "fp16")]
+pub(super) unsafe fn dequant_q8_0_tile(src: Tile<'_, BlockQ8_0>, dst: &mut [f32]) {
+    // SAFETY: the bounds are the caller's.
+    unsafe { simd::dequant_q8_0_tile::<Neon>(src, dst) }
 }
 
+/// Scores of a tile: four row vectors (16 rows) against blocks of 6 keys (24 accumulators
+/// and 4 query vectors), then the two vectors left (`rw` is a multiple of 8) against
+/// blocks of 8.
+///
 /// # Safety
 /// The bounds `tile::scores` asserts, and `rw` a multiple of 8.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn scores(
-    k: &[f32],
-    stride: usize,
-    n: usize,
-    hd: usize,
-    qt: &[f32],
-    rw: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
-    let (kp, qp, sp) = (k.as_ptr(), qt.as_ptr(), s.as_mut_ptr());
-    // SAFETY (every call): keys `0..n` and row vectors `v..v + 4` (16 rows) or `v..v + 2`
-    // with the end within `rw / 4`, covered by the wrapper's asserts (`k`: `n` rows of
-    // `stride`; `qt`: `hd × rw`; `s`: `n × rw`). 6 × 4 accumulators, 4 query vectors.
+pub(super) unsafe fn scores(j: ScoreTile) {
+    let vecs = j.rw / 4;
+    // SAFETY (every call): row vectors `v..v + RB` with `v + RB <= vecs`, within the bounds
+    // the wrapper asserted.
     unsafe {
-        let vecs = rw / 4;
         let mut v = 0;
         while v + 4 <= vecs {
-            score_rows::<6, 4>(kp, stride, n, hd, qp.add(v * 4), rw, scale, sp.add(v * 4));
+            simd::score_rows::<Neon, 6, 4>(j.at(0, v * 4));
             v += 4;
         }
         if v < vecs {
-            // `rw` is a multiple of 8: two vectors are left.
-            score_rows::<8, 2>(kp, stride, n, hd, qp.add(v * 4), rw, scale, sp.add(v * 4));
+            simd::score_rows::<Neon, 8, 2>(j.at(0, v * 4));
         }
     }
 }
 
 /// # Safety
 /// The bounds `tile::softmax_tile` asserts, and `rw` a multiple of 4.
-pub(super) unsafe fn softmax_tile(
-    s: &mut [f32],
-    n: usize,
-    rw: usize,
-    m: &mut [f32],
-    l: &mut [f32],
-    corr: &mut [f32],
-) {
-    let sp = s.as_mut_ptr();
-    let ninf = vdupq_n_f32(f32::NEG_INFINITY);
-    for v in 0..rw / 4 {
-        let o = v * 4;
-        // SAFETY: `o + 4 <= rw`, within `m`, `l`, `corr` (≥ rw) and, for `t < n`, within
-        // `s` (≥ n × rw), as the wrapper asserted.
-        unsafe {
-            let m_old = vld1q_f32(m.as_ptr().add(o));
-            let mut mx = ninf;
-            for t in 0..n {
-                mx = vmaxq_f32(mx, vld1q_f32(sp.add(t * rw + o)));
-            }
-            let m_new = vmaxq_f32(m_old, mx);
-            // Rows with every score -inf so far subtract 0 (and get zeros).
-            let none = vceqq_f32(m_new, ninf);
-            let m_use = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(m_new), none));
-            let c = exp4(vsubq_f32(m_old, m_use));
-            let mut sum = vdupq_n_f32(0.0);
-            for t in 0..n {
-                let at = sp.add(t * rw + o);
-                let p = exp4(vsubq_f32(vld1q_f32(at), m_use));
-                vst1q_f32(at, p);
-                sum = vaddq_f32(sum, p);
-            }
-            let l_old = vld1q_f32(l.as_ptr().add(o));
-            vst1q_f32(l.as_mut_ptr().add(o), vaddq_f32(vmulq_f32(l_old, c), sum));
-            vst1q_f32(m.as_mut_ptr().add(o), m_new);
-            vst1q_f32(corr.as_mut_ptr().add(o), c);
-        }
-    }
+pub(super) unsafe fn softmax_tile(j: SoftmaxTile<'_>) {
+    // SAFETY: the bounds are the caller's.
+    unsafe { simd::softmax_tile::<Neon>(j) }
 }
 
-/// `RB` rows × `CB` vectors of 4 output dimensions; `p` points at the first row's
-/// probability of key 0, `v` at key 0's first dimension, `o` at the first row's first
-/// dimension.
+/// P·V of a tile for the block's first `rows` rows: blocks of 4 rows × 4 vectors (16
+/// accumulators and 4 value vectors), the rest as one block of 1–3 rows.
 ///
-/// # Safety
-/// Rows `0..RB` of `p` (for keys `0..n`, `rw` apart) and of `o` (`hd` apart), and
-/// dimensions `0..4·CB` of `v` and `o`, must be in bounds.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pv_block<const RB: usize, const CB: usize>(
-    p: *const f32,
-    rw: usize,
-    v: *const f32,
-    stride: usize,
-    n: usize,
-    o: *mut f32,
-    hd: usize,
-) {
-    let mut acc = [[vdupq_n_f32(0.0); CB]; RB];
-    for (r, a) in acc.iter_mut().enumerate() {
-        for (c, x) in a.iter_mut().enumerate() {
-            *x = vld1q_f32(o.add(r * hd + c * 4));
-        }
-    }
-    for t in 0..n {
-        let mut vv = [vdupq_n_f32(0.0); CB];
-        for (c, x) in vv.iter_mut().enumerate() {
-            *x = vld1q_f32(v.add(t * stride + c * 4));
-        }
-        for (r, a) in acc.iter_mut().enumerate() {
-            let w = *p.add(t * rw + r);
-            for (x, &y) in a.iter_mut().zip(&vv) {
-                *x = vfmaq_n_f32(*x, y, w);
-            }
-        }
-    }
-    for (r, a) in acc.iter().enumerate() {
-        for (c, &x) in a.iter().enumerate() {
-            vst1q_f32(o.add(r * hd + c * 4), x);
-        }
-    }
-}
-
-/// One block of `RB` rows over every dimension: vectors of `4·CB`, then of 4, then a
-/// scalar tail.
-///
-/// # Safety
-/// Rows `0..RB` of `p` and `o` and dimensions `0..hd` of `v` and `o` must be in bounds.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pv_rows<const RB: usize, const CB: usize>(
-    p: *const f32,
-    rw: usize,
-    v: *const f32,
-    stride: usize,
-    n: usize,
-    o: *mut f32,
-    hd: usize,
-) {
-    let mut d = 0;
-    while d + 4 * CB <= hd {
-        pv_block::<RB, CB>(p, rw, v.add(d), stride, n, o.add(d), hd);
-        d += 4 * CB;
-    }
-    while d + 4 <= hd {
-        pv_block::<RB, 1>(p, rw, v.add(d), stride, n, o.add(d), hd);
-        d += 4;
-    }
-    for r in 0..RB {
-        for dd in d..hd {
-            let mut acc = *o.add(r * hd + dd);
-            for t in 0..n {
-                acc += *p.add(t * rw + r) * *v.add(t * stride + dd);
-            }
-            *o.add(r * hd + dd) = acc;
-        }
-    }
-}
-
 /// # Safety
 /// The bounds `tile::pv` asserts.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn pv(
-    p: &[f32],
-    rw: usize,
-    rows: usize,
-    v: &[f32],
-    stride: usize,
-    n: usize,
-    hd: usize,
-    o: &mut [f32],
-) {
-    let (pp, vp, op) = (p.as_ptr(), v.as_ptr(), o.as_mut_ptr());
-    // SAFETY (every call below): rows `r..r + RB` with `r + RB <= rows <= rw`, which the
-    // wrapper's asserts (`p` ≥ n × rw, `o` ≥ rows × hd, `v` holds `n` rows of `stride`
-    // with `hd` used) cover. 4 × 4 accumulators and 4 value vectors per block.
+pub(super) unsafe fn pv(j: PvTile, rows: usize) {
+    // SAFETY (every call below): rows `r..r + RB` with `r + RB <= rows <= rw`, within the
+    // bounds the wrapper asserted.
     unsafe {
         let mut r = 0;
         while r + 4 <= rows {
-            pv_rows::<4, 4>(pp.add(r), rw, vp, stride, n, op.add(r * hd), hd);
+            simd::pv_rows::<Neon, 4, 4>(j.rows_from(r));
             r += 4;
         }
-        let (pr, or) = (pp.add(r), op.add(r * hd));
+        let j = j.rows_from(r);
         match rows - r {
-            1 => pv_rows::<1, 8>(pr, rw, vp, stride, n, or, hd),
-            2 => pv_rows::<2, 8>(pr, rw, vp, stride, n, or, hd),
-            3 => pv_rows::<3, 4>(pr, rw, vp, stride, n, or, hd),
+            1 => simd::pv_rows::<Neon, 1, 8>(j),
+            2 => simd::pv_rows::<Neon, 2, 8>(j),
+            3 => simd::pv_rows::<Neon, 3, 4>(j),
             _ => {}
         }
     }

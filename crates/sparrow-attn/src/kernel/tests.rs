@@ -81,7 +81,74 @@ impl KvSource for Store {
     }
 }
 
+impl Store {
+    /// `keys` stored as `tk`, `vals` as `tv`, handed out in runs of at most `run` rows.
+    fn new(tk: Ty, keys: &[Vec<f32>], tv: Ty, vals: &[Vec<f32>], run: usize) -> Store {
+        Store {
+            kv_dim: keys[0].len(),
+            k: Stored::new(tk, keys),
+            v: Stored::new(tv, vals),
+            run,
+        }
+    }
+}
+
 use super::reference::uniform as rng;
+
+/// A Qwen2.5-0.5B-like layer: 14 query heads over 2 KV heads of 64.
+const QWEN: AttnShape = AttnShape {
+    n_head: 14,
+    n_head_kv: 2,
+    head_dim: 64,
+};
+
+/// The shape `(n_head, n_head_kv, head_dim)`.
+fn shape((n_head, n_head_kv, head_dim): (usize, usize, usize)) -> AttnShape {
+    AttnShape {
+        n_head,
+        n_head_kv,
+        head_dim,
+    }
+}
+
+/// `depth` rows of keys (uniform in [-2, 2), so scores spread) and of values ([-1, 1)).
+fn random_kv(
+    rnd: &mut impl FnMut() -> f32,
+    depth: usize,
+    kv_dim: usize,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let keys = (0..depth)
+        .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
+        .collect();
+    let vals = (0..depth)
+        .map(|_| (0..kv_dim).map(|_| rnd()).collect())
+        .collect();
+    (keys, vals)
+}
+
+/// Every level at 1, 2 and 16 threads gives `want` (the scalar single-thread run) within
+/// the twins' rounding.
+fn assert_levels_match(
+    shape: AttnShape,
+    store: &Store,
+    q: &[f32],
+    visible: &[Vec<Range<usize>>],
+    want: &[f32],
+    what: &str,
+) {
+    for level in Level::supported() {
+        for threads in [1, 2, 16] {
+            let mut got = vec![0.0; want.len()];
+            attend_batch(level, threads, shape, store, q, visible, &mut got);
+            for (a, b) in got.iter().zip(want) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "{level:?} {threads} {what}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
 
 /// The f64 oracle over the same positions for every KV head.
 fn reference(
@@ -118,33 +185,18 @@ fn streaming(sinks: usize, window: usize, pos: usize) -> Vec<Range<usize>> {
 #[test]
 fn batches_match_f64_reference_at_every_level() {
     let mut rnd = rng(99);
-    let shapes = [(14, 2, 64), (4, 4, 20), (8, 2, 13), (6, 1, 72), (8, 4, 32)];
-    for &(n_head, n_head_kv, head_dim) in &shapes {
-        let shape = AttnShape {
-            n_head,
-            n_head_kv,
-            head_dim,
-        };
-        let (kv_dim, q_dim) = (shape.kv_dim(), shape.q_dim());
+    let shapes = [(14, 2, 64), (4, 4, 20), (8, 2, 13), (6, 1, 72), (8, 4, 32)].map(shape);
+    for shape in shapes {
+        let (kv_dim, q_dim, head_dim) = (shape.kv_dim(), shape.q_dim(), shape.head_dim);
         let depth = 700;
-        let keys: Vec<Vec<f32>> = (0..depth)
-            .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
-            .collect();
-        let vals: Vec<Vec<f32>> = (0..depth)
-            .map(|_| (0..kv_dim).map(|_| rnd()).collect())
-            .collect();
+        let (keys, vals) = random_kv(&mut rnd, depth, kv_dim);
         let mut types = vec![(Ty::F32, Ty::F32), (Ty::F16, Ty::F16)];
         if head_dim.is_multiple_of(QK8_0) {
             types.extend([(Ty::Q8, Ty::Q8), (Ty::Q8, Ty::F16), (Ty::F32, Ty::Q8)]);
         }
         for (tk, tv) in types {
             for run in [usize::MAX, 48] {
-                let store = Store {
-                    kv_dim,
-                    k: Stored::new(tk, &keys),
-                    v: Stored::new(tv, &vals),
-                    run,
-                };
+                let store = Store::new(tk, &keys, tv, &vals, run);
                 let (hk, hv) = (store.k.held(kv_dim), store.v.held(kv_dim));
                 for &n in &[1usize, 3, 19] {
                     let pos0 = depth - n;
@@ -174,18 +226,8 @@ fn batches_match_f64_reference_at_every_level() {
                             2e-2
                         };
                         assert!(worst < bound, "{shape:?} {tk:?}/{tv:?}: {worst}");
-                        for level in Level::supported() {
-                            for threads in [1, 2, 16] {
-                                let mut got = vec![0.0; n * q_dim];
-                                attend_batch(level, threads, shape, &store, &q, &visible, &mut got);
-                                for (a, b) in got.iter().zip(&want) {
-                                    assert!(
-                                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
-                                        "{level:?} {threads} {tk:?} {shape:?} n {n}: {a} vs {b}"
-                                    );
-                                }
-                            }
-                        }
+                        let what = format!("{tk:?} {shape:?} n {n}");
+                        assert_levels_match(shape, &store, &q, &visible, &want, &what);
                     }
                 }
             }
@@ -273,32 +315,17 @@ fn scattered_short_ranges_match_f64_reference_at_every_level() {
         .collect();
     let plans = [singles, short_runs, mixed];
 
-    let shapes = [(14, 2, 64), (4, 4, 20), (8, 2, 13), (6, 1, 32)];
-    for &(n_head, n_head_kv, head_dim) in &shapes {
-        let shape = AttnShape {
-            n_head,
-            n_head_kv,
-            head_dim,
-        };
-        let (kv_dim, q_dim) = (shape.kv_dim(), shape.q_dim());
-        let keys: Vec<Vec<f32>> = (0..depth)
-            .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
-            .collect();
-        let vals: Vec<Vec<f32>> = (0..depth)
-            .map(|_| (0..kv_dim).map(|_| rnd()).collect())
-            .collect();
+    let shapes = [(14, 2, 64), (4, 4, 20), (8, 2, 13), (6, 1, 32)].map(shape);
+    for shape in shapes {
+        let (kv_dim, q_dim, head_dim) = (shape.kv_dim(), shape.q_dim(), shape.head_dim);
+        let (keys, vals) = random_kv(&mut rnd, depth, kv_dim);
         let mut types = vec![(Ty::F32, Ty::F32), (Ty::F16, Ty::F16)];
         if head_dim.is_multiple_of(QK8_0) {
             types.extend([(Ty::Q8, Ty::Q8), (Ty::F32, Ty::Q8)]);
         }
         for (tk, tv) in types {
             for run in [usize::MAX, 48, 3] {
-                let store = Store {
-                    kv_dim,
-                    k: Stored::new(tk, &keys),
-                    v: Stored::new(tv, &vals),
-                    run,
-                };
+                let store = Store::new(tk, &keys, tv, &vals, run);
                 let (hk, hv) = (store.k.held(kv_dim), store.v.held(kv_dim));
                 for plan in &plans {
                     for &n in &[1usize, 3, 19] {
@@ -330,18 +357,8 @@ fn scattered_short_ranges_match_f64_reference_at_every_level() {
                                 );
                             }
                         }
-                        for level in Level::supported() {
-                            for threads in [1, 2, 16] {
-                                let mut got = vec![0.0; n * q_dim];
-                                attend_batch(level, threads, shape, &store, &q, &visible, &mut got);
-                                for (a, b) in got.iter().zip(&want) {
-                                    assert!(
-                                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
-                                        "{level:?} {threads} {tk:?}/{tv:?} {shape:?} run {run} n {n}: {a} vs {b}"
-                                    );
-                                }
-                            }
-                        }
+                        let what = format!("{tk:?}/{tv:?} {shape:?} run {run} n {n}");
+                        assert_levels_match(shape, &store, &q, &visible, &want, &what);
                     }
                 }
             }
@@ -354,20 +371,11 @@ fn scattered_short_ranges_match_f64_reference_at_every_level() {
 /// short runs per head, against the f64 reference with per-head key sets.
 #[test]
 fn per_head_scattered_plans_match_f64_reference() {
-    use crate::policy::{execute, PlanEntry, ReadPlan, Source};
+    use crate::policy::{execute, Batch, PlanEntry, ReadPlan, Source};
     let mut rnd = rng(3);
-    let shape = AttnShape {
-        n_head: 14,
-        n_head_kv: 2,
-        head_dim: 64,
-    };
+    let shape = QWEN;
     let (kv_dim, q_dim, depth) = (shape.kv_dim(), shape.q_dim(), 2000);
-    let keys: Vec<Vec<f32>> = (0..depth)
-        .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
-        .collect();
-    let vals: Vec<Vec<f32>> = (0..depth)
-        .map(|_| (0..kv_dim).map(|_| rnd()).collect())
-        .collect();
+    let (keys, vals) = random_kv(&mut rnd, depth, kv_dim);
     let per_head: Vec<Vec<usize>> = (0..shape.n_head_kv)
         .map(|h| {
             let mut p: Vec<usize> = (0..depth)
@@ -391,18 +399,18 @@ fn per_head_scattered_plans_match_f64_reference() {
     };
     let q: Vec<f32> = (0..q_dim).map(|_| rnd()).collect();
     for ty in [Ty::F32, Ty::F16, Ty::Q8] {
-        let store = Store {
-            kv_dim,
-            k: Stored::new(ty, &keys),
-            v: Stored::new(ty, &vals),
-            run: 256,
-        };
+        let store = Store::new(ty, &keys, ty, &vals, 256);
         let (hk, hv) = (store.k.held(kv_dim), store.v.held(kv_dim));
         let want = super::reference::attention_f64(shape, &hk, &hv, &q, &per_head);
         for level in Level::supported() {
             for threads in [1, 2, 16] {
                 let mut got = vec![0.0; q_dim];
-                execute(level, threads, shape, &store, &plan, &q, &mut got, None);
+                let batch = Batch {
+                    q: &q,
+                    out: &mut got,
+                    lse: None,
+                };
+                execute(level, threads, shape, &store, &plan, batch);
                 for (a, b) in got.iter().zip(&want) {
                     assert!(
                         (a - b).abs() < 2e-5,
@@ -420,18 +428,9 @@ fn per_head_scattered_plans_match_f64_reference() {
 #[test]
 fn adjacent_split_ranges_equal_one_range() {
     let mut rnd = rng(11);
-    let shape = AttnShape {
-        n_head: 14,
-        n_head_kv: 2,
-        head_dim: 64,
-    };
+    let shape = QWEN;
     let (kv_dim, q_dim, depth) = (shape.kv_dim(), shape.q_dim(), 700);
-    let keys: Vec<Vec<f32>> = (0..depth)
-        .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
-        .collect();
-    let vals: Vec<Vec<f32>> = (0..depth)
-        .map(|_| (0..kv_dim).map(|_| rnd()).collect())
-        .collect();
+    let (keys, vals) = random_kv(&mut rnd, depth, kv_dim);
     let cut = |points: &[usize]| -> Vec<Range<usize>> {
         let mut b = vec![0];
         b.extend(points.iter().copied().filter(|&p| p > 0 && p < depth));
@@ -443,12 +442,7 @@ fn adjacent_split_ranges_equal_one_range() {
     let tiles: Vec<usize> = (1..11).map(|i| i * TILE).collect();
     let q: Vec<f32> = (0..q_dim).map(|_| rnd()).collect();
     for ty in [Ty::F32, Ty::F16, Ty::Q8] {
-        let store = Store {
-            kv_dim,
-            k: Stored::new(ty, &keys),
-            v: Stored::new(ty, &vals),
-            run: usize::MAX,
-        };
+        let store = Store::new(ty, &keys, ty, &vals, usize::MAX);
         for level in Level::supported() {
             let run = |keys: Vec<Range<usize>>| {
                 (0..shape.n_head_kv)
@@ -492,30 +486,16 @@ fn adjacent_split_ranges_equal_one_range() {
 /// leaves the one-piece path as it was.
 #[test]
 fn one_range_is_the_plain_tile_loop_bit_for_bit() {
-    use super::tile::{pv, scores, softmax_tile};
+    use super::tile::{pv, scores, softmax_tile, Tile};
     let mut rnd = rng(5);
-    let shape = AttnShape {
-        n_head: 14,
-        n_head_kv: 2,
-        head_dim: 64,
-    };
+    let shape = QWEN;
     let (kv_dim, q_dim, depth) = (shape.kv_dim(), shape.q_dim(), 1000);
     let (hd, group) = (shape.head_dim, shape.group());
-    let keys: Vec<Vec<f32>> = (0..depth)
-        .map(|_| (0..kv_dim).map(|_| rnd() * 2.0).collect())
-        .collect();
-    let vals: Vec<Vec<f32>> = (0..depth)
-        .map(|_| (0..kv_dim).map(|_| rnd()).collect())
-        .collect();
+    let (keys, vals) = random_kv(&mut rnd, depth, kv_dim);
     let q: Vec<f32> = (0..q_dim).map(|_| rnd()).collect();
     let range = 37..depth;
     for ty in [Ty::F32, Ty::F16, Ty::Q8] {
-        let store = Store {
-            kv_dim,
-            k: Stored::new(ty, &keys),
-            v: Stored::new(ty, &vals),
-            run: usize::MAX,
-        };
+        let store = Store::new(ty, &keys, ty, &vals, usize::MAX);
         for level in Level::supported() {
             for kv_head in 0..shape.n_head_kv {
                 let unit = Unit {
@@ -543,7 +523,7 @@ fn one_range_is_the_plain_tile_loop_bit_for_bit() {
                     let s = &mut s[..n * rw];
                     let rows = store.key_rows(start, n);
                     let (k, ks) = head_rows(level, rows, kv_head * hd, kv_dim, hd, n, &mut kb);
-                    scores(level, k, ks, n, hd, &qt, rw, scale, s);
+                    scores(level, Tile::new(k, ks, n, hd), &qt, rw, scale, s);
                     softmax_tile(level, s, n, rw, &mut m, &mut l, &mut corr);
                     for (r, &c) in corr[..group].iter().enumerate() {
                         if c != 1.0 {
@@ -552,7 +532,7 @@ fn one_range_is_the_plain_tile_loop_bit_for_bit() {
                     }
                     let rows = store.value_rows(start, n);
                     let (v, vs) = head_rows(level, rows, kv_head * hd, kv_dim, hd, n, &mut vb);
-                    pv(level, s, rw, group, v, vs, n, hd, &mut o);
+                    pv(level, s, rw, group, Tile::new(v, vs, n, hd), &mut o);
                     start += n;
                 }
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();

@@ -1,7 +1,7 @@
-//! The inner loops of dense attention, each written three times: a scalar reference, an
-//! AVX2 (+FMA, F16C) version and a NEON version (AArch64), chosen at run time. All follow
-//! the same order of operations, so they differ only by FMA contraction and the vector
-//! `exp` (Cephes' polynomial, within 2 ulp).
+//! The inner loops of dense attention, each written twice: a scalar reference here, and a
+//! vector version (`simd`'s loops over AVX2 (+FMA, F16C) primitives on x86_64 or NEON ones
+//! on AArch64), chosen at run time. Both follow the same order of operations, so they
+//! differ only by FMA contraction and the vector `exp` (Cephes' polynomial, within 2 ulp).
 //!
 //! The layouts, for one tile of `n` keys and a block of query rows padded to `rw` (a
 //! multiple of 8 for the SIMD paths):
@@ -17,14 +17,6 @@ use super::rows::{BlockQ8_0, QK8_0};
 #[cfg(feature = "fp16")]
 use half::{f16, slice::HalfFloatSliceExt};
 
-fn check_rows(len: usize, n: usize, stride: usize, width: usize) {
-    assert!(width <= stride || n <= 1, "rows overlap");
-    assert!(
-        n == 0 || len >= (n - 1) * stride + width,
-        "tile out of bounds"
-    );
-}
-
 #[cfg(feature = "fp16")]
 /// `dst[t * width + j] = src[t * stride + j]` as f32, for `t < n`, `j < width`.
 pub fn convert_tile(
@@ -35,24 +27,26 @@ pub fn convert_tile(
     width: usize,
     dst: &mut [f32],
 ) {
-    check_rows(src.len(), n, stride, width);
+    let src = Tile::new(src, stride, n, width);
+    src.check();
     assert!(dst.len() >= n * width, "tile out of bounds");
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() {
         // SAFETY: AVX2, FMA and F16C were detected on this CPU just above (`usable`).
-        unsafe { avx2::convert_tile(src, stride, n, width, dst) };
+        unsafe { avx2::convert_tile(src, dst) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if level == Level::Neon {
         // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
         // were asserted above.
-        unsafe { neon::convert_tile(src, stride, n, width, dst) };
+        unsafe { neon::convert_tile(src, dst) };
         return;
     }
     let _ = level;
     for t in 0..n {
-        src[t * stride..t * stride + width].convert_to_f32_slice(&mut dst[t * width..][..width]);
+        src.row(t)
+            .convert_to_f32_slice(&mut dst[t * width..][..width]);
     }
 }
 
@@ -68,67 +62,125 @@ pub fn dequant_q8_0_tile(
     width: usize,
     dst: &mut [f32],
 ) {
-    check_rows(src.len(), n, stride, width);
+    let src = Tile::new(src, stride, n, width);
+    src.check();
     assert!(dst.len() >= n * width * QK8_0, "tile out of bounds");
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() {
         // SAFETY: AVX2, FMA and F16C were detected on this CPU just above (`usable`); the
         // bounds the kernel relies on were asserted above.
-        unsafe { avx2::dequant_q8_0_tile(src, stride, n, width, dst) };
+        unsafe { avx2::dequant_q8_0_tile(src, dst) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if level == Level::Neon {
         // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
         // were asserted above.
-        unsafe { neon::dequant_q8_0_tile(src, stride, n, width, dst) };
+        unsafe { neon::dequant_q8_0_tile(src, dst) };
         return;
     }
     let _ = level;
     for t in 0..n {
-        let row = &src[t * stride..][..width];
         let out = &mut dst[t * width * QK8_0..][..width * QK8_0];
-        for (b, o) in row.iter().zip(out.chunks_exact_mut(QK8_0)) {
+        for (b, o) in src.row(t).iter().zip(out.chunks_exact_mut(QK8_0)) {
             b.dequantize(o);
         }
     }
 }
 
-/// Scores of a tile: `s[t * rw + r] = scale * Σ_d k[t * stride + d] * qt[d * rw + r]` for
-/// `t < n`, `r < rw`.
-#[allow(clippy::too_many_arguments)]
-pub fn scores(
-    level: Level,
-    k: &[f32],
-    stride: usize,
-    n: usize,
-    hd: usize,
-    qt: &[f32],
-    rw: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
-    check_rows(k.len(), n, stride, hd);
+/// `n` rows of `width` values, row `t` at `data[t * stride..]`: a tile of keys or values as
+/// the kernels read it — f32 (one KV head's rows of a cache, `stride` being the cache's row
+/// width, or a tile converted from f16 or dequantized from Q8_0, `stride == width`), or the
+/// f16 values or Q8_0 blocks a tile is converted from.
+#[derive(Clone, Copy, Debug)]
+pub struct Tile<'a, T = f32> {
+    /// The rows; at least `(n - 1) * stride + width` values.
+    pub data: &'a [T],
+    /// Distance between the starts of consecutive rows.
+    pub stride: usize,
+    /// Number of rows (keys).
+    pub n: usize,
+    /// Floats used per row (the head size).
+    pub width: usize,
+}
+
+impl<'a, T> Tile<'a, T> {
+    /// Rows `t * stride..t * stride + width` of `data` for `t < n`.
+    pub fn new(data: &'a [T], stride: usize, n: usize, width: usize) -> Self {
+        Tile {
+            data,
+            stride,
+            n,
+            width,
+        }
+    }
+
+    /// Row `t`'s `width` values.
+    fn row(&self, t: usize) -> &'a [T] {
+        &self.data[t * self.stride..][..self.width]
+    }
+
+    /// Panics unless the rows are disjoint and within `data` (what the SIMD twins rely on).
+    fn check(&self) {
+        let (n, stride, width) = (self.n, self.stride, self.width);
+        assert!(width <= stride || n <= 1, "rows overlap");
+        assert!(
+            n == 0 || self.data.len() >= (n - 1) * stride + width,
+            "tile out of bounds"
+        );
+    }
+}
+
+impl Tile<'_> {
+    /// The tile as the vector loops read it (its bounds checked by the caller).
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    fn raw(&self) -> RawRows {
+        RawRows {
+            ptr: self.data.as_ptr(),
+            stride: self.stride,
+            n: self.n,
+            width: self.width,
+        }
+    }
+}
+
+/// Scores of a tile: `s[t * rw + r] = scale * Σ_d k.row(t)[d] * qt[d * rw + r]` for
+/// `t < k.n`, `r < rw` — the keys against a query block transposed (`qt[d * rw + r]`, so 8
+/// rows share one vector), `rw` the block's rows padded.
+pub fn scores(level: Level, k: Tile<'_>, qt: &[f32], rw: usize, scale: f32, s: &mut [f32]) {
+    let (n, hd) = (k.n, k.width);
+    k.check();
     assert!(
         qt.len() >= hd * rw && s.len() >= n * rw,
         "tile out of bounds"
     );
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    let job = ScoreTile {
+        k: k.raw(),
+        qt: qt.as_ptr(),
+        s: s.as_mut_ptr(),
+        rw,
+        scale,
+    };
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() && rw.is_multiple_of(8) {
         // SAFETY: AVX2, FMA and F16C were detected on this CPU (`usable`); the bounds the
         // kernel relies on were asserted above and `rw` is a multiple of 8.
-        unsafe { avx2::scores(k, stride, n, hd, qt, rw, scale, s) };
+        unsafe { avx2::scores(job) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if level == Level::Neon && rw.is_multiple_of(8) {
         // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
         // were asserted above and `rw` is a multiple of 8.
-        unsafe { neon::scores(k, stride, n, hd, qt, rw, scale, s) };
+        unsafe { neon::scores(job) };
         return;
     }
     for t in 0..n {
-        let kt = &k[t * stride..][..hd];
+        let kt = k.row(t);
         for r in 0..rw {
             let mut acc = 0.0f32;
             for (d, &kv) in kt.iter().enumerate() {
@@ -155,16 +207,32 @@ pub fn softmax_tile(
     assert!(m.len() >= rw && l.len() >= rw && corr.len() >= rw);
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() && rw.is_multiple_of(8) {
+        let job = SoftmaxTile {
+            s,
+            n,
+            rw,
+            m,
+            l,
+            corr,
+        };
         // SAFETY: AVX2, FMA and F16C were detected on this CPU (`usable`); the bounds the
         // kernel relies on were asserted above and `rw` is a multiple of 8.
-        unsafe { avx2::softmax_tile(s, n, rw, m, l, corr) };
+        unsafe { avx2::softmax_tile(job) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if level == Level::Neon && rw.is_multiple_of(4) {
+        let job = SoftmaxTile {
+            s,
+            n,
+            rw,
+            m,
+            l,
+            corr,
+        };
         // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
         // were asserted above and `rw` is a multiple of 4.
-        unsafe { neon::softmax_tile(s, n, rw, m, l, corr) };
+        unsafe { neon::softmax_tile(job) };
         return;
     }
     for r in 0..rw {
@@ -191,42 +259,41 @@ pub fn softmax_tile(
     }
 }
 
-/// Weighted values: `o[r * hd + d] += Σ_t p[t * rw + r] · v[t * stride + d]` for
-/// `r < rows`, `d < hd`, `t < n`.
-#[allow(clippy::too_many_arguments)]
-pub fn pv(
-    level: Level,
-    p: &[f32],
-    rw: usize,
-    rows: usize,
-    v: &[f32],
-    stride: usize,
-    n: usize,
-    hd: usize,
-    o: &mut [f32],
-) {
-    check_rows(v.len(), n, stride, hd);
+/// Weighted values: `o[r * hd + d] += Σ_t p[t * rw + r] · v.row(t)[d]` for `r < rows`,
+/// `d < hd = v.width`, `t < v.n` — a block's probabilities (`p[t * rw + r]`, `rw` its
+/// padded rows, the first `rows` real) times a tile of values into its output
+/// accumulators.
+pub fn pv(level: Level, p: &[f32], rw: usize, rows: usize, v: Tile<'_>, o: &mut [f32]) {
+    let (n, hd) = (v.n, v.width);
+    v.check();
     assert!(rows <= rw && p.len() >= n * rw && o.len() >= rows * hd);
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    let job = PvTile {
+        p: p.as_ptr(),
+        rw,
+        v: v.raw(),
+        o: o.as_mut_ptr(),
+        o_stride: hd,
+    };
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() {
         // SAFETY: AVX2, FMA and F16C were detected on this CPU (`usable`); the bounds the
         // kernel relies on were asserted above.
-        unsafe { avx2::pv(p, rw, rows, v, stride, n, hd, o) };
+        unsafe { avx2::pv(job, rows) };
         return;
     }
     #[cfg(target_arch = "aarch64")]
     if level == Level::Neon {
         // SAFETY: NEON is part of the AArch64 baseline; the bounds the kernel relies on
         // were asserted above.
-        unsafe { neon::pv(p, rw, rows, v, stride, n, hd, o) };
+        unsafe { neon::pv(job, rows) };
         return;
     }
     for r in 0..rows {
         let acc = &mut o[r * hd..(r + 1) * hd];
         for t in 0..n {
             let w = p[t * rw + r];
-            let vt = &v[t * stride..][..hd];
-            acc.iter_mut().zip(vt).for_each(|(a, &x)| *a += w * x);
+            acc.iter_mut().zip(v.row(t)).for_each(|(a, &x)| *a += w * x);
         }
     }
 }
@@ -235,6 +302,8 @@ pub fn pv(
 use super::avx2;
 #[cfg(target_arch = "aarch64")]
 use super::neon;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use super::simd::{PvTile, RawRows, ScoreTile, SoftmaxTile};
 
 #[cfg(test)]
 mod tests {
@@ -252,44 +321,10 @@ mod tests {
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn exp8_matches_libm() {
-        if !Level::Avx2.usable() {
-            return;
-        }
-        use std::arch::x86_64::*;
-        let mut xs: Vec<f32> = (0..4000).map(|i| -100.0 + i as f32 * 0.0251).collect();
-        xs.extend([0.0, -0.0, -1e-8, f32::NEG_INFINITY, -87.3, -87.4, -88.5]);
-        while !xs.len().is_multiple_of(8) {
-            xs.push(-1.0);
-        }
-        for c in xs.chunks(8) {
-            let mut got = [0.0f32; 8];
-            // SAFETY: AVX2 and FMA were detected above; `c` and `got` hold 8 floats.
-            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr()))) };
-            for (&x, &g) in c.iter().zip(&got) {
-                let want = x.exp();
-                if x < -87.33 {
-                    assert!(g == 0.0 || (g - want).abs() < 1e-37, "{x}: {g}");
-                } else {
-                    assert!(
-                        (g - want).abs() <= 2.5e-7 * want,
-                        "exp({x}) = {g}, want {want}"
-                    );
-                }
-            }
-        }
-        let mut one = [0.0f32; 8];
-        // SAFETY: AVX2 and FMA were detected above; `one` holds 8 floats.
-        unsafe { _mm256_storeu_ps(one.as_mut_ptr(), avx2::exp8(_mm256_setzero_ps())) };
-        assert_eq!(one, [1.0; 8]);
-    }
-
-    #[cfg(target_arch = "aarch64")]
-    #[test]
-    fn exp4_matches_libm() {
-        use std::arch::aarch64::*;
+    /// A vector `exp` of `lanes` lanes against libm: within 2.5e-7 relative over
+    /// [-87.33, 88], 0 (or the subnormal result) below, `exp(0)` exactly 1.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    fn check_exp(lanes: usize, exp: impl Fn(&[f32]) -> Vec<f32>) {
         let mut xs: Vec<f32> = (0..4000).map(|i| -100.0 + i as f32 * 0.0251).collect();
         xs.extend([
             0.0,
@@ -301,14 +336,11 @@ mod tests {
             -88.5,
             88.0,
         ]);
-        while !xs.len().is_multiple_of(4) {
+        while !xs.len().is_multiple_of(lanes) {
             xs.push(-1.0);
         }
-        for c in xs.chunks(4) {
-            let mut got = [0.0f32; 4];
-            // SAFETY: NEON is part of the AArch64 baseline; `c` and `got` hold 4 floats.
-            unsafe { vst1q_f32(got.as_mut_ptr(), neon::exp4(vld1q_f32(c.as_ptr()))) };
-            for (&x, &g) in c.iter().zip(&got) {
+        for c in xs.chunks(lanes) {
+            for (&x, g) in c.iter().zip(exp(c)) {
                 let want = x.exp();
                 if x < -87.33 {
                     assert!(g == 0.0 || (g - want).abs() < 1e-37, "{x}: {g}");
@@ -320,10 +352,34 @@ mod tests {
                 }
             }
         }
-        let mut one = [0.0f32; 4];
-        // SAFETY: as above; `one` holds 4 floats.
-        unsafe { vst1q_f32(one.as_mut_ptr(), neon::exp4(vdupq_n_f32(0.0))) };
-        assert_eq!(one, [1.0; 4]);
+        assert!(exp(&vec![0.0; lanes]).iter().all(|&y| y == 1.0));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp8_matches_libm() {
+        if !Level::Avx2.usable() {
+            return;
+        }
+        use std::arch::x86_64::*;
+        check_exp(8, |c| {
+            let mut got = [0.0f32; 8];
+            // SAFETY: AVX2 and FMA were detected above; `c` and `got` hold 8 floats.
+            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr()))) };
+            got.to_vec()
+        });
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn exp4_matches_libm() {
+        use std::arch::aarch64::*;
+        check_exp(4, |c| {
+            let mut got = [0.0f32; 4];
+            // SAFETY: NEON is part of the AArch64 baseline; `c` and `got` hold 4 floats.
+            unsafe { vst1q_f32(got.as_mut_ptr(), neon::exp4(vld1q_f32(c.as_ptr()))) };
+            got.to_vec()
+        });
     }
 
     /// The Q8_0 tile dequantizer: each level equals the blocks' own scalar dequantization
@@ -394,10 +450,12 @@ mod tests {
                     let k: Vec<f32> = (0..n * stride).map(|_| r()).collect();
                     let v: Vec<f32> = (0..n * stride).map(|_| r()).collect();
                     let qt: Vec<f32> = (0..hd * rw).map(|_| r()).collect();
+                    let (keys, values) =
+                        (Tile::new(&k, stride, n, hd), Tile::new(&v, stride, n, hd));
                     let mut want_t = vec![0.0; n * hd];
                     convert_tile(Level::Scalar, &kh, stride, n, hd, &mut want_t);
                     let mut want_s = vec![0.0; n * rw];
-                    scores(Level::Scalar, &k, stride, n, hd, &qt, rw, 0.3, &mut want_s);
+                    scores(Level::Scalar, keys, &qt, rw, 0.3, &mut want_s);
                     // Some rows start from a previous state, some see only -inf.
                     let mut m0: Vec<f32> = (0..rw).map(|i| (i as f32) * 0.1 - 0.5).collect();
                     m0[1] = f32::NEG_INFINITY;
@@ -418,17 +476,7 @@ mod tests {
                     for rows in 1..=rw {
                         let o0: Vec<f32> = (0..rows * hd).map(|_| r()).collect();
                         let mut want_o = o0.clone();
-                        pv(
-                            Level::Scalar,
-                            &want_p,
-                            rw,
-                            rows,
-                            &v,
-                            stride,
-                            n,
-                            hd,
-                            &mut want_o,
-                        );
+                        pv(Level::Scalar, &want_p, rw, rows, values, &mut want_o);
                         want_os.push((rows, o0, want_o));
                     }
                     assert_eq!(wm[2], f32::NEG_INFINITY);
@@ -439,7 +487,7 @@ mod tests {
                         convert_tile(level, &kh, stride, n, hd, &mut got_t);
                         assert_eq!(got_t, want_t, "{level:?} convert hd {hd}");
                         let mut got_s = vec![0.0; n * rw];
-                        scores(level, &k, stride, n, hd, &qt, rw, 0.3, &mut got_s);
+                        scores(level, keys, &qt, rw, 0.3, &mut got_s);
                         close(&got_s, &want_s, 1e-6);
                         let (mut gm, mut gl, mut gc) = (m0.clone(), l0.clone(), vec![0.0; rw]);
                         let mut got_p = s_in.clone();
@@ -450,7 +498,7 @@ mod tests {
                         close(&gc, &wc, 1e-6);
                         for (rows, o0, want_o) in &want_os {
                             let mut got_o = o0.clone();
-                            pv(level, &want_p, rw, *rows, &v, stride, n, hd, &mut got_o);
+                            pv(level, &want_p, rw, *rows, values, &mut got_o);
                             close(&got_o, want_o, 1e-6);
                         }
                     }

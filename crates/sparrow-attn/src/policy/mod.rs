@@ -14,7 +14,7 @@ mod plan;
 mod quest;
 
 pub use int8_rows::{quantize_row, scaled_row_dots};
-pub use plan::{execute, PlanEntry, ReadPlan, SideRows, SideTable, Source};
+pub use plan::{execute, Batch, PlanEntry, ReadPlan, SideRows, SideTable, Source};
 pub use quest::{center_radius, group_query, group_upper_bounds, key_bounds, upper_bound_score};
 
 use crate::error::{AttnError, Result};

@@ -171,27 +171,35 @@ impl<'p> ReadPlan<'p> {
     }
 }
 
-/// Run `plan` for the batch `q` (`n × n_head × head_dim`, already rotated) over `store`,
-/// writing `n × n_head × head_dim` outputs to `out`, and, when `lse` is given, each row's
-/// log-sum-exp of its scores (`n × n_head`, `-inf` for a row that read nothing) — what a
-/// policy that tracks probabilities (H2O) needs afterwards.
+/// The batch a plan runs for: its queries, and where the results go.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    /// `n × n_head × head_dim` queries, already rotated.
+    pub q: &'a [f32],
+    /// `n × n_head × head_dim` outputs.
+    pub out: &'a mut [f32],
+    /// When given, each row's log-sum-exp of its scores (`n × n_head`, `-inf` for a row
+    /// that read nothing) — what a policy that tracks probabilities (H2O) needs afterwards.
+    pub lse: Option<&'a mut [f32]>,
+}
+
+/// Run `plan` for `batch` over `store`: writes the batch's outputs (and log-sum-exps, when
+/// asked for).
 ///
 /// The work is cut as the dense executor cuts it ([`crate::kernel::plan_units`]): blocks of
 /// [`BLOCK_ROWS`] query rows × KV head × entry, long key lists split into pieces of at
 /// least [`MIN_PIECE`] keys when there are fewer than four blocks per thread; the pieces of
 /// one (block, KV head) — from every entry and source — merge by log-sum-exp. A plan of one
 /// store entry over all heads is therefore exactly [`crate::kernel::attend_batch`].
-#[allow(clippy::too_many_arguments)]
 pub fn execute<S: KvSource + ?Sized>(
     level: Level,
     threads: usize,
     shape: AttnShape,
     store: &S,
     plan: &ReadPlan<'_>,
-    q: &[f32],
-    out: &mut [f32],
-    lse: Option<&mut [f32]>,
+    batch: Batch<'_>,
 ) {
+    let Batch { q, out, lse } = batch;
     let n = q.len() / shape.q_dim().max(1);
     if n == 0 {
         return;

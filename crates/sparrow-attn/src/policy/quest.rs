@@ -99,8 +99,14 @@ pub fn group_upper_bounds(
     }
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() {
+        use crate::kernel::avx2::{group_bounds, Blocks};
+        let blocks = Blocks {
+            center,
+            radius,
+            stride,
+        };
         // SAFETY: AVX2 and FMA are available (`usable`); the bounds are checked above.
-        unsafe { crate::kernel::avx2::group_bounds(sum, abs_sum, center, radius, stride, out) };
+        unsafe { group_bounds(sum, abs_sum, blocks, out) };
         return;
     }
     let _ = level; // (elsewhere than x86_64 only the portable loop below exists)

@@ -36,7 +36,7 @@
 //! probabilities (scores again, `exp(s − lse)`) to add to their scores before evicting.
 
 use super::{AttentionChoice, PolicyEntry, SettingsType};
-use sparrow_attn::kernel::tile::scores;
+use sparrow_attn::kernel::tile::{scores, Tile};
 use sparrow_attn::kernel::{read_f32, F32Rows, Level};
 use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, SideTable, Source, SparsePolicy};
 
@@ -255,17 +255,8 @@ fn accumulate(level: Level, hd: usize, q_group: &[f32], lse: &[f32], head: &mut 
         }
     }
     let mut s = vec![0f32; m * rw];
-    scores(
-        level,
-        &head.k,
-        hd,
-        m,
-        hd,
-        &qt,
-        rw,
-        1.0 / (hd as f32).sqrt(),
-        &mut s,
-    );
+    let keys = Tile::new(&head.k, hd, m, hd);
+    scores(level, keys, &qt, rw, 1.0 / (hd as f32).sqrt(), &mut s);
     for (t, score) in head.score.iter_mut().enumerate() {
         let p: f32 = (0..group)
             .filter(|&r| lse[r].is_finite())

@@ -31,7 +31,7 @@
 
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use rayon::prelude::*;
-use sparrow_attn::kernel::tile::{scores, softmax_tile};
+use sparrow_attn::kernel::tile::{scores, softmax_tile, Tile};
 use sparrow_attn::kernel::{read_head_f32, AttnShape, KvSource, Level, TILE};
 use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
 use std::ops::Range;
@@ -234,17 +234,8 @@ impl XAttention {
             .for_each(|(i, dst)| {
                 let c0 = i * TILE;
                 let m = dst.len() / rw;
-                scores(
-                    level,
-                    &keys[c0 * wide..],
-                    wide,
-                    m,
-                    wide,
-                    &qt,
-                    rw,
-                    scale,
-                    dst,
-                );
+                let keys = Tile::new(&keys[c0 * wide..], wide, m, wide);
+                scores(level, keys, &qt, rw, scale, dst);
             });
         // Causal: a stacked query sees the stacked keys up to its last real token's position.
         let last_key = |row: usize| {

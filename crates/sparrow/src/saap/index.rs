@@ -22,7 +22,7 @@ use crate::model::ModelConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sparrow_attn::kernel::rows::{BlockQ8_0, QK8_0};
-use sparrow_attn::kernel::tile::{dequant_q8_0_tile, scores, softmax_tile};
+use sparrow_attn::kernel::tile::{dequant_q8_0_tile, scores, softmax_tile, Tile};
 use sparrow_attn::kernel::Level;
 use std::path::Path;
 
@@ -270,7 +270,7 @@ fn product(
 ) {
     out.resize(n * rw, 0.0);
     match rows {
-        RouterRows::F32(m) => scores(level, m, width, n, width, xt, rw, scale, out),
+        RouterRows::F32(m) => scores(level, Tile::new(m, width, n, width), xt, rw, scale, out),
         RouterRows::Q8(m) => {
             let blocks = width / QK8_0;
             tile.resize(ROUTER_TILE * width, 0.0);
@@ -278,7 +278,7 @@ fn product(
                 let nt = ROUTER_TILE.min(n - t0);
                 dequant_q8_0_tile(level, &m[t0 * blocks..], blocks, nt, blocks, tile);
                 let out = &mut out[t0 * rw..(t0 + nt) * rw];
-                scores(level, tile, width, nt, width, xt, rw, scale, out);
+                scores(level, Tile::new(tile, width, nt, width), xt, rw, scale, out);
             }
         }
     }
