@@ -9,7 +9,7 @@
 use super::rows::{BlockQ8_0, QK8_0};
 use super::simd::{self, PvTile, ScoreTile, Simd, SoftmaxTile};
 #[cfg(feature = "fp16")]
-use super::tile::Tile;
+use super::view::Tile;
 #[cfg(feature = "fp16")]
 use half::f16;
 use std::arch::x86_64::*;

@@ -25,6 +25,7 @@ mod simd;
 #[cfg(all(test, feature = "fp16"))]
 mod tests;
 pub mod tile;
+mod view;
 
 pub use block::{
     attend_batch, attend_block, head_rows, head_rows_into, plan_units, read_head_f32, run_units,

@@ -14,7 +14,7 @@
 #[cfg(feature = "fp16")]
 use super::rows::{BlockQ8_0, QK8_0};
 #[cfg(feature = "fp16")]
-use super::tile::Tile;
+use super::view::{RawRows, Tile};
 #[cfg(feature = "fp16")]
 use half::f16;
 
@@ -54,16 +54,6 @@ pub(crate) trait Simd {
     /// One Q8_0 block's 32 values (`q · d`, one rounding) to `dst`.
     #[cfg(feature = "fp16")]
     unsafe fn dequant_block(b: &BlockQ8_0, dst: *mut f32);
-}
-
-/// `n` rows of `width` f32, row `t` starting at `ptr + t · stride`: a tile of keys or values
-/// as the vector loops read it.
-#[derive(Clone, Copy)]
-pub(crate) struct RawRows {
-    pub ptr: *const f32,
-    pub stride: usize,
-    pub n: usize,
-    pub width: usize,
 }
 
 /// One tile's scores: `s[t · rw + r] = scale · Σ_d k[t][d] · qt[d · rw + r]` for the keys

@@ -14,6 +14,7 @@
 use super::level::Level;
 #[cfg(feature = "fp16")]
 use super::rows::{BlockQ8_0, QK8_0};
+pub use super::view::Tile;
 #[cfg(feature = "fp16")]
 use half::{f16, slice::HalfFloatSliceExt};
 
@@ -84,65 +85,6 @@ pub fn dequant_q8_0_tile(
         let out = &mut dst[t * width * QK8_0..][..width * QK8_0];
         for (b, o) in src.row(t).iter().zip(out.chunks_exact_mut(QK8_0)) {
             b.dequantize(o);
-        }
-    }
-}
-
-/// `n` rows of `width` values, row `t` at `data[t * stride..]`: a tile of keys or values as
-/// the kernels read it — f32 (one KV head's rows of a cache, `stride` being the cache's row
-/// width, or a tile converted from f16 or dequantized from Q8_0, `stride == width`), or the
-/// f16 values or Q8_0 blocks a tile is converted from.
-#[derive(Clone, Copy, Debug)]
-pub struct Tile<'a, T = f32> {
-    /// The rows; at least `(n - 1) * stride + width` values.
-    pub data: &'a [T],
-    /// Distance between the starts of consecutive rows.
-    pub stride: usize,
-    /// Number of rows (keys).
-    pub n: usize,
-    /// Floats used per row (the head size).
-    pub width: usize,
-}
-
-impl<'a, T> Tile<'a, T> {
-    /// Rows `t * stride..t * stride + width` of `data` for `t < n`.
-    pub fn new(data: &'a [T], stride: usize, n: usize, width: usize) -> Self {
-        Tile {
-            data,
-            stride,
-            n,
-            width,
-        }
-    }
-
-    /// Row `t`'s `width` values.
-    fn row(&self, t: usize) -> &'a [T] {
-        &self.data[t * self.stride..][..self.width]
-    }
-
-    /// Panics unless the rows are disjoint and within `data` (what the SIMD twins rely on).
-    fn check(&self) {
-        let (n, stride, width) = (self.n, self.stride, self.width);
-        assert!(width <= stride || n <= 1, "rows overlap");
-        assert!(
-            n == 0 || self.data.len() >= (n - 1) * stride + width,
-            "tile out of bounds"
-        );
-    }
-}
-
-impl Tile<'_> {
-    /// The tile as the vector loops read it (its bounds checked by the caller).
-    #[cfg_attr(
-        not(any(target_arch = "x86_64", target_arch = "aarch64")),
-        allow(dead_code)
-    )]
-    fn raw(&self) -> RawRows {
-        RawRows {
-            ptr: self.data.as_ptr(),
-            stride: self.stride,
-            n: self.n,
-            width: self.width,
         }
     }
 }
@@ -303,7 +245,7 @@ use super::avx2;
 #[cfg(target_arch = "aarch64")]
 use super::neon;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-use super::simd::{PvTile, RawRows, ScoreTile, SoftmaxTile};
+use super::simd::{PvTile, ScoreTile, SoftmaxTile};
 
 #[cfg(test)]
 mod tests {

@@ -253,21 +253,25 @@ impl RouterCopy {
 /// Rows per dequantized tile of a Q8_0 router matrix (16 KiB of f32 at width 64).
 const ROUTER_TILE: usize = 64;
 
-/// `scale · rows · xt` into `out` (`n × rw`): `rows` has `n` rows of `width`, `xt` the
-/// transposed input (`width × rw`). Q8_0 rows are dequantized a tile at a time into
-/// `tile` (the attention kernel's Q8_0 path).
-#[allow(clippy::too_many_arguments)]
-fn product(
-    level: Level,
-    rows: RouterRows<'_>,
+/// A router matrix: `n` rows of `width`, as trained or in Q8_0.
+#[derive(Clone, Copy)]
+struct Matrix<'a> {
+    rows: RouterRows<'a>,
     n: usize,
     width: usize,
-    xt: &[f32],
-    rw: usize,
+}
+
+/// `scale · m · xt` into `out` (`m.n × rw`), `xt` the transposed input (`m.width × rw`).
+/// Q8_0 rows are dequantized a tile at a time into `tile` (the attention kernel's Q8_0 path).
+fn product(
+    level: Level,
+    m: Matrix<'_>,
+    (xt, rw): (&[f32], usize),
     scale: f32,
     out: &mut Vec<f32>,
     tile: &mut Vec<f32>,
 ) {
+    let Matrix { rows, n, width } = m;
     out.resize(n * rw, 0.0);
     match rows {
         RouterRows::F32(m) => scores(level, Tile::new(m, width, n, width), xt, rw, scale, out),
@@ -382,7 +386,18 @@ impl HeadModel {
         let rw = transpose_rows(keys, d, &mut scratch.xt);
         let centroids = RouterRows::F32(&self.centroids);
         let (xt, out, tile) = (&scratch.xt, &mut scratch.out, &mut scratch.tile);
-        product(level, centroids, c, d, xt, rw, 1.0, out, tile);
+        product(
+            level,
+            Matrix {
+                rows: centroids,
+                n: c,
+                width: d,
+            },
+            (xt, rw),
+            1.0,
+            out,
+            tile,
+        );
         buckets.clear();
         for r in 0..rows {
             let mut best = (f32::NEG_INFINITY, 0u32);
@@ -407,7 +422,6 @@ impl HeadModel {
     /// - [`Router::Hedged`]: both added, the trained router hedged by the geometric one,
     ///   which needs no training text like the query; the centroid products are computed
     ///   once for both.
-    #[allow(clippy::too_many_arguments)]
     pub fn add_mass(
         &self,
         router: Router,
@@ -435,11 +449,33 @@ impl HeadModel {
         let qmodel = router != Router::Centroids;
         // The centroid similarities `c · q`, unscaled.
         if router != Router::Qmodel || self.prior_scale != 0.0 {
-            product(level, w.centroids, c, d, xt, rw, 1.0, prior, tile);
+            product(
+                level,
+                Matrix {
+                    rows: w.centroids,
+                    n: c,
+                    width: d,
+                },
+                (xt, rw),
+                1.0,
+                prior,
+                tile,
+            );
         }
         if qmodel {
             let w1 = RouterRows::F32(&self.w1);
-            product(level, w1, h, d, xt, rw, 1.0, hidden, tile);
+            product(
+                level,
+                Matrix {
+                    rows: w1,
+                    n: h,
+                    width: d,
+                },
+                (xt, rw),
+                1.0,
+                hidden,
+                tile,
+            );
             // ReLU that keeps NaN (`max` would turn a broken query into a valid-looking one).
             for (row, &b) in hidden.chunks_exact_mut(rw).zip(&self.b1) {
                 row.iter_mut().for_each(|x| {
@@ -447,17 +483,34 @@ impl HeadModel {
                     *x = if v < 0.0 { 0.0 } else { v };
                 });
             }
-            product(level, w.w2, c, h, hidden, rw, 1.0, out, tile);
+            product(
+                level,
+                Matrix {
+                    rows: w.w2,
+                    n: c,
+                    width: h,
+                },
+                (hidden, rw),
+                1.0,
+                out,
+                tile,
+            );
             if self.prior_scale != 0.0 {
                 let s = self.prior_scale;
                 out.iter_mut()
                     .zip(prior.iter())
                     .for_each(|(o, p)| *o += p * s);
             }
-            add_softmaxes(level, out, stats, Some(&self.b2), rw, rows, 1.0, mass);
+            add_softmaxes(level, (out, rw, rows), (Some(&self.b2), 1.0), stats, mass);
         }
         if router != Router::Qmodel {
-            add_softmaxes(level, prior, stats, None, rw, rows, prior_scale(d), mass);
+            add_softmaxes(
+                level,
+                (prior, rw, rows),
+                (None, prior_scale(d)),
+                stats,
+                mass,
+            );
         }
     }
 }
@@ -471,15 +524,11 @@ pub fn prior_scale(head_dim: usize) -> f32 {
 /// `softmax(scale · logits[·, r] + bias)` to `mass` (no bias: zero). A row that is not
 /// finite adds nothing. The exponentials are the attention kernel's softmax tile (one
 /// tile of `C` scores for `rw` rows), vectorised where it is; `stats` is scratch.
-#[allow(clippy::too_many_arguments)]
 fn add_softmaxes(
     level: Level,
-    logits: &mut [f32],
+    (logits, rw, rows): (&mut [f32], usize, usize),
+    (bias, scale): (Option<&[f32]>, f32),
     stats: &mut Vec<f32>,
-    bias: Option<&[f32]>,
-    rw: usize,
-    rows: usize,
-    scale: f32,
     mass: &mut [f32],
 ) {
     let c = logits.len() / rw.max(1);
