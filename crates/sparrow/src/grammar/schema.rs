@@ -467,16 +467,10 @@ impl Compiler {
     }
 
     fn object(&mut self, v: &OrderedValue, at: Site) -> Result<u32, SchemaError> {
-        let Site {
-            depth,
-            parent,
-            index,
-            counted,
-        } = at;
         let cid = self.containers.len() as u32;
         self.containers.push(Container {
-            parent,
-            index,
+            parent: at.parent,
+            index: at.index,
             kind: Kind::Array(ArraySpec {
                 item: NONE,
                 min: 0,
@@ -511,10 +505,10 @@ impl Compiler {
             let node = self.node(
                 sub,
                 Site {
-                    depth: depth + 1,
+                    depth: at.depth + 1,
                     parent: cid,
                     index: i as u32,
-                    counted,
+                    counted: at.counted,
                 },
             )?;
             let mut key = String::new();
@@ -612,19 +606,13 @@ impl Compiler {
     }
 
     fn array(&mut self, v: &OrderedValue, at: Site) -> Result<u32, SchemaError> {
-        let Site {
-            depth,
-            parent,
-            index,
-            counted,
-        } = at;
         let min = self.count(v, "minItems")?.unwrap_or(0);
         let max = self.count(v, "maxItems")?;
         if max.is_some_and(|m| m < min) {
             return self.err("'minItems' is larger than 'maxItems'".into());
         }
         let counts = min > 0 || max.is_some();
-        if counts && counted >= MAX_COUNTED_ARRAYS {
+        if counts && at.counted >= MAX_COUNTED_ARRAYS {
             return self.err(format!(
                 "arrays with 'minItems'/'maxItems' nest deeper than the limit of {MAX_COUNTED_ARRAYS}"
             ));
@@ -642,22 +630,22 @@ impl Compiler {
             item: NONE,
             min,
             max: max.unwrap_or(u32::MAX),
-            slot: if counts { counted as u8 } else { u8::MAX },
+            slot: if counts { at.counted as u8 } else { u8::MAX },
             cap: min.max(max.unwrap_or(0)),
         };
         self.containers.push(Container {
-            parent,
-            index,
+            parent: at.parent,
+            index: at.index,
             kind: Kind::Array(spec.clone()),
         });
         self.path.push("items".into());
         let item = self.node(
             items,
             Site {
-                depth: depth + 1,
+                depth: at.depth + 1,
                 parent: cid,
                 index: 0,
-                counted: counted + usize::from(counts),
+                counted: at.counted + usize::from(counts),
             },
         )?;
         self.path.pop();
