@@ -7,12 +7,11 @@ use serde::Serialize;
 use sparrow::attention::AttentionChoice;
 use sparrow::chat::ChatMessage;
 use sparrow::engine::Engine;
-use sparrow::generate::{Generation, WithProgress};
+use sparrow::generate::{collect_text, Generation, WithProgress};
 use sparrow::kv::KvOptions;
 use sparrow::sampler::{Sampler, SamplerConfig};
 use sparrow::session::Session;
 use sparrow::{Error, Result};
-use std::ops::ControlFlow;
 
 /// Keys for needles: words that do not occur near a long number in the haystack corpus.
 const KEYS: &[&str] = &[
@@ -405,10 +404,7 @@ pub fn run_cell_policies(
                         progress(&format!("prefill ({})", choice.label()), d, t)
                     }
                 },
-                on_token: |_: Option<u32>, piece: &str| {
-                    answer.push_str(piece);
-                    ControlFlow::Continue(())
-                },
+                on_token: collect_text(&mut answer),
             },
         )?;
         let (mut state, _) = session.into_parts();

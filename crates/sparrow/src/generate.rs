@@ -246,23 +246,11 @@ impl Generation {
         sink: &mut impl TokenSink,
     ) -> Next {
         let next = self.next(tokenizer, sampler, logits, room);
-        let token = next.token();
-        let out = self.take_output();
-        if !out.logprobs.is_empty() {
-            sink.on_logprobs(out.logprobs);
-        }
-        let stop =
-            (token.is_some() || !out.text.is_empty()) && sink.on_token(token, &out.text).is_break();
+        let stop = deliver(self.take_output(), next.token(), sink).is_break();
         match next {
             Next::Feed(id) if stop => {
                 self.cancel();
-                let rest = self.take_output();
-                if !rest.logprobs.is_empty() {
-                    sink.on_logprobs(rest.logprobs);
-                }
-                if !rest.text.is_empty() {
-                    let _ = sink.on_token(None, &rest.text);
-                }
+                let _ = deliver(self.take_output(), None, sink);
                 Next::Done {
                     token: Some(id),
                     reason: StopReason::Cancelled,
@@ -345,6 +333,15 @@ impl<F: FnMut(Option<u32>, &str) -> ControlFlow<()>> TokenSink for F {
     }
 }
 
+/// A sink that appends every piece of output text to `out` and never stops the generation:
+/// `session.generate(.., &mut collect_text(&mut text))`.
+pub fn collect_text(out: &mut String) -> impl FnMut(Option<u32>, &str) -> ControlFlow<()> + '_ {
+    |_, text| {
+        out.push_str(text);
+        ControlFlow::Continue(())
+    }
+}
+
 /// A token callback and a prefill progress callback, as one [`TokenSink`].
 pub struct WithProgress<T, P> {
     /// Receives what [`TokenSink::on_token`] receives.
@@ -363,6 +360,19 @@ where
     }
     fn on_prefill(&mut self, done: usize, total: usize) {
         (self.on_prefill)(done, total)
+    }
+}
+
+/// Hands `out` to `sink`: its log-probabilities first (they describe the text that
+/// follows), then `token` with the text, when there is either; the sink's answer.
+fn deliver(out: Output, token: Option<u32>, sink: &mut impl TokenSink) -> ControlFlow<()> {
+    if !out.logprobs.is_empty() {
+        sink.on_logprobs(out.logprobs);
+    }
+    if token.is_some() || !out.text.is_empty() {
+        sink.on_token(token, &out.text)
+    } else {
+        ControlFlow::Continue(())
     }
 }
 

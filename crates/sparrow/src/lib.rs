@@ -24,8 +24,8 @@ pub use chat::{ChatMessage, ChatTemplate, TemplateLimits};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use generate::{
-    prefill, Generation, GenerationStats, Next, Output, StopReason, TokenLogprob, TokenSink,
-    WithProgress,
+    collect_text, prefill, Generation, GenerationStats, Next, Output, StopReason, TokenLogprob,
+    TokenSink, WithProgress,
 };
 pub use kv::{ColdTier, KvOptions, KvStore, KvType, KvTypes, RamStore, TieredStore};
 pub use model::{LoadOptions, Logits, Model, ModelConfig, SeqStep, State, Workspace};

@@ -6,7 +6,8 @@
 
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow::{
-    Engine, Generation, KvType, Logits, Next, Sampler, SamplerConfig, Session, StopReason,
+    collect_text, Engine, Generation, KvType, Logits, Next, Sampler, SamplerConfig, Session,
+    StopReason,
 };
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -288,10 +289,7 @@ fn the_scheduler_generates_what_a_session_generates_alone() {
                     p,
                     &mut greedy(),
                     &mut Generation::new(6, true),
-                    &mut |_: Option<u32>, t: &str| {
-                        text.push_str(t);
-                        ControlFlow::Continue(())
-                    },
+                    &mut collect_text(&mut text),
                 )
                 .unwrap();
             text

@@ -9,8 +9,7 @@ mod common;
 
 use sparrow::grammar::{JsonConstraint, JsonVocab, Root};
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
-use sparrow::{Engine, Generation, KvType, Sampler, SamplerConfig, Session};
-use std::ops::ControlFlow;
+use sparrow::{collect_text, Engine, Generation, KvType, Sampler, SamplerConfig, Session};
 use std::sync::Arc;
 
 /// Samples a JSON completion of at most `n` tokens of `prompt` (running only what `session`
@@ -41,10 +40,7 @@ fn complete(
             prompt,
             &mut sampler,
             &mut gen,
-            &mut |_: Option<u32>, t: &str| {
-                out.push_str(t);
-                ControlFlow::Continue(())
-            },
+            &mut collect_text(&mut out),
         )
         .unwrap();
     out

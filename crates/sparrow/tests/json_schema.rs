@@ -9,9 +9,8 @@ mod common;
 use sparrow::grammar::{Grammar, JsonConstraint, JsonVocab, OrderedValue, Schema, SchemaState};
 use sparrow::synthetic::byte_tokenizer;
 use sparrow::tokenizer::Tokenizer;
-use sparrow::{Engine, Generation, KvType, Sampler, SamplerConfig, Session};
+use sparrow::{collect_text, Engine, Generation, KvType, Sampler, SamplerConfig, Session};
 use std::io::Write;
-use std::ops::ControlFlow;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Once};
 
@@ -354,10 +353,7 @@ fn real_model_schema_completions_validate() {
                 &ids,
                 &mut sampler,
                 &mut gen,
-                &mut |_: Option<u32>, t: &str| {
-                    out.push_str(t);
-                    ControlFlow::Continue(())
-                },
+                &mut collect_text(&mut out),
             )
             .unwrap();
         eprintln!("seed {seed}: {out}");
