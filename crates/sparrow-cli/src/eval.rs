@@ -1,6 +1,7 @@
 //! `sparrow eval needle`: needle-in-a-haystack accuracy over a grid of lengths × depths
 //! (optionally drawn as a heatmap PNG). `sparrow eval attention`: how closely each
 //! attention policy follows exact attention on the real activations of a prompt.
+//! `sparrow eval ruler`: RULER's synthetic tasks per policy (`ruler.rs`).
 
 use crate::progress::PrefillProgress;
 use crate::run::init_threads;
@@ -19,6 +20,11 @@ use sparrow_eval::text::load_haystack;
 // The heatmap writer lives beside this file; only `eval needle` uses it.
 #[path = "heatmap.rs"]
 mod heatmap;
+// `eval ruler` and its score plot live beside this file.
+#[path = "ruler.rs"]
+mod ruler;
+#[path = "score_plot.rs"]
+mod score_plot;
 
 /// Evaluations.
 #[derive(clap::Subcommand, Debug)]
@@ -28,6 +34,9 @@ pub enum EvalCommand {
     /// Each attention policy against exact attention on a real prompt's activations:
     /// selectivity, relative L2 error of the output, attention mass captured.
     Attention(AttentionArgs),
+    /// RULER's synthetic long-context tasks (needle variants, variable tracking, common-
+    /// and frequent-word extraction) over lengths, per attention policy.
+    Ruler(ruler::RulerArgs),
 }
 
 /// Arguments of `sparrow eval needle`.
@@ -190,6 +199,7 @@ pub fn eval(cmd: EvalCommand) -> Result<(), String> {
     match cmd {
         EvalCommand::Needle(a) => needle(a),
         EvalCommand::Attention(a) => attention(a),
+        EvalCommand::Ruler(a) => ruler::ruler(a),
     }
 }
 

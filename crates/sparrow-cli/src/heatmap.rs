@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSansMono.ttf");
-const FAMILY: &str = "sans-serif";
+pub(super) const FAMILY: &str = "sans-serif";
 
 const CELL_W: u32 = 96;
 const CELL_H: u32 = 48;
@@ -62,7 +62,7 @@ pub fn colour(acc: f64) -> RGBColor {
 }
 
 /// Register the embedded font with plotters (once per process).
-fn register_font() -> Result<(), String> {
+pub(super) fn register_font() -> Result<(), String> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
         plotters::style::register_font(FAMILY, FontStyle::Normal, FONT)

@@ -256,8 +256,17 @@ impl AttnArgs {
         self.choice_named(name)
     }
 
+    /// `PREFILL+DECODE` names one policy per phase (`xattention+quest`).
     fn choice_named(&self, name: &str) -> Result<sparrow::attention::AttentionChoice, String> {
-        let c = self.choice.with_name(name);
+        let c = match name.split_once('+') {
+            Some((prefill, decode)) => {
+                let mut c = self.choice.with_name("full");
+                c.prefill = Some(prefill.trim().to_string());
+                c.decode = Some(decode.trim().to_string());
+                c
+            }
+            None => self.choice.with_name(name),
+        };
         c.check()?;
         Ok(c)
     }

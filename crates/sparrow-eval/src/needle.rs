@@ -7,10 +7,8 @@ use serde::Serialize;
 use sparrow::attention::AttentionChoice;
 use sparrow::chat::ChatMessage;
 use sparrow::engine::Engine;
-use sparrow::generate::{collect_text, Generation, WithProgress};
+use crate::answer::{answer_with_policies, RunSettings};
 use sparrow::kv::KvOptions;
-use sparrow::sampler::{Sampler, SamplerConfig};
-use sparrow::session::Session;
 use sparrow::{Error, Result};
 
 /// Keys for needles: words that do not occur near a long number in the haystack corpus.
@@ -339,11 +337,10 @@ pub fn run_cell(
     Ok(results.remove(0))
 }
 
-/// Ask the needle question of `cell` of every policy in `choices`. Policies whose prefill is
-/// exact share one prefill of the prompt (all but its last token, which runs as each
-/// policy's first decode step); the others prefill on their own. Each prefill reports
-/// `progress(label, tokens done, tokens in all)` after every batch (a 32K cell prefills for
-/// minutes). Results come in the order of `choices`.
+/// Ask the needle question of `cell` of every policy in `choices`, with one prefill per
+/// prefill policy ([`answer_with_policies`]). Each prefill reports `progress(label, tokens
+/// done, tokens in all)` after every batch (a 32K cell prefills for minutes). Results come
+/// in the order of `choices`.
 pub fn run_cell_policies(
     engine: &Engine,
     haystack: &str,
@@ -353,85 +350,26 @@ pub fn run_cell_policies(
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> Result<Vec<NeedleResult>> {
     let Cell { length, depth, .. } = *cell;
-    let (mut kv, batch_size) = (settings.kv.clone(), settings.batch_size);
     let NeedlePrompt { ids, needle, .. } = needle_prompt(engine, haystack, cell, settings)?;
-    let head = &ids[..ids.len() - 1];
-    let n_ctx = ids.len() + 32;
-    if kv.cold.is_some() {
-        // Under a RAM budget the store leaves room for the hungriest policy's summaries.
-        for choice in choices {
-            let p = choice.build(&engine.model.config).map_err(Error::Other)?;
-            kv.reserved = kv
-                .reserved
-                .max(p.summary_bytes(n_ctx, engine.model.config.kv_dim()));
-        }
-    }
-    let mut shared: Option<(sparrow::model::State, f64)> = None;
-    let mut out = Vec::with_capacity(choices.len());
-    for choice in choices {
-        let exact_prefill = choice.phase_names().map_err(Error::Other)?.0 == "full";
-        let (mut state, prefill_seconds) = if exact_prefill {
-            if shared.is_none() {
-                let mut st = engine.model.new_state(n_ctx, kv.clone())?;
-                let t0 = std::time::Instant::now();
-                sparrow::generate::prefill(&engine.model, &mut st, head, batch_size, |d, t| {
-                    progress("prefill (shared by exact-prefill policies)", d, t)
-                })?;
-                shared = Some((st, t0.elapsed().as_secs_f64()));
-            }
-            shared.take().expect("prefilled above")
-        } else {
-            (engine.model.new_state(n_ctx, kv.clone())?, 0.0)
-        };
-        state.set_attention(choice.build(&engine.model.config).map_err(Error::Other)?);
-        // The session keeps what the state holds (the shared head) and runs the rest.
-        let held = if exact_prefill {
-            head.to_vec()
-        } else {
-            Vec::new()
-        };
-        let mut session = Session::holding(state, held)?.with_batch_size(batch_size);
-        let mut sampler = Sampler::new(SamplerConfig::greedy());
-        let mut answer = String::new();
-        let stats = session.generate(
-            engine,
-            &ids,
-            &mut sampler,
-            &mut Generation::new(16, false),
-            &mut WithProgress {
-                on_prefill: |d, t| {
-                    if !exact_prefill {
-                        progress(&format!("prefill ({})", choice.label()), d, t)
-                    }
-                },
-                on_token: collect_text(&mut answer),
-            },
-        )?;
-        let (mut state, _) = session.into_parts();
-        let prefill_seconds = if exact_prefill {
-            // Give the shared prefix back for the next policy, rewound to the prompt's head
-            // (unless a sliding layer's ring has lost it: then the next one prefills again).
-            if state.truncate(head.len()) == head.len() {
-                state.set_attention(Box::new(sparrow::attention::DenseAttention));
-                shared = Some((state, prefill_seconds));
-            }
-            prefill_seconds
-        } else {
-            stats.prompt_time.as_secs_f64()
-        };
-        out.push(NeedleResult {
+    let run = RunSettings {
+        kv: settings.kv.clone(),
+        batch_size: settings.batch_size,
+    };
+    let answers = answer_with_policies(engine, &ids, 16, &run, choices, progress)?;
+    Ok(answers
+        .into_iter()
+        .map(|a| NeedleResult {
             length,
             depth,
             prompt_tokens: ids.len(),
-            found: needle.is_found_in(&answer),
+            found: needle.is_found_in(&a.answer),
             needle: needle.clone(),
             distractors: settings.distractors,
-            answer,
-            prefill_seconds,
-            attention: choice.label(),
-        });
-    }
-    Ok(out)
+            answer: a.answer,
+            prefill_seconds: a.prefill_seconds,
+            attention: a.attention,
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -54,6 +54,12 @@ fn fetched(file: &str, name: &str) -> PathBuf {
     p
 }
 
+/// The Qwen2.5-Coder-1.5B-Instruct GGUF (the long-context model: 28 layers, 2 KV heads of
+/// 128).
+pub fn qwen15b_path() -> PathBuf {
+    fetched("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen1.5b")
+}
+
 /// The Gemma-3-270M GGUF (gemma3: sliding-window layers).
 pub fn gemma_path() -> PathBuf {
     fetched("gemma-3-270m-q4_k_m.gguf", "gemma")
