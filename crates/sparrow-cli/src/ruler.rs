@@ -110,7 +110,10 @@ pub fn ruler(a: RulerArgs) -> Result<(), String> {
                     r.task == task && r.length == length && r.index == index && r.attention == label
                 };
                 if labels.iter().all(|l| results.iter().any(|r| done(r, l))) {
-                    eprintln!("[{n}/{total}] {} {length} #{index}: in the JSON already", task.name());
+                    eprintln!(
+                        "[{n}/{total}] {} {length} #{index}: in the JSON already",
+                        task.name()
+                    );
                     continue;
                 }
                 let started = Instant::now();
@@ -155,7 +158,12 @@ pub fn ruler(a: RulerArgs) -> Result<(), String> {
                     scores.join(", "),
                     started.elapsed().as_secs_f64()
                 );
-                results.retain(|r| !(r.task == task && r.length == length && r.index == index && labels.contains(&r.attention)));
+                results.retain(|r| {
+                    !(r.task == task
+                        && r.length == length
+                        && r.index == index
+                        && labels.contains(&r.attention))
+                });
                 results.extend(case_results);
                 if let Some(path) = &a.json {
                     write_results(path, &results)?;
@@ -237,7 +245,9 @@ impl Grid {
     /// Mean over `tasks` (each task weighs the same); `None` unless every task was run.
     fn average(&self, label: &str, tasks: &[Task], length: usize) -> Option<f64> {
         let scores: Option<Vec<f64>> = tasks.iter().map(|&t| self.task(label, t, length)).collect();
-        scores.filter(|s| !s.is_empty()).map(|s| s.iter().sum::<f64>() / s.len() as f64)
+        scores
+            .filter(|s| !s.is_empty())
+            .map(|s| s.iter().sum::<f64>() / s.len() as f64)
     }
 }
 
@@ -250,7 +260,10 @@ fn print_task_table(grid: &Grid, label: &str, tasks: &[Task], lengths: &[usize])
     println!("| task | {} |", head.join(" | "));
     println!("| :--- |{}", " ---: |".repeat(lengths.len()));
     for &t in tasks {
-        let row: Vec<String> = lengths.iter().map(|&l| cell(grid.task(label, t, l))).collect();
+        let row: Vec<String> = lengths
+            .iter()
+            .map(|&l| cell(grid.task(label, t, l)))
+            .collect();
         println!("| {} | {} |", t.name(), row.join(" | "));
     }
     let avg: Vec<String> = lengths
@@ -272,7 +285,8 @@ fn print_family_table(grid: &Grid, labels: &[String], tasks: &[Task], length: us
         let row: Vec<String> = families
             .iter()
             .map(|f| {
-                let members: Vec<Task> = tasks.iter().copied().filter(|t| t.family() == *f).collect();
+                let members: Vec<Task> =
+                    tasks.iter().copied().filter(|t| t.family() == *f).collect();
                 cell(grid.average(label, &members, length))
             })
             .collect();
@@ -358,7 +372,10 @@ mod tests {
         write_results(&path, &rs).unwrap();
         let back = read_results(&path).unwrap();
         assert_eq!(back.len(), 1);
-        assert_eq!((back[0].task, back[0].length, back[0].score), (Task::Fwe, 8192, 0.5));
+        assert_eq!(
+            (back[0].task, back[0].length, back[0].score),
+            (Task::Fwe, 8192, 0.5)
+        );
         std::fs::write(&path, "{}").unwrap();
         let e = read_results(&path).unwrap_err();
         assert!(e.contains("not a RULER results file"), "{e}");

@@ -73,7 +73,11 @@ pub fn write(path: &Path, title: &str, lengths: &[usize], series: &[Series]) -> 
             .label(s.label.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
         chart
-            .draw_series(points.into_iter().map(|p| Circle::new(p, 4, colour.filled())))
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, colour.filled())),
+            )
             .map_err(err)?;
     }
     chart

@@ -228,13 +228,14 @@ fn every_command_refuses_a_bad_policy() {
     std::fs::write(&text, long_message()).unwrap();
     let text = text.to_str().unwrap();
     let haystack = dir().to_str().unwrap().to_string();
-    let commands: [&[&str]; 7] = [
+    let commands: [&[&str]; 8] = [
         &["run", "-p", "hi"],
         &["chat"],
         &["serve", "--port", "0"],
         &["bench"],
         &["perplexity", "-f", text],
         &["eval", "needle", "--haystack", &haystack],
+        &["eval", "ruler", "--haystack", &haystack],
         &["eval", "attention", "-f", text],
     ];
     for cmd in commands {

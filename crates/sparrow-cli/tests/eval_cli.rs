@@ -168,3 +168,98 @@ fn eval_needle_draws_a_png_heatmap() {
         .count();
     assert!(coloured > 6 * 40 * 30, "only {coloured} coloured pixels");
 }
+
+/// The haystack of the real tests (RULER's vocabulary needs real prose).
+fn books() -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data/haystack/books");
+    p.to_str().unwrap().to_string()
+}
+
+/// `eval ruler` end to end on a synthetic model (a byte-level tokenizer: one token per
+/// byte): a progress line per case, a table per policy and per length, JSON of every
+/// result, the plot; `--resume` runs only what the JSON lacks; a pair `A+B` is one choice.
+#[test]
+fn eval_ruler_tables_json_plot_and_resume() {
+    let m = model();
+    let (json, png) = (dir().join("ruler.json"), dir().join("ruler.png"));
+    let _ = std::fs::remove_file(&json);
+    let run = |tasks: &str| {
+        sparrow(&[
+            "eval",
+            "ruler",
+            "-m",
+            m.to_str().unwrap(),
+            "--haystack",
+            &books(),
+            "--lengths",
+            "768,1024",
+            "--tasks",
+            tasks,
+            "--cases",
+            "1",
+            "-t",
+            "1",
+            "--attn",
+            "full,full+streaming",
+            "--attn-window",
+            "16",
+            "--json",
+            json.to_str().unwrap(),
+            "--resume",
+            "--plot",
+            png.to_str().unwrap(),
+        ])
+    };
+    let out = run("niah_single_1");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("[1/2] niah_single_1 768 #0 ("), "{stderr}");
+    assert!(stderr.contains("): full "), "{stderr}");
+    assert!(stdout.contains("RULER score (%): full\n"), "{stdout}");
+    assert!(stdout.contains("RULER score (%): streaming\n"), "{stdout}");
+    assert!(stdout.contains("| niah_single_1 |"), "{stdout}");
+    assert!(stdout.contains("by task family at 1024 tokens"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4, "2 lengths × 2 policies");
+    for r in results {
+        assert_eq!(r["task"], "niah_single_1");
+        assert!(r["prompt_tokens"].as_u64().unwrap() <= r["length"].as_u64().unwrap() - 128);
+        let score = r["score"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&score));
+    }
+    assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+    // Resumed with one more task: the first task's cases are skipped, the new one runs.
+    let out = run("niah_single_1,niah_multikey_2");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("niah_single_1 768 #0: in the JSON already"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("niah_multikey_2 768 #0 ("), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["results"].as_array().unwrap().len(), 8);
+}
+
+#[test]
+fn eval_ruler_refuses_bad_arguments_by_name() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    let books = books();
+    for (args, needle) in [
+        (&["--tasks", "qa_1"][..], "unknown RULER task 'qa_1'"),
+        (&["--cases", "0"][..], "--cases must be at least 1"),
+        (&["--lengths", "100"][..], "--lengths: 100 is too short"),
+        (&["--attn", "full+nosuch"][..], "'nosuch'"),
+    ] {
+        let mut all = vec!["eval", "ruler", "-m", m, "--haystack", &books, "-t", "1"];
+        all.extend_from_slice(args);
+        let e = one_error(&sparrow(&all));
+        assert!(e.contains(needle), "{args:?}: {e}");
+    }
+}

@@ -17,11 +17,12 @@ fn model(name: &str, spec: SyntheticSpec) -> PathBuf {
 fn unknown_cache_types_are_refused_on_every_command() {
     let m = model("plain.gguf", SyntheticSpec::default());
     let m = m.to_str().unwrap();
-    let commands: [&[&str]; 7] = [
+    let commands: [&[&str]; 8] = [
         &["run", "-p", "hi"],
         &["bench"],
         &["perplexity", "-f", "/nonexistent.txt"],
         &["eval", "needle"],
+        &["eval", "ruler"],
         &["eval", "attention"],
         &["chat"],
         &["serve"],

@@ -91,9 +91,13 @@ pub fn answer_with_policies(
                 .map_err(Error::Other)?,
         );
         let started = std::time::Instant::now();
-        sparrow::generate::prefill(&engine.model, &mut state, head, settings.batch_size, |d, t| {
-            progress(&label, d, t)
-        })?;
+        sparrow::generate::prefill(
+            &engine.model,
+            &mut state,
+            head,
+            settings.batch_size,
+            |d, t| progress(&label, d, t),
+        )?;
         let prefill_seconds = started.elapsed().as_secs_f64();
         let mut shared = Some(state);
         for &i in &members {

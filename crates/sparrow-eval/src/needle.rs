@@ -3,11 +3,11 @@
 //! of context lengths × depths, it shows where a model (or an attention policy) stops
 //! finding what it was told.
 
+use crate::answer::{answer_with_policies, RunSettings};
 use serde::Serialize;
 use sparrow::attention::AttentionChoice;
 use sparrow::chat::ChatMessage;
 use sparrow::engine::Engine;
-use crate::answer::{answer_with_policies, RunSettings};
 use sparrow::kv::KvOptions;
 use sparrow::{Error, Result};
 

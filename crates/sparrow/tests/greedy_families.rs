@@ -147,7 +147,11 @@ fn qwen15b_greedy_matches_llama_cpp() {
         let ours = engine
             .tokenizer
             .encode(p["prompt"].as_str().unwrap(), true, true);
-        assert_eq!(ours, case.prompt, "{}: token ids differ from llama.cpp's", case.name);
+        assert_eq!(
+            ours, case.prompt,
+            "{}: token ids differ from llama.cpp's",
+            case.name
+        );
     }
     let model = &engine.model;
     for prefill in [Prefill::Batch, Prefill::Chunks(3)] {

@@ -171,7 +171,16 @@ mod tests {
     #[test]
     fn sentences_end_at_stops_followed_by_a_space() {
         let s = split_sentences("One two. \"Three?\" Four! Mr.Five e.g.six. Last");
-        assert_eq!(s, ["One two.", "\"Three?\"", "Four!", "Mr.Five e.g.six.", "Last"]);
+        assert_eq!(
+            s,
+            [
+                "One two.",
+                "\"Three?\"",
+                "Four!",
+                "Mr.Five e.g.six.",
+                "Last"
+            ]
+        );
     }
 
     #[test]
@@ -183,7 +192,10 @@ mod tests {
         for u in [&a, &b, &uuid_v4(u128::MAX), &uuid_v4(0)] {
             assert_eq!(u.len(), 36);
             let parts: Vec<&str> = u.split('-').collect();
-            assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), [8, 4, 4, 4, 12]);
+            assert_eq!(
+                parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+                [8, 4, 4, 4, 12]
+            );
             assert!(parts[2].starts_with('4'), "{u}");
             assert!("89ab".contains(&parts[3][..1]), "{u}");
         }

@@ -283,11 +283,14 @@ pub fn build_case(
     let tokens = |size: usize| -> Result<(usize, Draft, String)> {
         let draft = task.draft(corpus, budget, size, seed)?;
         let prompt = render(engine, &draft)?;
-        Ok((engine.tokenizer.encode(&prompt, true, true).len(), draft, prompt))
+        Ok((
+            engine.tokenizer.encode(&prompt, true, true).len(),
+            draft,
+            prompt,
+        ))
     };
-    let (size, _) = fit(budget, task.min_size(), |s| Ok(tokens(s)?.0)).map_err(|e| {
-        Error::Other(format!("{} at {length} tokens: {e}", task.name()))
-    })?;
+    let (size, _) = fit(budget, task.min_size(), |s| Ok(tokens(s)?.0))
+        .map_err(|e| Error::Other(format!("{} at {length} tokens: {e}", task.name())))?;
     let (_, draft, prompt) = tokens(size)?;
     let ids = engine.tokenizer.encode(&prompt, true, true);
     Ok(Case {
@@ -433,7 +436,11 @@ mod tests {
         for t in Task::ALL {
             assert_eq!(Task::named(t.name()).unwrap(), t);
             let json = serde_json::to_string(&t).unwrap();
-            assert_eq!(json, format!("\"{}\"", t.name()), "JSON names are the paper's");
+            assert_eq!(
+                json,
+                format!("\"{}\"", t.name()),
+                "JSON names are the paper's"
+            );
         }
         let e = Task::named("qa_1").unwrap_err();
         assert!(e.contains("QA tasks"), "{e}");
@@ -449,6 +456,9 @@ mod tests {
                 }
             }
         }
-        assert_eq!(case_seed(1, Task::Vt, 4096, 2), case_seed(1, Task::Vt, 4096, 2));
+        assert_eq!(
+            case_seed(1, Task::Vt, 4096, 2),
+            case_seed(1, Task::Vt, 4096, 2)
+        );
     }
 }

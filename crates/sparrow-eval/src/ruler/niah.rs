@@ -13,7 +13,8 @@ use sparrow::Result;
 
 /// The noise line of the `repeat` haystack and the tracing task: short sentences that say
 /// nothing, repeated.
-pub const NOISE: &str = "The sea is grey. The hills are brown. The road runs on. Here we stay. Back and forth again.";
+pub const NOISE: &str =
+    "The sea is grey. The hills are brown. The road runs on. Here we stay. Back and forth again.";
 
 /// Relative depths a needle may be placed at in prose: 40 evenly spaced from start to end.
 const DEPTHS: usize = 40;
@@ -53,7 +54,11 @@ impl NiahSpec {
         let mut values: Vec<Vec<String>> = Vec::with_capacity(self.keys);
         let mut all_values: Vec<String> = Vec::new();
         for _ in 0..self.keys {
-            let v = distinct(self.values, |_| corpus.value(&mut rng, self.value), &all_values);
+            let v = distinct(
+                self.values,
+                |_| corpus.value(&mut rng, self.value),
+                &all_values,
+            );
             all_values.extend(v.iter().cloned());
             values.push(v);
         }
@@ -86,17 +91,13 @@ impl NiahSpec {
                     (0..size)
                         .map(|_| {
                             let k = distinct(1, |_| corpus.value(&mut rng, self.key), &keys);
-                            let v = distinct(
-                                1,
-                                |_| corpus.value(&mut rng, self.value),
-                                &all_values,
-                            );
+                            let v =
+                                distinct(1, |_| corpus.value(&mut rng, self.value), &all_values);
                             needle(many, &k[0], &v[0])
                         })
                         .collect()
                 };
-                let mut positions: Vec<usize> =
-                    random_positions(&mut rng, size + 1, needles.len());
+                let mut positions: Vec<usize> = random_positions(&mut rng, size + 1, needles.len());
                 positions.sort_unstable();
                 interleave(&lines, &positions, &needles, "\n")
             }

@@ -68,7 +68,11 @@ impl TrackingSpec {
                     }
                 };
                 let mut statements = vec![format!("VAR {} = {value}", names[0])];
-                statements.extend(names.windows(2).map(|w| format!("VAR {} = VAR {}", w[1], w[0])));
+                statements.extend(
+                    names
+                        .windows(2)
+                        .map(|w| format!("VAR {} = VAR {}", w[1], w[0])),
+                );
                 Chain {
                     names,
                     value,
