@@ -8,6 +8,10 @@ use super::score_plot::{self, Series};
 use crate::progress::PrefillProgress;
 use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
+use sparrow::attention::AttentionChoice;
+use sparrow::policy::{
+    H2oSettings, OracleSettings, QuestSettings, SaapSettings, StreamingAttention,
+};
 use sparrow_eval::answer::RunSettings;
 use sparrow_eval::ruler::{build_case, run_case, CaseResult, Corpus, Family, Task};
 use sparrow_eval::text::load_haystack;
@@ -51,6 +55,13 @@ pub struct RulerArgs {
     /// Draw average score against length, one line per policy, as a PNG to this file.
     #[arg(long = "plot")]
     plot: Option<PathBuf>,
+    /// Set every selection policy's read budget to this share of each case's length, so
+    /// policies compare at equal reads at every length: Quest's and the oracle's budgets and
+    /// the streaming window (sinks included) to ⌈F·L⌉ positions, H2O's heavy and recent
+    /// shares to F/2 each, Saap's budget to F (its `--saap-max-read` raised to ⌈F·L⌉ if
+    /// lower). Without it, each policy's own flags apply at every length.
+    #[arg(long = "read-share")]
+    read_share: Option<f64>,
     /// Threads (default: all available cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
@@ -82,6 +93,11 @@ pub fn ruler(a: RulerArgs) -> Result<(), String> {
     if let Some(&l) = a.lengths.iter().find(|&&l| l < 512) {
         return Err(format!("--lengths: {l} is too short (at least 512 tokens)"));
     }
+    if let Some(f) = a.read_share {
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(format!("--read-share {f} is outside (0, 1]"));
+        }
+    }
     let choices = a.kv.choices()?;
     let labels: Vec<String> = choices.iter().map(|c| c.label()).collect();
     let settings = RunSettings {
@@ -103,6 +119,13 @@ pub fn ruler(a: RulerArgs) -> Result<(), String> {
     let total = a.lengths.len() * tasks.len() * a.cases;
     let mut n = 0;
     for &length in &a.lengths {
+        let choices: Vec<AttentionChoice> = match a.read_share {
+            Some(f) => choices
+                .iter()
+                .map(|c| at_read_share(c, f, length))
+                .collect(),
+            None => choices.clone(),
+        };
         for &task in &tasks {
             for index in 0..a.cases {
                 n += 1;
@@ -218,6 +241,23 @@ pub fn ruler(a: RulerArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// `choice` with every selection policy's budget set to `share` of `length` positions
+/// (see `--read-share`).
+fn at_read_share(choice: &AttentionChoice, share: f64, length: usize) -> AttentionChoice {
+    let n = (share * length as f64).ceil() as usize;
+    let mut c = choice.clone();
+    c.settings_mut::<QuestSettings>().budget = n;
+    c.settings_mut::<OracleSettings>().budget = n;
+    let s = c.settings_mut::<StreamingAttention>();
+    s.window = n.saturating_sub(s.sinks).max(1);
+    let h = c.settings_mut::<H2oSettings>();
+    (h.heavy, h.recent) = (share / 2.0, share / 2.0);
+    let sa = c.settings_mut::<SaapSettings>();
+    sa.budget = share;
+    sa.max_read = sa.max_read.max(n);
+    c
+}
+
 /// Mean score per (policy, task, length).
 struct Grid {
     cells: BTreeMap<(String, &'static str, usize), (f64, usize)>,
@@ -319,6 +359,21 @@ fn write_results(path: &std::path::Path, results: &[CaseResult]) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_share_sets_every_budget_for_the_length() {
+        let c = at_read_share(&AttentionChoice::named("quest"), 0.05, 8192);
+        assert_eq!(c.settings::<QuestSettings>().budget, 410);
+        assert_eq!(c.settings::<OracleSettings>().budget, 410);
+        let s = c.settings::<StreamingAttention>();
+        assert_eq!(s.sinks + s.window, 410);
+        let h = c.settings::<H2oSettings>();
+        assert_eq!((h.heavy, h.recent), (0.025, 0.025));
+        assert_eq!(c.settings::<SaapSettings>().budget, 0.05);
+        assert!(c.settings::<SaapSettings>().max_read >= 410);
+        let c = at_read_share(&c, 0.05, 32768);
+        assert_eq!(c.settings::<QuestSettings>().budget, 1639);
+    }
 
     #[test]
     fn task_lists_are_parsed_and_checked() {

@@ -255,6 +255,10 @@ fn eval_ruler_refuses_bad_arguments_by_name() {
         (&["--tasks", "qa_1"][..], "unknown RULER task 'qa_1'"),
         (&["--cases", "0"][..], "--cases must be at least 1"),
         (&["--lengths", "100"][..], "--lengths: 100 is too short"),
+        (
+            &["--read-share", "1.5"][..],
+            "--read-share 1.5 is outside (0, 1]",
+        ),
         (&["--attn", "full+nosuch"][..], "'nosuch'"),
     ] {
         let mut all = vec!["eval", "ruler", "-m", m, "--haystack", &books, "-t", "1"];
