@@ -51,9 +51,7 @@ fn needles(text: &str) -> Vec<(String, String)> {
         rest = &rest[at + "One of the special magic ".len()..];
         let after_for = &rest[rest.find(" for ").unwrap() + 5..];
         let (key, tail) = after_for.split_once(" is: ").unwrap();
-        let end = tail
-            .find(|c: char| c == '\n' || c == ' ')
-            .unwrap_or(tail.len());
+        let end = tail.find(['\n', ' ']).unwrap_or(tail.len());
         let value = tail[..end].trim_end_matches('.');
         out.push((key.to_string(), value.to_string()));
         rest = tail;

@@ -278,7 +278,7 @@ pub fn build_case(
     index: usize,
     seed: u64,
 ) -> Result<Case> {
-    let budget = length.checked_sub(task.max_new_tokens()).unwrap_or(0);
+    let budget = length.saturating_sub(task.max_new_tokens());
     let seed = case_seed(seed, task, length, index);
     let tokens = |size: usize| -> Result<(usize, Draft, String)> {
         let draft = task.draft(corpus, budget, size, seed)?;
@@ -326,7 +326,7 @@ pub fn fit(
             break;
         }
         (lo, lo_tokens) = (hi, t);
-        hi = hi * 2;
+        hi *= 2;
     }
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
