@@ -3,7 +3,7 @@
 //! attention policy follows exact attention on the real activations of a prompt.
 //! `sparrow eval ruler`: RULER's synthetic tasks per policy (`ruler.rs`).
 
-use crate::progress::PrefillProgress;
+use crate::progress::{PrefillProgress, PrefillsProgress};
 use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
 use sparrow::attention::AttentionChoice;
@@ -229,7 +229,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
     let cells = a.lengths.len() * a.depths.len();
     let total = cells * a.repeats;
     let mut done = 0;
-    let mut progress: Option<PrefillProgress> = None;
+    let mut progress = PrefillsProgress::default();
     for (li, &length) in a.lengths.iter().enumerate() {
         for (di, &depth) in a.depths.iter().enumerate() {
             let cell = li * a.depths.len() + di;
@@ -247,14 +247,7 @@ fn needle(a: NeedleArgs) -> Result<(), String> {
                     &cell,
                     &settings,
                     &choices,
-                    &mut |label: &str, done, total| {
-                        let p = progress.get_or_insert_with(|| PrefillProgress::new(label));
-                        p.update(done, total);
-                        if done == total {
-                            p.finish();
-                            progress = None;
-                        }
-                    },
+                    &mut |label: &str, done, total| progress.update(label, done, total),
                 )
                 .map_err(|e| e.to_string())?;
                 done += 1;

@@ -53,3 +53,25 @@ impl PrefillProgress {
         }
     }
 }
+
+/// Progress of a run of labelled prefills (one per prefill policy of an evaluation): a
+/// report opens when a label's first batch arrives and closes at its last, so each
+/// prefill gets its own bar or lines.
+#[derive(Default)]
+pub struct PrefillsProgress {
+    current: Option<PrefillProgress>,
+}
+
+impl PrefillsProgress {
+    /// `done` of `total` tokens of the prefill labelled `label`.
+    pub fn update(&mut self, label: &str, done: usize, total: usize) {
+        let p = self
+            .current
+            .get_or_insert_with(|| PrefillProgress::new(label));
+        p.update(done, total);
+        if done == total {
+            p.finish();
+            self.current = None;
+        }
+    }
+}

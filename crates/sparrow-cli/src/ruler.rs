@@ -5,7 +5,7 @@
 //! PNG of average score against length per policy.
 
 use super::score_plot::{self, Series};
-use crate::progress::PrefillProgress;
+use crate::progress::PrefillsProgress;
 use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
 use sparrow::attention::AttentionChoice;
@@ -142,38 +142,24 @@ pub fn ruler(a: RulerArgs) -> Result<(), String> {
                 let started = Instant::now();
                 let case = build_case(&engine, &corpus, task, length, index, a.seed)
                     .map_err(|e| e.to_string())?;
-                let mut progress: Option<PrefillProgress> = None;
+                let mut progress = PrefillsProgress::default();
                 let case_results = run_case(
                     &engine,
                     &case,
                     &settings,
                     &choices,
-                    &mut |label: &str, done, all| {
-                        let p = progress.get_or_insert_with(|| PrefillProgress::new(label));
-                        p.update(done, all);
-                        if done == all {
-                            p.finish();
-                            progress = None;
-                        }
-                    },
+                    &mut |label: &str, done, all| progress.update(label, done, all),
                 )
                 .map_err(|e| e.to_string())?;
                 let scores: Vec<String> = case_results
                     .iter()
                     .map(|r| format!("{} {:.0}", r.attention, r.score * 100.0))
                     .collect();
-                let prefill: f64 = {
-                    let mut seen = Vec::new();
-                    case_results
-                        .iter()
-                        .filter(|r| {
-                            let new = !seen.contains(&r.prefill_seconds.to_bits());
-                            seen.push(r.prefill_seconds.to_bits());
-                            new
-                        })
-                        .map(|r| r.prefill_seconds)
-                        .sum()
-                };
+                // Each prefill group reports its one prefill's time on every member.
+                let mut prefills: Vec<f64> =
+                    case_results.iter().map(|r| r.prefill_seconds).collect();
+                prefills.dedup();
+                let prefill: f64 = prefills.iter().sum();
                 eprintln!(
                     "[{n}/{total}] {} {length} #{index} ({} tokens): {} | prefill {prefill:.1} s, case {:.1} s",
                     task.name(),

@@ -78,45 +78,30 @@ pub fn answer_with_policies(
         let members: Vec<usize> = (0..choices.len())
             .filter(|&i| prefills[i] == prefill_name)
             .collect();
-        let label = if prefill_name == "full" {
-            "prefill (full)".to_string()
-        } else {
-            format!("prefill ({prefill_name})")
+        let label = format!("prefill ({prefill_name})");
+        // A state holding the prompt's head, prefilled under `choice`'s policy (its prefill
+        // phase is the group's).
+        let mut prefilled = |choice: &AttentionChoice| -> Result<sparrow::model::State> {
+            let mut s = engine.model.new_state(n_ctx, kv.clone())?;
+            s.set_attention(choice.build(&engine.model.config).map_err(Error::Other)?);
+            sparrow::generate::prefill(
+                &engine.model,
+                &mut s,
+                head,
+                settings.batch_size,
+                |d, t| progress(&label, d, t),
+            )?;
+            Ok(s)
         };
-        let mut state = engine.model.new_state(n_ctx, kv.clone())?;
-        // The group's prefill runs under its first member's policy (its prefill phase).
-        state.set_attention(
-            choices[members[0]]
-                .build(&engine.model.config)
-                .map_err(Error::Other)?,
-        );
         let started = std::time::Instant::now();
-        sparrow::generate::prefill(
-            &engine.model,
-            &mut state,
-            head,
-            settings.batch_size,
-            |d, t| progress(&label, d, t),
-        )?;
+        let mut shared = Some(prefilled(&choices[members[0]])?);
         let prefill_seconds = started.elapsed().as_secs_f64();
-        let mut shared = Some(state);
         for &i in &members {
             let choice = &choices[i];
+            // A sliding layer's ring may have lost the head: then this one prefills again.
             let mut state = match shared.take() {
                 Some(s) => s,
-                None => {
-                    // A sliding layer's ring lost the head: prefill again for this one.
-                    let mut s = engine.model.new_state(n_ctx, kv.clone())?;
-                    s.set_attention(choice.build(&engine.model.config).map_err(Error::Other)?);
-                    sparrow::generate::prefill(
-                        &engine.model,
-                        &mut s,
-                        head,
-                        settings.batch_size,
-                        |d, t| progress(&label, d, t),
-                    )?;
-                    s
-                }
+                None => prefilled(choice)?,
             };
             state.set_attention(choice.build(&engine.model.config).map_err(Error::Other)?);
             let mut session =

@@ -31,7 +31,7 @@ use sparrow::{prompt_cache, KvType, Logits, Model};
 /// differently: llama.cpp's margin for its token plus our lead for ours.
 const PAIR_TOL: f32 = 0.5;
 
-/// [`PAIR_TOL`] for Qwen2.5-Coder-1.5B. Measured (AVX-512 and scalar, one batch and chunks
+/// [`PAIR_TOL`] for Qwen2.5-Coder-1.5B. Measured (AVX-512, AVX2 and scalar, one batch and chunks
 /// of 3): seven flips over four prompts of 64 steps, llama.cpp's margin at most 0.084 there,
 /// the pair's disagreement (its margin plus our lead) at most 0.24.
 const QWEN15B_PAIR_TOL: f32 = 0.3;

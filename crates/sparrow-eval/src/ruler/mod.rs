@@ -166,10 +166,10 @@ impl Task {
 
     /// Tokens the answer may take (the paper's per-task budget).
     pub fn max_new_tokens(self) -> usize {
-        match self.family() {
-            Family::Tracing => 30,
-            Family::Aggregation if self == Task::Cwe => 120,
-            Family::Aggregation => 50,
+        match self {
+            Task::Vt => 30,
+            Task::Cwe => 120,
+            Task::Fwe => 50,
             _ => 128,
         }
     }
@@ -283,19 +283,14 @@ pub fn build_case(
 ) -> Result<Case> {
     let budget = length.saturating_sub(task.max_new_tokens());
     let seed = case_seed(seed, task, length, index);
-    let tokens = |size: usize| -> Result<(usize, Draft, String)> {
+    let prompt_at = |size: usize| -> Result<(Vec<u32>, Draft, String)> {
         let draft = task.draft(corpus, budget, size, seed)?;
         let prompt = render(engine, &draft)?;
-        Ok((
-            engine.tokenizer.encode(&prompt, true, true).len(),
-            draft,
-            prompt,
-        ))
+        Ok((engine.tokenizer.encode(&prompt, true, true), draft, prompt))
     };
-    let (size, _) = fit(budget, task.min_size(), |s| Ok(tokens(s)?.0))
+    let (size, _) = fit(budget, task.min_size(), |s| Ok(prompt_at(s)?.0.len()))
         .map_err(|e| Error::Other(format!("{} at {length} tokens: {e}", task.name())))?;
-    let (_, draft, prompt) = tokens(size)?;
-    let ids = engine.tokenizer.encode(&prompt, true, true);
+    let (ids, draft, prompt) = prompt_at(size)?;
     Ok(Case {
         task,
         length,

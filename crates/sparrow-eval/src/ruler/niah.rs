@@ -50,13 +50,13 @@ impl NiahSpec {
     pub fn draft(&self, corpus: &Corpus, size: usize, seed: u64) -> Result<Draft> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let (one, many) = self.value.names();
-        let keys = distinct(self.keys, |_| corpus.value(&mut rng, self.key), &[]);
+        let keys = distinct(self.keys, || corpus.value(&mut rng, self.key), &[]);
         let mut values: Vec<Vec<String>> = Vec::with_capacity(self.keys);
         let mut all_values: Vec<String> = Vec::new();
         for _ in 0..self.keys {
             let v = distinct(
                 self.values,
-                |_| corpus.value(&mut rng, self.value),
+                || corpus.value(&mut rng, self.value),
                 &all_values,
             );
             all_values.extend(v.iter().cloned());
@@ -90,9 +90,8 @@ impl NiahSpec {
                 } else {
                     (0..size)
                         .map(|_| {
-                            let k = distinct(1, |_| corpus.value(&mut rng, self.key), &keys);
-                            let v =
-                                distinct(1, |_| corpus.value(&mut rng, self.value), &all_values);
+                            let k = distinct(1, || corpus.value(&mut rng, self.key), &keys);
+                            let v = distinct(1, || corpus.value(&mut rng, self.value), &all_values);
                             needle(many, &k[0], &v[0])
                         })
                         .collect()
@@ -138,12 +137,10 @@ pub fn needle(kinds: &str, key: &str, value: &str) -> String {
 }
 
 /// `n` values from `draw`, distinct from each other and from `avoid`.
-fn distinct(n: usize, mut draw: impl FnMut(usize) -> String, avoid: &[String]) -> Vec<String> {
+fn distinct(n: usize, mut draw: impl FnMut() -> String, avoid: &[String]) -> Vec<String> {
     let mut out: Vec<String> = Vec::with_capacity(n);
-    let mut i = 0;
     while out.len() < n {
-        let v = draw(i);
-        i += 1;
+        let v = draw();
         if !out.contains(&v) && !avoid.contains(&v) {
             out.push(v);
         }
@@ -168,6 +165,15 @@ pub(super) fn interleave(
     inserts: &[String],
     sep: &str,
 ) -> String {
+    interleaved(units, positions, inserts).join(sep)
+}
+
+/// [`interleave`]'s parts in order, not joined.
+pub(super) fn interleaved<'a>(
+    units: &'a [String],
+    positions: &[usize],
+    inserts: &'a [String],
+) -> Vec<&'a str> {
     let mut parts: Vec<&str> = Vec::with_capacity(units.len() + inserts.len());
     let mut next = 0;
     for (i, unit) in units.iter().enumerate() {
@@ -178,7 +184,7 @@ pub(super) fn interleave(
         parts.push(unit);
     }
     parts.extend(inserts[next..].iter().map(String::as_str));
-    parts.join(sep)
+    parts
 }
 
 /// `a`, `a and b`, `a, b, and c`.

@@ -3,7 +3,7 @@
 //! lines; the model must name every variable that ends up holding the number. Other chains
 //! (other numbers) may run beside it. A short worked example comes first, as in RULER.
 
-use super::niah::{interleave, random_positions, NOISE};
+use super::niah::{interleaved, random_positions, NOISE};
 use super::Draft;
 use rand::Rng;
 use rand::SeedableRng;
@@ -85,8 +85,8 @@ impl TrackingSpec {
         for chain in &chains {
             let mut at = random_positions(rng, text.len() + 1, chain.statements.len());
             at.sort_unstable();
-            text = interleave(&text, &at, &chain.statements, "\n")
-                .split('\n')
+            text = interleaved(&text, &at, &chain.statements)
+                .into_iter()
                 .map(str::to_string)
                 .collect();
         }
