@@ -40,6 +40,7 @@ fn quest() -> AttentionChoice {
         page: 16,
         budget: 64,
         dense_layers: vec![0],
+        rerank: 0,
     })
 }
 

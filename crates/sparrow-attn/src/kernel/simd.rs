@@ -13,8 +13,9 @@
 
 #[cfg(feature = "fp16")]
 use super::rows::{BlockQ8_0, QK8_0};
+use super::view::RawRows;
 #[cfg(feature = "fp16")]
-use super::view::{RawRows, Tile};
+use super::view::Tile;
 #[cfg(feature = "fp16")]
 use half::f16;
 

@@ -128,6 +128,58 @@ pub fn group_upper_bounds(
     }
 }
 
+/// Each block's estimated share of a GQA group's attention: for every query head of
+/// `q_group` (rows of `head_dim`), its upper bounds over the blocks ([`group_upper_bounds`]
+/// with that head alone) scaled by `1/√head_dim` as attention scales logits and put through
+/// a softmax over the blocks, then summed over the heads into `out` (one value per block,
+/// `0 ≤ out ≤ heads`).
+///
+/// Why not the sum of the heads' bounds: heads differ in the range of their logits, so in a
+/// plain sum the broad heads outvote a retrieval head whose one sharp peak decides the
+/// answer (a needle among look-alike needles is lost that way). Normalising per head first
+/// is the criterion of the exact oracle (summed per-head probabilities), applied to bounds.
+/// A bound that is not a number counts as no mass.
+pub fn group_block_mass(
+    level: Level,
+    q_group: &[f32],
+    head_dim: usize,
+    center: &[f32],
+    radius: &[f32],
+    stride: usize,
+    out: &mut [f32],
+) {
+    out.fill(0.0);
+    let scale = 1.0 / (head_dim.max(1) as f32).sqrt();
+    let mut abs = vec![0.0f32; head_dim];
+    let mut bounds = vec![0.0f32; out.len()];
+    for q in q_group.chunks_exact(head_dim.max(1)) {
+        for (a, &x) in abs.iter_mut().zip(q) {
+            *a = x.abs();
+        }
+        group_upper_bounds(level, q, &abs, center, radius, stride, &mut bounds);
+        let top = bounds
+            .iter()
+            .filter(|b| !b.is_nan())
+            .fold(f32::NEG_INFINITY, |m, &b| m.max(b));
+        if !top.is_finite() {
+            continue;
+        }
+        let mut total = 0.0f64;
+        for b in bounds.iter_mut() {
+            *b = if b.is_nan() {
+                0.0
+            } else {
+                ((*b - top) * scale).exp()
+            };
+            total += *b as f64;
+        }
+        let inv = (1.0 / total) as f32;
+        for (o, &e) in out.iter_mut().zip(&bounds) {
+            *o += e * inv;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +255,104 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// f64 reference: per head, the softmax over blocks of the scaled bound, summed.
+    fn block_mass_f64(q: &[f32], dim: usize, lo: &[f32], hi: &[f32], stride: usize) -> Vec<f64> {
+        let blocks = lo.len() / stride;
+        let scale = 1.0 / (dim as f64).sqrt();
+        let mut mass = vec![0.0f64; blocks];
+        for q in q.chunks_exact(dim) {
+            let b: Vec<f64> = (0..blocks)
+                .map(|p| {
+                    let span = p * stride..p * stride + dim;
+                    (0..dim)
+                        .map(|d| {
+                            let (x, l, h) = (
+                                q[d] as f64,
+                                lo[span.start + d] as f64,
+                                hi[span.start + d] as f64,
+                            );
+                            (x * l).max(x * h)
+                        })
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let top = b.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = b.iter().map(|x| (x - top).exp()).sum();
+            for (m, x) in mass.iter_mut().zip(&b) {
+                *m += (x - top).exp() / total;
+            }
+        }
+        mass
+    }
+
+    #[test]
+    fn the_block_mass_is_the_per_head_softmax_of_bounds_summed_at_every_level() {
+        let mut r = crate::kernel::reference::uniform(33);
+        for (heads, dim) in [(1usize, 1usize), (6, 128), (2, 13), (4, 8), (3, 130)] {
+            let blocks = 9;
+            let stride = dim + 3;
+            let q: Vec<f32> = (0..heads * dim).map(|_| r() * 2.0).collect();
+            let lo: Vec<f32> = (0..blocks * stride).map(|_| r() * 3.0 - 1.0).collect();
+            let hi: Vec<f32> = lo.iter().map(|&l| l + r().abs() * 2.0).collect();
+            let (mut c, mut rad) = (vec![0.0; lo.len()], vec![0.0; lo.len()]);
+            center_radius(&lo, &hi, &mut c, &mut rad);
+            let want = block_mass_f64(&q, dim, &lo, &hi, stride);
+            for level in Level::supported() {
+                let mut got = vec![0.0; blocks];
+                group_block_mass(level, &q, dim, &c, &rad, stride, &mut got);
+                for (p, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g as f64 - w).abs() <= 1e-4 * heads as f64,
+                        "{level:?} {heads}x{dim} block {p}: {g} vs {w}"
+                    );
+                }
+                let total: f32 = got.iter().sum();
+                assert!(
+                    (total - heads as f32).abs() < 1e-3,
+                    "{total} over {heads} heads"
+                );
+            }
+        }
+    }
+
+    /// The reason for normalising per head: in a group of six, five broad heads prefer
+    /// block 0 a little and one sharp head prefers block 1 strongly, among 100 blocks.
+    /// Summed bounds (5 × 1 against 4.5) pick block 0; summed per-head mass picks block 1,
+    /// where the sharp head puts a fifth of its attention while the broad ones spread theirs.
+    #[test]
+    fn a_sharp_head_is_not_outvoted_by_broad_ones() {
+        let (dim, blocks) = (2, 100);
+        let mut c = vec![0.0f32; blocks * dim];
+        c[0] = 1.0; // block 0: [1, 0]
+        c[3] = 4.5; // block 1: [0, 4.5]
+        let rad = vec![0.0f32; c.len()];
+        let mut q = [1.0f32, 0.0].repeat(5);
+        q.extend([0.0, 1.0]);
+        let (mut s, mut a) = (vec![0.0; dim], vec![0.0; dim]);
+        group_query(&q, &mut s, &mut a);
+        let mut summed = vec![0.0; blocks];
+        group_upper_bounds(Level::Scalar, &s, &a, &c, &rad, dim, &mut summed);
+        let mut mass = vec![0.0; blocks];
+        group_block_mass(Level::Scalar, &q, dim, &c, &rad, dim, &mut mass);
+        let best = |v: &[f32]| (0..v.len()).max_by(|&x, &y| v[x].total_cmp(&v[y])).unwrap();
+        assert_eq!(best(&summed), 0, "summed bounds {:?}", &summed[..3]);
+        assert_eq!(best(&mass), 1, "block mass {:?}", &mass[..3]);
+    }
+
+    #[test]
+    fn a_nan_bound_counts_as_no_mass() {
+        let c = [1.0f32, f32::NAN, 0.5];
+        let rad = [0.0f32; 3];
+        let mut mass = vec![0.0; 3];
+        group_block_mass(Level::Scalar, &[1.0], 1, &c, &rad, 1, &mut mass);
+        assert_eq!(mass[1], 0.0);
+        assert!(
+            (mass[0] + mass[2] - 1.0).abs() < 1e-6 && mass[0] > mass[2],
+            "{mass:?}"
+        );
     }
 
     #[test]

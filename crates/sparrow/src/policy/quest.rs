@@ -5,9 +5,10 @@
 //! element-wise minimum and maximum per KV head are recorded (once; a page's keys never
 //! change while it stays below the write position). For a decode query, each complete page
 //! is scored with the upper bound `Σ_d max(q_d · min_d, q_d · max_d)` of `q · k` over its keys
-//! — summed over the query heads that share the KV head, so a GQA group reads one selection
-//! (computed as one dot product per page from the page's centre and radius:
-//! [`group_upper_bounds`]) — and exact attention runs over the best pages that fit the token budget plus the
+//! for each query head that shares the KV head; each head's bounds go through a softmax over
+//! the pages and the group sums them ([`group_block_mass`]: the oracle's criterion, so a
+//! retrieval head's one sharp page is not outvoted by broad heads), and exact attention runs
+//! over the pages with the most estimated mass that fit the token budget plus the
 //! incomplete last page. Prefill, and layers listed as dense, use exact attention: Quest
 //! is a decode method, and its authors keep the first two layers dense.
 //!
@@ -18,10 +19,10 @@
 
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use rayon::prelude::*;
-use sparrow_attn::kernel::{read_f32, AttnShape, KvSource, Level};
+use sparrow_attn::kernel::{read_f32, runs, AttnShape, KvSource, Level};
 use sparrow_attn::policy::{
-    center_radius, group_query, group_upper_bounds, key_bounds, KeysView, PlanContext, PlanEntry,
-    ReadPlan, Source, SparsePolicy,
+    center_radius, group_block_mass, key_bounds, KeysView, PlanContext, PlanEntry, ReadPlan,
+    Source, SparsePolicy,
 };
 use std::ops::Range;
 
@@ -64,6 +65,11 @@ pub struct QuestSettings {
     /// Layers that always use exact attention (set by `--dense-layers`).
     #[cfg_attr(feature = "cli", arg(skip = vec![0usize, 1]))]
     pub dense_layers: Vec<usize>,
+    /// Quest: exact second pass — take RERANK times the budget's pages by their bounds,
+    /// read those pages' keys, and attend to the budget's positions with the most exact
+    /// attention mass among them (0: pages by bounds alone, the method as published).
+    #[cfg_attr(feature = "cli", arg(id = "QUEST_RERANK", long = "quest-rerank", default_value_t = 0, help_heading = crate::policy::HELP_HEADING))]
+    pub rerank: usize,
 }
 
 impl Default for QuestSettings {
@@ -72,6 +78,7 @@ impl Default for QuestSettings {
             page: 16,
             budget: 1024,
             dense_layers: vec![0, 1],
+            rerank: 0,
         }
     }
 }
@@ -89,6 +96,12 @@ impl QuestSettings {
             return Err(format!(
                 "quest budget {} is out of range: it must hold at least one page ({} tokens)",
                 self.budget, self.page
+            ));
+        }
+        if self.rerank > 64 {
+            return Err(format!(
+                "quest re-rank factor {} is out of range (0..=64 times the budget)",
+                self.rerank
             ));
         }
         Ok(())
@@ -173,6 +186,7 @@ impl QuestAttention {
     /// ascending order and merged where adjacent, then the incomplete last page.
     fn select(
         &self,
+        store: &dyn KvSource,
         pages: &LayerPages,
         shape: AttnShape,
         kv_head: usize,
@@ -187,18 +201,15 @@ impl QuestAttention {
             return std::iter::once(0..n).collect();
         }
         let hd = shape.head_dim;
-        let kv_dim = shape.kv_dim();
         let at = kv_head * hd;
-        let (mut sum, mut abs_sum) = (vec![0.0; hd], vec![0.0; hd]);
-        group_query(q_group, &mut sum, &mut abs_sum);
         let mut bounds = vec![0.0f32; complete];
-        group_upper_bounds(
+        group_block_mass(
             Level::active(),
-            &sum,
-            &abs_sum,
+            q_group,
+            hd,
             &pages.center[at..],
             &pages.radius[at..],
-            kv_dim,
+            shape.kv_dim(),
             &mut bounds,
         );
         // NaN (from a broken activation) ranks last instead of poisoning the order.
@@ -207,23 +218,87 @@ impl QuestAttention {
             .enumerate()
             .map(|(p, &s)| (if s.is_nan() { f32::NEG_INFINITY } else { s }, p))
             .collect();
-        let mut chosen: Vec<usize> = if slots == 0 {
+        let candidates = if self.settings.rerank > 1 {
+            (slots * self.settings.rerank).min(complete)
+        } else {
+            slots
+        };
+        let mut chosen: Vec<usize> = if candidates == 0 {
             Vec::new()
         } else {
-            scored
-                .select_nth_unstable_by(slots - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            scored[..slots].iter().map(|&(_, p)| p).collect()
+            scored.select_nth_unstable_by(candidates - 1, |a, b| {
+                b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+            });
+            scored[..candidates].iter().map(|&(_, p)| p).collect()
         };
         chosen.sort_unstable();
-        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(chosen.len() + 1);
-        for p in chosen {
-            push_range(&mut ranges, p * page..(p + 1) * page);
-        }
+        let mut ranges: Vec<Range<usize>> = if candidates > slots {
+            rerank(store, shape, kv_head, q_group, &chosen, page, slots * page)
+        } else {
+            let mut ranges = Vec::with_capacity(chosen.len() + 1);
+            for p in chosen {
+                push_range(&mut ranges, p * page..(p + 1) * page);
+            }
+            ranges
+        };
         if tail_start < n {
             push_range(&mut ranges, tail_start..n);
         }
         ranges
     }
+}
+
+/// The second pass: of the candidate `pages` (ascending), the `keep` positions with the
+/// most exact attention mass for the group `q_group` of `kv_head` (per query head a softmax
+/// over the candidates' keys, summed — the oracle's criterion within the candidates), as
+/// ascending ranges. A single key is a block whose bounds are exact (centre the key, radius
+/// zero), so [`group_block_mass`] scores the keys on the same SIMD kernel as the pages.
+fn rerank(
+    store: &dyn KvSource,
+    shape: AttnShape,
+    kv_head: usize,
+    q_group: &[f32],
+    pages: &[usize],
+    page: usize,
+    keep: usize,
+) -> Vec<Range<usize>> {
+    let (kv_dim, hd) = (shape.kv_dim(), shape.head_dim);
+    let rows = pages.len() * page;
+    let mut keys = vec![0f32; rows * kv_dim];
+    for (i, &p) in pages.iter().enumerate() {
+        read_f32(
+            store,
+            false,
+            p * page,
+            &mut keys[i * page * kv_dim..(i + 1) * page * kv_dim],
+        );
+    }
+    let zero = vec![0f32; keys.len()];
+    let mut mass = vec![0f32; rows];
+    let at = kv_head * hd;
+    group_block_mass(
+        Level::active(),
+        q_group,
+        hd,
+        &keys[at..],
+        &zero[at..],
+        kv_dim,
+        &mut mass,
+    );
+    let mut order: Vec<usize> = (0..rows).collect();
+    if keep < rows {
+        // Most mass first; ties to the later position.
+        order.select_nth_unstable_by(keep - 1, |&a, &b| {
+            mass[b].total_cmp(&mass[a]).then(b.cmp(&a))
+        });
+        order.truncate(keep);
+    }
+    let mut positions: Vec<usize> = order
+        .into_iter()
+        .map(|i| pages[i / page] * page + i % page)
+        .collect();
+    positions.sort_unstable();
+    runs(positions)
 }
 
 /// Append `r` to ascending `ranges`, merging it with the last one when they touch.
@@ -274,6 +349,7 @@ impl SparsePolicy for QuestAttention {
                 kv_heads: h..h + 1,
                 source: Source::Store,
                 visible: vec![self.select(
+                    ctx.store,
                     &pages,
                     ctx.shape,
                     h,
@@ -371,6 +447,7 @@ mod tests {
                 page: 4,
                 budget: 10,
                 dense_layers: vec![],
+                rerank: 0,
             },
             1,
         )
@@ -379,7 +456,7 @@ mod tests {
         quest.seal_pages(&mut pages, &cache.layer(0), 70);
         assert_eq!(pages.pages, 17);
         let q = [1.0, 0.2, 0.0, 0.0, 0.9, -0.1, 0.0, 0.0];
-        let ranges = quest.select(&pages, shape, 0, &q, 70);
+        let ranges = quest.select(&cache.layer(0), &pages, shape, 0, &q, 70);
         // Tail 68..70 (2 tokens) leaves room for 2 pages; page 9 must be one of them.
         assert!(ranges.iter().any(|r| r.contains(&37)), "{ranges:?}");
         assert_eq!(ranges.last().unwrap(), &(68..70));
@@ -401,13 +478,17 @@ mod tests {
                 page: 8,
                 budget: 33,
                 dense_layers: vec![],
+                rerank: 0,
             },
             1,
         )
         .unwrap();
         let mut pages = LayerPages::default();
         quest.seal_pages(&mut pages, &cache.layer(0), 33);
-        assert_eq!(quest.select(&pages, shape, 0, &[1.0, 0.0], 33), vec![0..33]);
+        assert_eq!(
+            quest.select(&cache.layer(0), &pages, shape, 0, &[1.0, 0.0], 33),
+            vec![0..33]
+        );
         assert!((quest.fraction_read(33) - 1.0).abs() < 1e-12);
         assert!((quest.fraction_read(1000) - 33.0 / 1000.0).abs() < 0.01);
     }
@@ -419,6 +500,7 @@ mod tests {
                 page: 4,
                 budget: 8,
                 dense_layers: vec![],
+                rerank: 0,
             },
             2,
         )
@@ -431,5 +513,93 @@ mod tests {
         quest.layers[0] = p;
         quest.forget_from(9);
         assert_eq!(quest.layers[0].pages, 2);
+    }
+
+    /// With every complete page a candidate, the second pass keeps exactly the positions the
+    /// exact group mass ranks first (the oracle's criterion, computed here in f64).
+    #[test]
+    fn reranking_every_page_keeps_the_top_keys_by_exact_mass() {
+        let shape = AttnShape {
+            n_head: 3,
+            n_head_kv: 1,
+            head_dim: 8,
+        };
+        let mut r = sparrow_attn::kernel::reference::uniform(17);
+        let keys: Vec<Vec<f32>> = (0..64)
+            .map(|_| (0..8).map(|_| r() * 3.0).collect())
+            .collect();
+        let cache = cache_with(&keys, 8);
+        let q: Vec<f32> = (0..24).map(|_| r()).collect();
+        let quest = QuestAttention::new(
+            QuestSettings {
+                page: 8,
+                budget: 16,
+                dense_layers: vec![],
+                rerank: 64,
+            },
+            1,
+        )
+        .unwrap();
+        let mut pages = LayerPages::default();
+        quest.seal_pages(&mut pages, &cache.layer(0), 64);
+        // 64 positions: 8 complete pages, no tail; 16 positions kept.
+        let ranges = quest.select(&cache.layer(0), &pages, shape, 0, &q, 64);
+        let got: Vec<usize> = ranges.into_iter().flatten().collect();
+        let flat: Vec<f32> = keys.concat();
+        let mass = crate::policy::oracle::group_key_mass(&q, &flat, 8, 8, 0);
+        let mut want: Vec<usize> = (0..64).collect();
+        want.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]));
+        want.truncate(16);
+        want.sort_unstable();
+        assert_eq!(got, want);
+    }
+
+    /// A page of wide-ranging keys has the best bound without holding the best key; the
+    /// second pass reads the candidates' keys and keeps the one key that matters, where
+    /// bounds alone read the decoy page.
+    #[test]
+    fn the_second_pass_finds_the_key_a_loose_bound_hides() {
+        let shape = AttnShape {
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim: 2,
+        };
+        // Pages of 4. Page 1 (4..8) spans [-5, 5] in both values: a bound of 10 for q = (1, 1),
+        // though no key in it scores above 0. Page 3's key 13 scores 8; all else is near 0.
+        let mut keys: Vec<Vec<f32>> = (0..20).map(|i| vec![0.01 * i as f32, 0.0]).collect();
+        keys[4] = vec![5.0, -5.0];
+        keys[5] = vec![-5.0, 5.0];
+        keys[13] = vec![4.0, 4.0];
+        let cache = cache_with(&keys, 2);
+        let q = [1.0, 1.0];
+        let plan = |rerank| {
+            let quest = QuestAttention::new(
+                QuestSettings {
+                    page: 4,
+                    budget: 4,
+                    dense_layers: vec![],
+                    rerank,
+                },
+                1,
+            )
+            .unwrap();
+            let mut pages = LayerPages::default();
+            quest.seal_pages(&mut pages, &cache.layer(0), 20);
+            quest.select(&cache.layer(0), &pages, shape, 0, &q, 20)
+        };
+        // 20 positions: 5 complete pages, no tail; one page (4 positions) of budget.
+        assert_eq!(plan(0), vec![4..8], "bounds alone read the decoy page");
+        let reranked = plan(4);
+        assert!(reranked.iter().any(|r| r.contains(&13)), "{reranked:?}");
+        assert_eq!(reranked.iter().map(|r| r.len()).sum::<usize>(), 4);
+    }
+
+    #[test]
+    fn a_rerank_factor_out_of_range_is_named() {
+        let bad = QuestSettings {
+            rerank: 65,
+            ..Default::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("re-rank factor 65"));
     }
 }

@@ -30,6 +30,7 @@ pub fn quest(page: usize, budget: usize) -> AttentionChoice {
         page,
         budget,
         dense_layers: vec![],
+        rerank: 0,
     })
 }
 
