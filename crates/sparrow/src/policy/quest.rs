@@ -5,24 +5,31 @@
 //! element-wise minimum and maximum per KV head are recorded (once; a page's keys never
 //! change while it stays below the write position). For a decode query, each complete page
 //! is scored with the upper bound `Σ_d max(q_d · min_d, q_d · max_d)` of `q · k` over its keys
-//! for each query head that shares the KV head; each head's bounds go through a softmax over
-//! the pages and the group sums them ([`group_block_mass`]: the oracle's criterion, so a
-//! retrieval head's one sharp page is not outvoted by broad heads), and exact attention runs
-//! over the pages with the most estimated mass that fit the token budget plus the
-//! incomplete last page. Prefill, and layers listed as dense, use exact attention: Quest
-//! is a decode method, and its authors keep the first two layers dense.
+//! — summed over the query heads that share the KV head, so a GQA group reads one selection
+//! (computed as one dot product per page from the page's centre and radius:
+//! [`group_upper_bounds`]) — and exact attention runs over the best pages that fit the token
+//! budget plus the incomplete last page. Prefill, and layers listed as dense, use exact
+//! attention: Quest is a decode method, and its authors keep the first two layers dense.
 //!
 //! The page summaries live here rather than in the cache: they are per-sequence policy
 //! state, built as pages are sealed, and dropped from the first page a rewind touches
 //! ([`SparsePolicy::forget_from`]). A decode plan names one entry per KV head — the pages
 //! that head's group reads — before anything is read, so a tiered store can fetch them.
+//!
+//! `--quest-rerank F` adds an exact second pass, for prompts whose pages look alike to
+//! their bounds (a needle among look-alike needles): `F` times the budget's pages are taken
+//! as candidates — ranked by each query head's softmax of the bounds summed over the group
+//! ([`group_block_mass`], the oracle's criterion, so one retrieval head's sharp page is not
+//! outvoted by broad heads) — their keys are read, and the budget's positions with the most
+//! exact mass among them are attended to. It reads `F` times the budget's keys to choose
+//! (the plan reads them from the store, so a tiered store serves them from its cold file).
 
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use rayon::prelude::*;
 use sparrow_attn::kernel::{read_f32, runs, AttnShape, KvSource, Level};
 use sparrow_attn::policy::{
-    center_radius, group_block_mass, key_bounds, KeysView, PlanContext, PlanEntry, ReadPlan,
-    Source, SparsePolicy,
+    center_radius, group_block_mass, group_query, group_upper_bounds, key_bounds, KeysView,
+    PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
 };
 use std::ops::Range;
 
@@ -201,17 +208,27 @@ impl QuestAttention {
             return std::iter::once(0..n).collect();
         }
         let hd = shape.head_dim;
+        let kv_dim = shape.kv_dim();
         let at = kv_head * hd;
+        let (center, radius) = (&pages.center[at..], &pages.radius[at..]);
         let mut bounds = vec![0.0f32; complete];
-        group_block_mass(
-            Level::active(),
-            q_group,
-            hd,
-            &pages.center[at..],
-            &pages.radius[at..],
-            shape.kv_dim(),
-            &mut bounds,
-        );
+        if self.settings.rerank > 1 {
+            // Candidates for the exact pass: each head's share of the group's estimated mass.
+            group_block_mass(
+                Level::active(),
+                q_group,
+                hd,
+                center,
+                radius,
+                kv_dim,
+                &mut bounds,
+            );
+        } else {
+            let (mut sum, mut abs_sum) = (vec![0.0; hd], vec![0.0; hd]);
+            group_query(q_group, &mut sum, &mut abs_sum);
+            let level = Level::active();
+            group_upper_bounds(level, &sum, &abs_sum, center, radius, kv_dim, &mut bounds);
+        }
         // NaN (from a broken activation) ranks last instead of poisoning the order.
         let mut scored: Vec<(f32, usize)> = bounds
             .iter()
