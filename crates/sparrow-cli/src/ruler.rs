@@ -380,6 +380,7 @@ mod tests {
             seed: 0,
             prompt_tokens: 0,
             attention: attention.into(),
+            settings: String::new(),
             expected: vec![],
             answer: String::new(),
             score,

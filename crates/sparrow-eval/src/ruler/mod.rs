@@ -362,12 +362,34 @@ pub struct CaseResult {
     pub prompt_tokens: usize,
     /// The attention choice's label (`full`, `quest`, `xattention+quest`, …).
     pub attention: String,
+    /// The settings behind the label (budgets, re-rank factor, …: [`choice_settings`]), so
+    /// a JSON that grew over several runs with different flags still says what ran.
+    #[serde(default)]
+    pub settings: String,
     pub expected: Vec<String>,
     pub answer: String,
     /// RULER's score, 0 to 1.
     pub score: f64,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+}
+
+/// The settings of each policy `choice` runs, as `name: Settings { … }` per phase (one entry
+/// when both phases run the same policy; none for `full`, which has no settings).
+pub fn choice_settings(choice: &AttentionChoice) -> String {
+    let Ok((prefill, decode)) = choice.phase_names() else {
+        return String::new();
+    };
+    let mut names = vec![prefill];
+    if decode != names[0] {
+        names.push(decode);
+    }
+    names
+        .iter()
+        .filter(|n| n.as_str() != "full")
+        .map(|n| format!("{n}: {}", choice.describe(n)))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Answer `case` under every policy of `choices` (one prefill per prefill policy) and
@@ -389,13 +411,15 @@ pub fn run_case(
     )?;
     Ok(answers
         .into_iter()
-        .map(|a| CaseResult {
+        .zip(choices)
+        .map(|(a, choice)| CaseResult {
             task: case.task,
             length: case.length,
             index: case.index,
             seed: case.seed,
             prompt_tokens: case.ids.len(),
             attention: a.attention,
+            settings: choice_settings(choice),
             expected: case.expected.clone(),
             score: score(&a.answer, &case.expected),
             answer: a.answer,
@@ -408,6 +432,29 @@ pub fn run_case(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_result_names_the_settings_behind_its_label() {
+        use sparrow::policy::QuestSettings;
+        let quest = AttentionChoice::named("quest").with(QuestSettings {
+            budget: 410,
+            rerank: 4,
+            ..Default::default()
+        });
+        let s = choice_settings(&quest);
+        assert!(
+            s.starts_with("quest: ") && s.contains("budget: 410") && s.contains("rerank: 4"),
+            "{s}"
+        );
+        let mut pair = quest.clone();
+        pair.prefill = Some("xattention".into());
+        let s = choice_settings(&pair);
+        assert!(
+            s.starts_with("xattention: ") && s.contains("; quest: "),
+            "{s}"
+        );
+        assert_eq!(choice_settings(&AttentionChoice::named("full")), "");
+    }
 
     #[test]
     fn scores_are_the_share_of_expected_strings_found() {
