@@ -225,17 +225,36 @@ mod tests {
         }
     }
 
+    /// A group's queries and random block bounds (min, max, centre, radius; `stride` apart).
+    struct Blocks {
+        q: Vec<f32>,
+        lo: Vec<f32>,
+        hi: Vec<f32>,
+        c: Vec<f32>,
+        rad: Vec<f32>,
+    }
+
+    fn random_blocks(
+        r: &mut impl FnMut() -> f32,
+        heads: usize,
+        dim: usize,
+        blocks: usize,
+        stride: usize,
+    ) -> Blocks {
+        let q: Vec<f32> = (0..heads * dim).map(|_| r() * 2.0).collect();
+        let lo: Vec<f32> = (0..blocks * stride).map(|_| r() * 3.0 - 1.0).collect();
+        let hi: Vec<f32> = lo.iter().map(|&l| l + r().abs() * 2.0).collect();
+        let (mut c, mut rad) = (vec![0.0; lo.len()], vec![0.0; lo.len()]);
+        center_radius(&lo, &hi, &mut c, &mut rad);
+        Blocks { q, lo, hi, c, rad }
+    }
+
     #[test]
     fn the_group_bound_is_the_sum_of_the_heads_bounds_at_every_level() {
         let mut r = crate::kernel::reference::uniform(21);
         for (heads, dim) in [(1usize, 1usize), (7, 64), (2, 13), (4, 8), (3, 130)] {
-            let blocks = 5;
-            let stride = dim + 3;
-            let q: Vec<f32> = (0..heads * dim).map(|_| r() * 2.0).collect();
-            let lo: Vec<f32> = (0..blocks * stride).map(|_| r() * 3.0 - 1.0).collect();
-            let hi: Vec<f32> = lo.iter().map(|&l| l + r().abs() * 2.0).collect();
-            let (mut c, mut rad) = (vec![0.0; lo.len()], vec![0.0; lo.len()]);
-            center_radius(&lo, &hi, &mut c, &mut rad);
+            let (blocks, stride) = (5, dim + 3);
+            let Blocks { q, lo, hi, c, rad } = random_blocks(&mut r, heads, dim, blocks, stride);
             let (mut s, mut a) = (vec![0.0; dim], vec![0.0; dim]);
             group_query(&q, &mut s, &mut a);
             let scale: f64 = q.iter().map(|x| x.abs() as f64).sum::<f64>() * 3.0;
@@ -292,13 +311,8 @@ mod tests {
     fn the_block_mass_is_the_per_head_softmax_of_bounds_summed_at_every_level() {
         let mut r = crate::kernel::reference::uniform(33);
         for (heads, dim) in [(1usize, 1usize), (6, 128), (2, 13), (4, 8), (3, 130)] {
-            let blocks = 9;
-            let stride = dim + 3;
-            let q: Vec<f32> = (0..heads * dim).map(|_| r() * 2.0).collect();
-            let lo: Vec<f32> = (0..blocks * stride).map(|_| r() * 3.0 - 1.0).collect();
-            let hi: Vec<f32> = lo.iter().map(|&l| l + r().abs() * 2.0).collect();
-            let (mut c, mut rad) = (vec![0.0; lo.len()], vec![0.0; lo.len()]);
-            center_radius(&lo, &hi, &mut c, &mut rad);
+            let (blocks, stride) = (9, dim + 3);
+            let Blocks { q, lo, hi, c, rad } = random_blocks(&mut r, heads, dim, blocks, stride);
             let want = block_mass_f64(&q, dim, &lo, &hi, stride);
             for level in Level::supported() {
                 let mut got = vec![0.0; blocks];
