@@ -148,16 +148,50 @@ pub fn group_block_mass(
     stride: usize,
     out: &mut [f32],
 ) {
-    out.fill(0.0);
-    let scale = 1.0 / (head_dim.max(1) as f32).sqrt();
     let mut abs = vec![0.0f32; head_dim];
-    let mut bounds = vec![0.0f32; out.len()];
-    for q in q_group.chunks_exact(head_dim.max(1)) {
+    softmax_sum_over_heads(q_group, head_dim, out, |q, logits| {
         for (a, &x) in abs.iter_mut().zip(q) {
             *a = x.abs();
         }
-        group_upper_bounds(level, q, &abs, center, radius, stride, &mut bounds);
-        let top = bounds
+        group_upper_bounds(level, q, &abs, center, radius, stride, logits);
+    });
+}
+
+/// Each key's exact share of a GQA group's attention among `out.len()` keys (`rows`, key
+/// `t` from `t · stride`, `head_dim` wide): per query head of `q_group` the softmax of its
+/// scaled logits over these keys, summed over the heads — the oracle's criterion within a
+/// candidate set. The dots run on [`group_upper_bounds`]' kernel: with a magnitude of zero
+/// its radius term vanishes and the bound is the exact `q · k` (the keys stand in for the
+/// radius, multiplied by zero), so no second buffer is needed.
+pub fn group_row_mass(
+    level: Level,
+    q_group: &[f32],
+    head_dim: usize,
+    rows: &[f32],
+    stride: usize,
+    out: &mut [f32],
+) {
+    let zero = vec![0.0f32; head_dim];
+    softmax_sum_over_heads(q_group, head_dim, out, |q, logits| {
+        group_upper_bounds(level, q, &zero, rows, rows, stride, logits);
+    });
+}
+
+/// `out = Σ_h softmax(logits_h / √head_dim)` over the query heads of `q_group`, where
+/// `logits(q_h, buf)` writes head `h`'s unscaled logits (one per entry of `out`). A logit
+/// that is not a number counts as no mass; a head without a finite logit adds nothing.
+fn softmax_sum_over_heads(
+    q_group: &[f32],
+    head_dim: usize,
+    out: &mut [f32],
+    mut logits: impl FnMut(&[f32], &mut [f32]),
+) {
+    out.fill(0.0);
+    let scale = 1.0 / (head_dim.max(1) as f32).sqrt();
+    let mut buf = vec![0.0f32; out.len()];
+    for q in q_group.chunks_exact(head_dim.max(1)) {
+        logits(q, &mut buf);
+        let top = buf
             .iter()
             .filter(|b| !b.is_nan())
             .fold(f32::NEG_INFINITY, |m, &b| m.max(b));
@@ -165,7 +199,7 @@ pub fn group_block_mass(
             continue;
         }
         let mut total = 0.0f64;
-        for b in bounds.iter_mut() {
+        for b in buf.iter_mut() {
             *b = if b.is_nan() {
                 0.0
             } else {
@@ -174,7 +208,7 @@ pub fn group_block_mass(
             total += *b as f64;
         }
         let inv = (1.0 / total) as f32;
-        for (o, &e) in out.iter_mut().zip(&bounds) {
+        for (o, &e) in out.iter_mut().zip(&buf) {
             *o += e * inv;
         }
     }
@@ -328,6 +362,28 @@ mod tests {
                     (total - heads as f32).abs() < 1e-3,
                     "{total} over {heads} heads"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn the_row_mass_is_the_exact_per_head_softmax_summed_at_every_level() {
+        let mut r = crate::kernel::reference::uniform(45);
+        for (heads, dim) in [(1usize, 1usize), (6, 128), (2, 13), (3, 130)] {
+            let (rows, stride) = (11, dim + 5);
+            let q: Vec<f32> = (0..heads * dim).map(|_| r() * 2.0).collect();
+            let keys: Vec<f32> = (0..rows * stride).map(|_| r() * 3.0).collect();
+            // A key is a block of one: min = max = the key.
+            let want = block_mass_f64(&q, dim, &keys, &keys, stride);
+            for level in Level::supported() {
+                let mut got = vec![0.0; rows];
+                group_row_mass(level, &q, dim, &keys, stride, &mut got);
+                for (t, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g as f64 - w).abs() <= 1e-4 * heads as f64,
+                        "{level:?} {heads}x{dim} key {t}: {g} vs {w}"
+                    );
+                }
             }
         }
     }

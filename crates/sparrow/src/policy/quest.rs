@@ -28,8 +28,8 @@ use super::{AttentionChoice, PolicyEntry, SettingsType};
 use rayon::prelude::*;
 use sparrow_attn::kernel::{read_f32, runs, AttnShape, KvSource, Level};
 use sparrow_attn::policy::{
-    center_radius, group_block_mass, group_query, group_upper_bounds, key_bounds, KeysView,
-    PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
+    center_radius, group_block_mass, group_query, group_row_mass, group_upper_bounds, key_bounds,
+    KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
 };
 use std::ops::Range;
 
@@ -74,7 +74,7 @@ pub struct QuestSettings {
     pub dense_layers: Vec<usize>,
     /// Quest: exact second pass — take RERANK times the budget's pages by their bounds,
     /// read those pages' keys, and attend to the budget's positions with the most exact
-    /// attention mass among them (0: pages by bounds alone, the method as published).
+    /// attention mass among them (0 or 1: pages by bounds alone, the method as published).
     #[cfg_attr(feature = "cli", arg(id = "QUEST_RERANK", long = "quest-rerank", default_value_t = 0, help_heading = crate::policy::HELP_HEADING))]
     pub rerank: usize,
 }
@@ -268,8 +268,7 @@ impl QuestAttention {
 /// The second pass: of the candidate `pages` (ascending), the `keep` positions with the
 /// most exact attention mass for the group `q_group` of `kv_head` (per query head a softmax
 /// over the candidates' keys, summed — the oracle's criterion within the candidates), as
-/// ascending ranges. A single key is a block whose bounds are exact (centre the key, radius
-/// zero), so [`group_block_mass`] scores the keys on the same SIMD kernel as the pages.
+/// ascending ranges ([`group_row_mass`]: the keys' dots on the pages' SIMD kernel).
 fn rerank(
     store: &dyn KvSource,
     shape: AttnShape,
@@ -290,18 +289,9 @@ fn rerank(
             &mut keys[i * page * kv_dim..(i + 1) * page * kv_dim],
         );
     }
-    let zero = vec![0f32; keys.len()];
     let mut mass = vec![0f32; rows];
     let at = kv_head * hd;
-    group_block_mass(
-        Level::active(),
-        q_group,
-        hd,
-        &keys[at..],
-        &zero[at..],
-        kv_dim,
-        &mut mass,
-    );
+    group_row_mass(Level::active(), q_group, hd, &keys[at..], kv_dim, &mut mass);
     let mut order: Vec<usize> = (0..rows).collect();
     if keep < rows {
         // Most mass first; ties to the later position.
