@@ -9,6 +9,11 @@ use sparrow::{ChatMessage, ChatTemplate};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// As the `sparrow` binary: renders run on a capped worker thread. Without this line they
+/// run inline, as before the cap (the "uncapped" figures of docs/reliability.md).
+#[global_allocator]
+static ALLOCATOR: sparrow::TemplateAllocator = sparrow::TemplateAllocator;
+
 fn qwen_template() -> Option<ChatTemplate> {
     let dir = std::env::var("SPARROW_MODELS")
         .map(PathBuf::from)
