@@ -84,11 +84,6 @@ pub struct RecordMeta {
 }
 
 impl RecordMeta {
-    fn values_per_layer(&self) -> usize {
-        self.n_tokens * self.n_head_kv * self.head_dim
-            + self.query_positions.len() * self.n_head * self.head_dim
-    }
-
     /// The shapes a reader relies on — at least one layer, query heads in whole groups per
     /// KV head, a RoPE that fits the head (the trainer rotates every key row by it) — and
     /// the values per layer, counted without overflow. A record's metadata comes from a
@@ -178,7 +173,15 @@ impl ContextRecord {
     pub fn encode(&self) -> Vec<u8> {
         let meta = serde_json::to_vec(&self.meta).expect("record metadata serialises");
         let mut out = Vec::with_capacity(
-            HEADER + meta.len() + 4 * self.meta.values_per_layer() * self.meta.n_layer + 32,
+            HEADER
+                + meta.len()
+                + 4 * self
+                    .keys
+                    .iter()
+                    .chain(&self.queries)
+                    .map(Vec::len)
+                    .sum::<usize>()
+                + 32,
         );
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
