@@ -93,14 +93,14 @@ impl RecordMeta {
         if self.n_layer == 0 || self.n_head_kv == 0 || self.head_dim == 0 {
             return bad("a zero layer count, KV head count or head size".into());
         }
-        if self.n_head == 0 || self.n_head % self.n_head_kv != 0 {
+        if self.n_head == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(format!(
                 "{} query heads do not group over {} KV heads",
                 self.n_head, self.n_head_kv
             ));
         }
         let r = &self.rope;
-        if r.n_rot % 2 != 0 || r.n_rot > self.head_dim {
+        if !r.n_rot.is_multiple_of(2) || r.n_rot > self.head_dim {
             return bad(format!(
                 "RoPE over {} dimensions of a head of {} (even, at most the head)",
                 r.n_rot, self.head_dim
@@ -317,7 +317,8 @@ mod tests {
     /// can use is refused at load, with what is wrong.
     #[test]
     fn unusable_shapes_are_refused() {
-        let cases: [(&str, fn(&mut RecordMeta)); 6] = [
+        type Edit = fn(&mut RecordMeta);
+        let cases: [(&str, Edit); 6] = [
             ("RoPE over 26", |m| m.rope.n_rot = 26),
             ("RoPE over 15", |m| m.rope.n_rot = 15),
             ("RoPE base", |m| m.rope.base = -1.0),
