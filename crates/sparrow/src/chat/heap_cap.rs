@@ -82,17 +82,16 @@ impl Default for Signal {
     }
 }
 
-/// An armed thread's account: bytes allocated net of frees since arming (negative when it
-/// frees what it did not allocate), the cap, and whom to tell.
-#[derive(Clone, Copy)]
-struct Account {
-    used: isize,
-    cap: isize,
-    signal: *const Signal,
-}
-
 thread_local! {
-    static ACCOUNT: Cell<Option<Account>> = const { Cell::new(None) };
+    /// Whether this thread's allocations are counted: the one test an unarmed thread pays.
+    static ARMED: Cell<bool> = const { Cell::new(false) };
+    /// Bytes allocated net of frees since arming (negative when the thread frees what it
+    /// did not allocate).
+    static USED: Cell<isize> = const { Cell::new(0) };
+    /// The cap on [`USED`].
+    static CAP: Cell<isize> = const { Cell::new(0) };
+    /// Whom to tell when the cap would be passed.
+    static SIGNAL: Cell<*const Signal> = const { Cell::new(std::ptr::null()) };
 }
 
 /// Count this thread's allocations from now on; past `cap` bytes of net growth the thread
@@ -101,19 +100,15 @@ thread_local! {
 /// # Safety
 /// `signal` must outlive the thread, or [`disarm`] must be called before it is dropped.
 pub unsafe fn arm(cap: usize, signal: *const Signal) {
-    let cap = isize::try_from(cap).unwrap_or(isize::MAX);
-    ACCOUNT.with(|a| {
-        a.set(Some(Account {
-            used: 0,
-            cap,
-            signal,
-        }))
-    });
+    USED.set(0);
+    CAP.set(isize::try_from(cap).unwrap_or(isize::MAX));
+    SIGNAL.set(signal);
+    ARMED.set(true);
 }
 
 /// Stop counting this thread's allocations.
 pub fn disarm() {
-    let _ = ACCOUNT.try_with(|a| a.set(None));
+    let _ = ARMED.try_with(|a| a.set(false));
 }
 
 /// Whether [`TemplateAllocator`] is this process's global allocator (probed once, by
@@ -125,54 +120,56 @@ pub fn installed() -> bool {
         // SAFETY: disarmed below, before `signal` is dropped.
         unsafe { arm(usize::MAX >> 1, &signal) };
         let probe = std::hint::black_box(vec![0u8; 64]);
-        let counted = ACCOUNT.with(|a| a.get().map_or(0, |a| a.used));
+        let counted = USED.get();
         disarm();
         drop(probe);
         counted >= 64
     })
 }
 
+/// Whether this thread is armed (false while its thread-locals are being torn down).
+#[inline]
+fn armed() -> bool {
+    ARMED.try_with(Cell::get).unwrap_or(false)
+}
+
 /// Charge `bytes` to an armed thread; never returns when they would pass its cap.
 #[inline]
 fn charge(bytes: usize) {
-    let _ = ACCOUNT.try_with(|cell| {
-        if let Some(mut a) = cell.get() {
-            let used = a
-                .used
-                .saturating_add(isize::try_from(bytes).unwrap_or(isize::MAX));
-            // A panicking thread is let through: the panic hook allocates (a backtrace)
-            // while holding the process's backtrace and output locks, and a thread
-            // stopped there would hold them for ever.
-            if used > a.cap && !std::thread::panicking() {
-                over_cap(cell, a.signal);
-            }
-            a.used = used;
-            cell.set(Some(a));
-        }
-    });
+    if !armed() {
+        return;
+    }
+    let used = USED
+        .get()
+        .saturating_add(isize::try_from(bytes).unwrap_or(isize::MAX));
+    // A panicking thread is let through: the panic hook allocates (a backtrace) while
+    // holding the process's backtrace and output locks, and a thread stopped there would
+    // hold them for ever.
+    if used > CAP.get() && !std::thread::panicking() {
+        over_cap();
+    }
+    USED.set(used);
 }
 
 /// Give `bytes` back to an armed thread's account.
 #[inline]
 fn refund(bytes: usize) {
-    let _ = ACCOUNT.try_with(|cell| {
-        if let Some(mut a) = cell.get() {
-            a.used = a
-                .used
-                .saturating_sub(isize::try_from(bytes).unwrap_or(isize::MAX));
-            cell.set(Some(a));
-        }
-    });
+    if armed() {
+        USED.set(
+            USED.get()
+                .saturating_sub(isize::try_from(bytes).unwrap_or(isize::MAX)),
+        );
+    }
 }
 
 /// The allocation that would pass the cap is never made: report it, then sleep for ever.
-/// Nothing here allocates (the account is disarmed first, in case something did).
+/// Nothing here allocates (the thread is disarmed first, in case something did).
 #[cold]
 #[inline(never)]
-fn over_cap(cell: &Cell<Option<Account>>, signal: *const Signal) -> ! {
-    cell.set(None);
+fn over_cap() -> ! {
+    ARMED.set(false);
     // SAFETY: `arm`'s contract keeps the signal alive while the thread is armed.
-    unsafe { (*signal).set(Ending::OverCap) };
+    unsafe { (*SIGNAL.get()).set(Ending::OverCap) };
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
