@@ -59,3 +59,6 @@ pub fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
         .chunks_exact(4)
         .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
 }
+
+pub mod saap_files;
+pub mod schema_check;

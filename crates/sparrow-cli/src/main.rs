@@ -18,6 +18,11 @@ use clap::{Parser, Subcommand};
 use sparrow::{KvType, KvTypes};
 use std::process::ExitCode;
 
+/// The system allocator plus the heap cap a model file's chat template renders under: a
+/// template that would grow past it is an error naming the limit, not an abort.
+#[global_allocator]
+static ALLOCATOR: sparrow::TemplateAllocator = sparrow::TemplateAllocator;
+
 #[derive(Parser)]
 #[command(
     name = "sparrow",

@@ -20,7 +20,12 @@ pub mod session;
 pub mod synthetic;
 pub mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate, TemplateLimits};
+/// The unit tests render hostile chat templates under the heap cap, as the binary does.
+#[cfg(test)]
+#[global_allocator]
+static ALLOCATOR: chat::TemplateAllocator = chat::TemplateAllocator;
+
+pub use chat::{ChatMessage, ChatTemplate, TemplateAllocator, TemplateLimits};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use generate::{

@@ -160,5 +160,66 @@ fn main() {
     {
         write("openai_request", &format!("req-{i}"), &with_mode(*chat as u8, body.as_bytes()));
     }
+    saap_seeds();
+    schema_seeds();
     eprintln!("seeds written under fuzz/corpus/");
+}
+
+/// Saap files the engine writes: an index of the synthetic model (raw, and as the body the
+/// wrapping mode takes) and a training record of its shapes.
+fn saap_seeds() {
+    use sparrow::saap::record::{ContextRecord, RecordMeta, RopeParams};
+    use sparrow::synthetic::synthetic_saap_index;
+    use sparrow_fuzz::saap_files::{body, saap_model};
+    let model = saap_model();
+    // The vectors of a Saap image: after the 48-byte header and the metadata, before the sum.
+    let split = |img: &[u8]| -> (Vec<u8>, Vec<u8>) {
+        let meta_len = u32::from_le_bytes(img[44..48].try_into().unwrap()) as usize;
+        let meta = img[48..48 + meta_len].to_vec();
+        (meta, img[48 + meta_len..img.len() - 32].to_vec())
+    };
+    for (c, h) in [(2, 1), (4, 3)] {
+        let img = synthetic_saap_index(model, c, h, 1).encode();
+        write("saap_index", &format!("index-{c}x{h}"), &with_mode(0, &img));
+        let (meta, vectors) = split(&img);
+        write(
+            "saap_index",
+            &format!("index-{c}x{h}-body"),
+            &with_mode(1, &body(&meta, &vectors)),
+        );
+    }
+    let (n_layer, n_head, n_head_kv, d, n_tokens) = (2, 4, 2, model.head_dim, 6);
+    let positions = vec![2, 5];
+    let value = |i: usize| ((i * 37 % 101) as f32 - 50.0) / 25.0;
+    let rec = ContextRecord {
+        meta: RecordMeta {
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim: d,
+            n_tokens,
+            query_positions: positions.clone(),
+            rope: RopeParams::of(model),
+            source: "seed.txt@0".into(),
+        },
+        fingerprint: model.fingerprint,
+        keys: (0..n_layer)
+            .map(|_| (0..n_tokens * n_head_kv * d).map(value).collect())
+            .collect(),
+        queries: (0..n_layer)
+            .map(|_| (0..positions.len() * n_head * d).map(value).collect())
+            .collect(),
+    };
+    let img = rec.encode();
+    write("saap_record", "record", &with_mode(0, &img));
+    let (meta, vectors) = split(&img);
+    write("saap_record", "record-body", &with_mode(1, &body(&meta, &vectors)));
+}
+
+/// One walk per schema of the JSON-schema target.
+fn schema_seeds() {
+    for i in 0..sparrow_fuzz::schema_check::SCHEMAS.len() {
+        let words: Vec<u32> = (0..24u32).map(|j| j.wrapping_mul(2654435761) >> 4).collect();
+        write("json_schema", &format!("schema-{i}"), &with_mode(i as u8, &ids_bytes(&words)));
+    }
 }

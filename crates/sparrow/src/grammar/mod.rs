@@ -119,7 +119,8 @@ impl TokenMask {
     pub fn count(&self) -> usize {
         self.bits.iter().map(|w| w.count_ones() as usize).sum()
     }
-    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+    /// The ids in the set, ascending (the JSON-schema fuzz target walks them).
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.bits.iter().enumerate().flat_map(|(i, &w)| {
             let mut w = w;
             std::iter::from_fn(move || {

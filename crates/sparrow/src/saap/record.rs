@@ -84,9 +84,46 @@ pub struct RecordMeta {
 }
 
 impl RecordMeta {
-    fn values_per_layer(&self) -> usize {
-        self.n_tokens * self.n_head_kv * self.head_dim
-            + self.query_positions.len() * self.n_head * self.head_dim
+    /// The shapes a reader relies on — at least one layer, query heads in whole groups per
+    /// KV head, a RoPE that fits the head (the trainer rotates every key row by it) — and
+    /// the values per layer, counted without overflow. A record's metadata comes from a
+    /// file, so each of these is checked, not assumed.
+    fn check(&self) -> Result<usize, RecordError> {
+        let bad = |m: String| Err(RecordError::Meta(m));
+        if self.n_layer == 0 || self.n_head_kv == 0 || self.head_dim == 0 {
+            return bad("a zero layer count, KV head count or head size".into());
+        }
+        if self.n_head == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {
+            return bad(format!(
+                "{} query heads do not group over {} KV heads",
+                self.n_head, self.n_head_kv
+            ));
+        }
+        let r = &self.rope;
+        if !r.n_rot.is_multiple_of(2) || r.n_rot > self.head_dim {
+            return bad(format!(
+                "RoPE over {} dimensions of a head of {} (even, at most the head)",
+                r.n_rot, self.head_dim
+            ));
+        }
+        if !(r.base.is_finite() && r.base > 0.0 && r.freq_scale.is_finite()) {
+            return bad(format!(
+                "RoPE base {} and scale {} (finite, base positive)",
+                r.base, r.freq_scale
+            ));
+        }
+        let keys = self
+            .n_tokens
+            .checked_mul(self.n_head_kv)
+            .and_then(|x| x.checked_mul(self.head_dim));
+        let queries = self
+            .query_positions
+            .len()
+            .checked_mul(self.n_head)
+            .and_then(|x| x.checked_mul(self.head_dim));
+        keys.zip(queries)
+            .and_then(|(k, q)| k.checked_add(q))
+            .ok_or_else(|| RecordError::Meta("shapes overflow".into()))
     }
 }
 
@@ -136,7 +173,15 @@ impl ContextRecord {
     pub fn encode(&self) -> Vec<u8> {
         let meta = serde_json::to_vec(&self.meta).expect("record metadata serialises");
         let mut out = Vec::with_capacity(
-            HEADER + meta.len() + 4 * self.meta.values_per_layer() * self.meta.n_layer + 32,
+            HEADER
+                + meta.len()
+                + 4 * self
+                    .keys
+                    .iter()
+                    .chain(&self.queries)
+                    .map(Vec::len)
+                    .sum::<usize>()
+                + 32,
         );
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
@@ -173,14 +218,13 @@ impl ContextRecord {
             .ok_or_else(|| RecordError::Meta("metadata runs past the end".into()))?;
         let meta: RecordMeta =
             serde_json::from_slice(meta_bytes).map_err(|e| RecordError::Meta(e.to_string()))?;
-        let per_layer = meta
-            .n_tokens
-            .checked_mul(meta.n_head_kv.max(meta.n_head))
-            .and_then(|x| x.checked_mul(meta.head_dim))
-            .map(|_| meta.values_per_layer())
-            .ok_or_else(|| RecordError::Meta("shapes overflow".into()))?;
+        let per_layer = meta.check()?;
         let data = &body[HEADER + meta_len..];
-        if Some(data.len()) != per_layer.checked_mul(4 * meta.n_layer) {
+        if Some(data.len())
+            != per_layer
+                .checked_mul(4)
+                .and_then(|b| b.checked_mul(meta.n_layer))
+        {
             return Err(RecordError::Meta(format!(
                 "{} bytes of vectors for {} layers of {per_layer} values",
                 data.len(),
@@ -229,5 +273,68 @@ impl ContextRecord {
             source,
         })?;
         ContextRecord::decode(&bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record of 2 layers, 4 query heads over 2 KV heads of 16, 6 positions, 2 queries.
+    fn record() -> ContextRecord {
+        let (n_layer, n_head, n_head_kv, d, n_tokens) = (2, 4, 2, 16, 6);
+        let positions = vec![2, 5];
+        ContextRecord {
+            meta: RecordMeta {
+                n_layer,
+                n_head,
+                n_head_kv,
+                head_dim: d,
+                n_tokens,
+                query_positions: positions.clone(),
+                rope: RopeParams {
+                    n_rot: d,
+                    base: 10000.0,
+                    freq_scale: 1.0,
+                    neox: true,
+                },
+                source: "test".into(),
+            },
+            fingerprint: [7; 32],
+            keys: vec![vec![0.5; n_tokens * n_head_kv * d]; n_layer],
+            queries: vec![vec![-0.5; positions.len() * n_head * d]; n_layer],
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let r = record();
+        assert_eq!(ContextRecord::decode(&r.encode()).unwrap(), r);
+    }
+
+    /// Found by the `saap_record` fuzz target: a RoPE over 26 dimensions of a head of 16
+    /// loaded, and the trainer's rotation indexed past the row. Metadata that no reader
+    /// can use is refused at load, with what is wrong.
+    #[test]
+    fn unusable_shapes_are_refused() {
+        type Edit = fn(&mut RecordMeta);
+        let cases: [(&str, Edit); 6] = [
+            ("RoPE over 26", |m| m.rope.n_rot = 26),
+            ("RoPE over 15", |m| m.rope.n_rot = 15),
+            ("RoPE base", |m| m.rope.base = -1.0),
+            ("do not group", |m| m.n_head = 3),
+            ("zero layer", |m| m.n_head_kv = 0),
+            ("overflow", |m| {
+                m.n_layer = usize::MAX / 2;
+                m.n_head = usize::MAX / 2;
+                m.n_head_kv = 1;
+            }),
+        ];
+        for (want, edit) in cases {
+            let mut r = record();
+            edit(&mut r.meta);
+            let e = ContextRecord::decode(&r.encode()).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
     }
 }
