@@ -232,11 +232,11 @@ fn compile(source: String, limits: TemplateLimits) -> Result<Environment<'static
 fn stopped_error(stopped: isolate::Stopped, limit: usize) -> Error {
     Error::Template(match stopped {
         isolate::Stopped::OverCap => format!(
-            "the chat template's values passed its memory limit of {limit} bytes ({} MiB); the template in this model file is broken or hostile",
+            "its values passed the memory limit of {limit} bytes ({} MiB); the template in this model file is broken or hostile",
             limit >> 20
         ),
-        isolate::Stopped::Panicked => "the chat template's compiler or renderer panicked; the template in this model file is broken or hostile".into(),
-        isolate::Stopped::NoThread(e) => format!("cannot start a thread for the chat template: {e}"),
+        isolate::Stopped::Panicked => "its compiler or renderer panicked; the template in this model file is broken or hostile".into(),
+        isolate::Stopped::NoThread(e) => format!("cannot start a thread to render it: {e}"),
     })
 }
 
@@ -254,9 +254,9 @@ impl Compiled {
         };
         match tmpl.render_captured_to(ctx, &mut out) {
             Ok(_) => String::from_utf8(out.out)
-                .map_err(|_| Error::Template("the chat template produced invalid UTF-8".into())),
+                .map_err(|_| Error::Template("it produced invalid UTF-8".into())),
             Err(_) if out.exceeded => Err(Error::Template(format!(
-                "the chat template's output passed its limit of {} bytes (1 MiB beyond four times the messages' text); the template in this model file is broken or hostile",
+                "its output passed the limit of {} bytes (1 MiB beyond four times the messages' text); the template in this model file is broken or hostile",
                 out.limit
             ))),
             Err(e) => Err(Error::Template(self.describe(e))),
@@ -267,16 +267,16 @@ impl Compiled {
     fn describe(&self, e: JinjaError) -> String {
         if e.kind() == ErrorKind::OutOfFuel {
             format!(
-                "the chat template ran past its budget of {} instructions (a runaway loop?); the template in this model file is broken or hostile",
+                "it ran past its budget of {} instructions (a runaway loop?); the template in this model file is broken or hostile",
                 self.limits.fuel
             )
         } else if e.to_string().contains("recursion limit") {
             format!(
-                "the chat template nested deeper than its limit of {} levels; the template in this model file is broken or hostile",
+                "it nested deeper than its limit of {} levels; the template in this model file is broken or hostile",
                 self.limits.recursion
             )
         } else if e.to_string().contains("repeated string is too large") {
-            "the chat template repeated a string past minijinja's limit of 100000000 bytes; the template in this model file is broken or hostile".to_string()
+            "it repeated a string past minijinja's limit of 100000000 bytes; the template in this model file is broken or hostile".to_string()
         } else {
             e.to_string()
         }
