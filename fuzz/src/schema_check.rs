@@ -4,29 +4,11 @@
 //! and sharing no code with `sparrow::grammar`: the judge of the `json_schema` target.
 
 use serde_json::Value;
+use std::sync::LazyLock;
 
-/// The schemas the target draws from (those of `crates/sparrow/tests/json_schema.rs`).
-pub const SCHEMAS: &[&str] = &[
-    r#"{"type":"object","additionalProperties":false,
-        "properties":{"name":{"type":"string","description":"who"},"age":{"type":"integer"},
-                      "score":{"type":"number"},"email":{"type":["string","null"]},
-                      "role":{"enum":["admin","user","guest"]},"active":{"type":"boolean"}},
-        "required":["name","role"]}"#,
-    r#"{"type":"object","additionalProperties":false,
-        "properties":{"items":{"type":"array","minItems":1,"maxItems":3,
-            "items":{"type":"object","additionalProperties":false,
-                     "properties":{"id":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"},"maxItems":2},
-                                   "meta":{"type":"object","properties":{"k":{"const":"v"}},"required":["k"],"additionalProperties":false}},
-                     "required":["id","tags"]}},
-            "total":{"type":"integer"}},
-        "required":["items"]}"#,
-    r#"{"type":"array","minItems":2,"items":{"type":["object","array","null","number"],
-        "properties":{"a":{"type":"boolean"}},"required":["a"],"additionalProperties":false,
-        "items":{"type":"string"},"maxItems":2}}"#,
-    r#"{"enum":[1,12,-0.5,"x",true,null,[1,"two"],{"k":{"n":[]}}]}"#,
-    r#"{"type":"object","additionalProperties":false,
-        "properties":{"a":{"type":"string"},"b":{"type":"string"},"c":{"type":"array","items":{"type":"integer"}}}}"#,
-];
+/// The schemas the target draws from: those of `crates/sparrow/tests/json_schema.rs`, read
+/// from the fixture both share (blank-line separated blocks, `//` lines are comments).
+pub static SCHEMAS: LazyLock<Vec<String>> = LazyLock::new(sparrow::fixtures::json_schemas);
 
 /// Whether `doc` is valid against `schema`.
 pub fn valid(schema: &Value, doc: &Value) -> bool {

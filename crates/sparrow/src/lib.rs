@@ -5,6 +5,8 @@ pub mod attention;
 pub mod chat;
 pub mod engine;
 pub mod error;
+#[cfg(any(test, feature = "testing"))]
+pub mod fixtures;
 pub mod generate;
 pub mod grammar;
 pub mod kv;

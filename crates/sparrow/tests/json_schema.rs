@@ -12,34 +12,10 @@ use sparrow::tokenizer::Tokenizer;
 use sparrow::{collect_text, Engine, Generation, KvType, Sampler, SamplerConfig, Session};
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Once};
+use std::sync::{Arc, LazyLock, Once};
 
-const SCHEMAS: &[&str] = &[
-    // A flat record: required and optional properties, a type list, an enum.
-    r#"{"type":"object","additionalProperties":false,
-        "properties":{"name":{"type":"string","description":"who"},"age":{"type":"integer"},
-                      "score":{"type":"number"},"email":{"type":["string","null"]},
-                      "role":{"enum":["admin","user","guest"]},"active":{"type":"boolean"}},
-        "required":["name","role"]}"#,
-    // Nesting and bounded arrays.
-    r#"{"type":"object","additionalProperties":false,
-        "properties":{"items":{"type":"array","minItems":1,"maxItems":3,
-            "items":{"type":"object","additionalProperties":false,
-                     "properties":{"id":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"},"maxItems":2},
-                                   "meta":{"type":"object","properties":{"k":{"const":"v"}},"required":["k"],"additionalProperties":false}},
-                     "required":["id","tags"]}},
-            "total":{"type":"integer"}},
-        "required":["items"]}"#,
-    // Top-level array of a type list with an object facet.
-    r#"{"type":"array","minItems":2,"items":{"type":["object","array","null","number"],
-        "properties":{"a":{"type":"boolean"}},"required":["a"],"additionalProperties":false,
-        "items":{"type":"string"},"maxItems":2}}"#,
-    // Enum of structured values and numbers.
-    r#"{"enum":[1,12,-0.5,"x",true,null,[1,"two"],{"k":{"n":[]}}]}"#,
-    // All optional: the empty object is fine.
-    r#"{"type":"object","additionalProperties":false,
-        "properties":{"a":{"type":"string"},"b":{"type":"string"},"c":{"type":"array","items":{"type":"integer"}}}}"#,
-];
+/// The shared schemas (`tests/fixtures/json_schemas.txt`, also the fuzz target's).
+static SCHEMAS: LazyLock<Vec<String>> = LazyLock::new(sparrow::fixtures::json_schemas);
 
 fn pip_jsonschema() {
     static ONCE: Once = Once::new();
@@ -135,13 +111,13 @@ fn random_walk(g: &Schema, rng: &mut u64, free: usize) -> String {
 fn random_byte_walks_validate() {
     let mut cases = Vec::new();
     let mut rng = 7u64;
-    for text in SCHEMAS {
+    for text in SCHEMAS.iter() {
         let g = Schema::parse(text).unwrap();
         for i in 0..60 {
             let doc = random_walk(&g, &mut rng, i * 3);
             serde_json::from_str::<serde_json::Value>(&doc)
                 .unwrap_or_else(|e| panic!("{e}: {doc}"));
-            cases.push((*text, doc));
+            cases.push((text.as_str(), doc));
         }
     }
     assert_all_valid(&cases);
@@ -198,7 +174,7 @@ fn random_logits_within_budget_validate() {
             // Budgets from just enough to plenty: short ones must close early.
             let budget = schema.min_len() + 4 + (seed as usize * 7) % 80;
             let doc = random_logit_doc(&tok, &vocab, &schema, seed * 31 + i as u64, budget);
-            cases.push((*text, doc));
+            cases.push((text.as_str(), doc));
         }
     }
     assert_all_valid(&cases);
@@ -254,7 +230,7 @@ fn automaton_agrees_with_the_validator_on_hand_documents() {
     ];
     let cases: Vec<(&str, String)> = docs
         .iter()
-        .map(|&(i, d)| (SCHEMAS[i], d.to_string()))
+        .map(|&(i, d)| (SCHEMAS[i].as_str(), d.to_string()))
         .collect();
     let verdicts = python_verdicts(&cases);
     let mut invalid = 0;
@@ -313,7 +289,7 @@ fn real_vocabulary_random_logits_validate() {
         for seed in 0..8u64 {
             let budget = schema.min_len() + 2 + (seed as usize * 5) % 30;
             let doc = random_logit_doc(tok, &vocab, &schema, seed * 17 + i as u64, budget);
-            cases.push((*text, doc));
+            cases.push((text.as_str(), doc));
         }
     }
     assert_all_valid(&cases);
@@ -324,7 +300,7 @@ fn real_model_schema_completions_validate() {
     let engine = Engine::load(common::qwen_path()).unwrap();
     let tmpl = engine.chat_template.as_ref().unwrap();
     let vocab = Arc::new(JsonVocab::new(&engine.tokenizer));
-    let text = SCHEMAS[0];
+    let text = SCHEMAS[0].as_str();
     let schema = Arc::new(Schema::parse(text).unwrap());
     let prompt = tmpl
         .render(
