@@ -11,7 +11,6 @@ mod common;
 use common::{one_failure_line, test_file};
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
 use sparrow_gguf::Value;
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -25,24 +24,18 @@ const DEADLINE: Duration = Duration::from_secs(5);
 
 /// `sparrow ARGS` under [`ADDRESS_SPACE`], killed past a generous timeout.
 fn limited(args: &[&str]) -> (Output, Duration) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sparrow"));
-    cmd.args(args)
+    // The shell sets the limit and becomes `sparrow` (`exec`), so the limit is the child's.
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "ulimit -v {} && exec \"$0\" \"$@\"",
+            ADDRESS_SPACE >> 10
+        ))
+        .arg(env!("CARGO_BIN_EXE_sparrow"))
+        .args(args)
         .env("SPARROW_MODELS", "/nonexistent-models-dir")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: ADDRESS_SPACE,
-                rlim_max: ADDRESS_SPACE,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let start = Instant::now();
     let mut child = cmd.spawn().unwrap();
     loop {

@@ -9,7 +9,7 @@ use sparrow::{ChatMessage, ChatTemplate};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// As the `sparrow` binary: renders run on a capped worker thread. Without this line they
+/// As the `sparrow` binary: renders run capped, in a coroutine. Without this line they
 /// run inline, as before the cap (the "uncapped" figures of docs/reliability.md).
 #[global_allocator]
 static ALLOCATOR: sparrow::TemplateAllocator = sparrow::TemplateAllocator;

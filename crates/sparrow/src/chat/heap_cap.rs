@@ -9,78 +9,28 @@
 //! grows the heap, so counting the heap catches all of them with one rule.
 //!
 //! An allocator cannot hand an error back to minijinja (a null return aborts the process),
-//! so the counted thread is a worker of its own ([`super::isolate`]): when an allocation
-//! would take it past its cap, the allocator does not make it — it tells the waiting caller
-//! and stops the worker for good (it sleeps; its memory, at most the cap, stays with it).
-//! The caller returns an error naming the limit. Threads that are not armed pay one
+//! so the counted work runs in a coroutine on the caller's thread ([`super::isolate`]): when
+//! an allocation would take it past its cap, the allocator does not make it — it switches
+//! back to the caller, which abandons the coroutine for good (its memory, at most the cap,
+//! stays with it) and returns an error naming the limit. Threads that are not armed pay one
 //! thread-local read per allocation.
 //!
-//! A worker stopped inside an allocation keeps whatever locks it holds. minijinja takes
-//! none that outlive a render (its closures' and namespaces' mutexes belong to the
-//! render), and a panicking thread is never stopped (the panic hook holds the process's
-//! backtrace lock), so no other thread waits on a stopped one.
+//! An abandoned render keeps whatever locks it holds. minijinja takes none that outlive a
+//! render (its closures' and namespaces' mutexes belong to the render), the allocator
+//! switches out before the system allocator takes its own, and a panicking render is never
+//! stopped (the panic hook holds the process's backtrace lock), so nothing later waits on
+//! an abandoned one.
 
+use corosensei::Yielder;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::{Condvar, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::OnceLock;
 
 /// The global allocator that lets a chat template's render be capped in memory: the system
 /// allocator plus a per-thread count while a render is armed. A binary installs it with
 /// `#[global_allocator] static A: sparrow::chat::TemplateAllocator = sparrow::chat::TemplateAllocator;`;
 /// without it, renders run uncapped in memory (the other limits still hold).
 pub struct TemplateAllocator;
-
-/// How a capped run ended, as its [`Signal`] reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ending {
-    /// Still running.
-    Running,
-    /// The work returned (or panicked); its result is wherever it put it.
-    Finished,
-    /// An allocation would have passed the cap: the worker is stopped for good.
-    OverCap,
-}
-
-/// Where a capped worker says how it ended; the caller waits on it. Signalling takes a
-/// mutex and a condition variable, neither of which allocates, so the allocator can do it.
-pub struct Signal {
-    ending: Mutex<Ending>,
-    changed: Condvar,
-}
-
-impl Signal {
-    /// A signal saying [`Ending::Running`].
-    pub fn new() -> Self {
-        Signal {
-            ending: Mutex::new(Ending::Running),
-            changed: Condvar::new(),
-        }
-    }
-
-    /// Report `ending`.
-    pub fn set(&self, ending: Ending) {
-        let mut e = self.ending.lock().unwrap_or_else(|p| p.into_inner());
-        *e = ending;
-        self.changed.notify_all();
-    }
-
-    /// Wait until the run has ended, and say how.
-    pub fn wait(&self) -> Ending {
-        let e = self.ending.lock().unwrap_or_else(|p| p.into_inner());
-        let e = self
-            .changed
-            .wait_while(e, |e| *e == Ending::Running)
-            .unwrap_or_else(|p| p.into_inner());
-        *e
-    }
-}
-
-impl Default for Signal {
-    fn default() -> Self {
-        Self::new()
-    }
-}
 
 thread_local! {
     /// Whether this thread's allocations are counted: the one test an unarmed thread pays.
@@ -90,24 +40,31 @@ thread_local! {
     static USED: Cell<isize> = const { Cell::new(0) };
     /// The cap on [`USED`].
     static CAP: Cell<isize> = const { Cell::new(0) };
-    /// Whom to tell when the cap would be passed.
-    static SIGNAL: Cell<*const Signal> = const { Cell::new(std::ptr::null()) };
+    /// How to leave the work when the cap would be passed: the coroutine it runs in.
+    static STOP: Cell<*const Yielder<(), ()>> = const { Cell::new(std::ptr::null()) };
 }
 
-/// Count this thread's allocations from now on; past `cap` bytes of net growth the thread
-/// reports [`Ending::OverCap`] on `signal` and stops for ever, inside the allocation.
-///
-/// # Safety
-/// `signal` must outlive the thread, or [`disarm`] must be called before it is dropped.
-pub unsafe fn arm(cap: usize, signal: *const Signal) {
+/// Run `work` with this thread's allocations counted: past `cap` bytes of net growth the
+/// allocation that would pass it is never made — `stop` (the coroutine `work` runs in) is
+/// suspended inside it, for its caller to abandon. `None` when `work` panicked.
+pub fn armed_while<T>(cap: usize, stop: &Yielder<(), ()>, work: impl FnOnce() -> T) -> Option<T> {
+    arm(cap, stop);
+    let value = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).ok();
+    disarm();
+    value
+}
+
+/// Count this thread's allocations from now on, against `cap`; `stop` is read only while
+/// the thread stays armed, which [`armed_while`] ends before `stop` can go.
+fn arm(cap: usize, stop: *const Yielder<(), ()>) {
     USED.set(0);
     CAP.set(isize::try_from(cap).unwrap_or(isize::MAX));
-    SIGNAL.set(signal);
+    STOP.set(stop);
     ARMED.set(true);
 }
 
 /// Stop counting this thread's allocations.
-pub fn disarm() {
+fn disarm() {
     let _ = ARMED.try_with(|a| a.set(false));
 }
 
@@ -116,9 +73,8 @@ pub fn disarm() {
 pub fn installed() -> bool {
     static INSTALLED: OnceLock<bool> = OnceLock::new();
     *INSTALLED.get_or_init(|| {
-        let signal = Signal::new();
-        // SAFETY: disarmed below, before `signal` is dropped.
-        unsafe { arm(usize::MAX >> 1, &signal) };
+        // No way to stop: the cap cannot be reached.
+        arm(usize::MAX >> 1, std::ptr::null());
         let probe = std::hint::black_box(vec![0u8; 64]);
         let counted = USED.get();
         disarm();
@@ -162,21 +118,28 @@ fn refund(bytes: usize) {
     }
 }
 
-/// The allocation that would pass the cap is never made: report it, then sleep for ever.
-/// Nothing here allocates (the thread is disarmed first, in case something did).
+/// The allocation that would pass the cap is never made: the work's coroutine is suspended
+/// here and never resumed. Nothing here allocates (the thread is disarmed first, in case
+/// something did).
 #[cold]
 #[inline(never)]
 fn over_cap() -> ! {
     ARMED.set(false);
-    // SAFETY: `arm`'s contract keeps the signal alive while the thread is armed.
-    unsafe { (*SIGNAL.get()).set(Ending::OverCap) };
+    let stop = STOP.get();
+    if stop.is_null() {
+        // Only the probe in `installed` arms without a way to stop, with a cap it cannot reach.
+        std::process::abort();
+    }
     loop {
-        std::thread::sleep(Duration::from_secs(3600));
+        // SAFETY: `stop` was set by `arm` from the live coroutine's yielder, which outlives
+        // the armed span (`armed_while` disarms before its coroutine returns), and this
+        // thread was armed until the line above.
+        unsafe { (*stop).suspend(()) };
     }
 }
 
 // SAFETY: every call is passed to `System` unchanged; the accounting only reads and writes
-// a thread-local cell (and, past the cap, blocks the thread without returning).
+// a thread-local cell (and, past the cap, leaves the work's coroutine without returning).
 unsafe impl GlobalAlloc for TemplateAllocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

@@ -11,9 +11,9 @@
 //! 100 MB.
 //!
 //! The heap cap is kept by the global allocator ([`TemplateAllocator`], which the `sparrow`
-//! binary installs) on a thread of the render's own: why, and what it costs, in
-//! [`heap_cap`] and docs/reliability.md. Without that allocator renders run on the
-//! caller's thread with the other limits only.
+//! binary installs), the render running in a coroutine on the caller's thread: why, and
+//! what it costs, in [`heap_cap`] and docs/reliability.md. Without that allocator renders
+//! run with the other limits only.
 
 pub mod heap_cap;
 mod isolate;
@@ -236,7 +236,7 @@ fn stopped_error(stopped: isolate::Stopped, limit: usize) -> Error {
             limit >> 20
         ),
         isolate::Stopped::Panicked => "its compiler or renderer panicked; the template in this model file is broken or hostile".into(),
-        isolate::Stopped::NoThread(e) => format!("cannot start a thread to render it: {e}"),
+        isolate::Stopped::NoStack(e) => format!("cannot map a stack to render it on: {e}"),
     })
 }
 
