@@ -65,7 +65,9 @@ use error::check_len;
 pub use error::QuantError;
 pub use kernels::{Kernels, SimdLevel};
 pub use matrix::QMatrix;
-pub use products::{matmul, matmul_at_level, matmul_f32, matvec, matvec_f32, matvec_multi};
+pub use products::{
+    matmul, matmul_at_level, matmul_f32, matmul_rowwise, matvec, matvec_f32, matvec_multi,
+};
 pub use types::GgmlType;
 
 /// The kernels for `ty`, or [`QuantError::Unsupported`].

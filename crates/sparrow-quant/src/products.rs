@@ -175,7 +175,15 @@ pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), Qua
 /// [`Kernels::dot_q8_multi`], where the level has one: each block unpacked once per group
 /// of tokens), and results equal [`crate::dot_q8`] exactly.
 pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
-    matmul_with(m, xs, out, Acts::Int8, m.kernels()?)
+    matmul_with(m, xs, out, Acts::Int8, m.kernels()?, Panels::Allowed)
+}
+
+/// [`matmul`] without the panel kernels: each token's outputs have exactly the bits
+/// [`matvec`] gives it alone, at any batch size (the weights are still read once for all
+/// tokens). For passes whose rows must match one-token passes to the bit — speculative
+/// decoding's checks of drafted tokens.
+pub fn matmul_rowwise(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
+    matmul_with(m, xs, out, Acts::Int8, m.kernels()?, Panels::Never)
 }
 
 /// [`matmul`] with the kernels of `level` rather than the active one (for tests and
@@ -188,12 +196,20 @@ pub fn matmul_at_level(
     out: &mut [f32],
 ) -> Result<(), QuantError> {
     let k = m.kernels_at(level)?;
-    matmul_with(m, xs, out, Acts::Int8, k)
+    matmul_with(m, xs, out, Acts::Int8, k, Panels::Allowed)
 }
 
 /// [`matmul`] with f32 activations throughout: results equal [`crate::dot`] exactly.
 pub fn matmul_f32(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
-    matmul_with(m, xs, out, Acts::F32, m.kernels()?)
+    matmul_with(m, xs, out, Acts::F32, m.kernels()?, Panels::Allowed)
+}
+
+/// Whether a batched product may take the panel kernels (faster for many tokens, equal to
+/// the one-token product only to f32 rounding).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Panels {
+    Allowed,
+    Never,
 }
 
 fn matmul_with(
@@ -202,6 +218,7 @@ fn matmul_with(
     out: &mut [f32],
     acts: Acts,
     k: &Kernels,
+    panels: Panels,
 ) -> Result<(), QuantError> {
     let n_tokens = if m.cols() > 0 {
         if !xs.len().is_multiple_of(m.cols()) {
@@ -234,6 +251,7 @@ fn matmul_with(
         return Ok(());
     }
     if acts == Acts::Int8
+        && panels == Panels::Allowed
         && k.dot_q8.is_some()
         && crate::gemm::matmul_panels(k.level, m, &xs[..n_tokens * m.cols()], n_tokens, out)
     {

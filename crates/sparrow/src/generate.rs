@@ -27,6 +27,26 @@ pub struct GenerationStats {
     pub gen_time: Duration,
     /// Why generation stopped.
     pub stop: StopReason,
+    /// Drafts checked and kept, when the session speculates ([`crate::speculative`]).
+    pub speculation: Option<SpeculationStats>,
+}
+
+/// Counts of a speculative generation (summed over its checks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpeculationStats {
+    /// Tokens proposed and checked.
+    pub drafted: usize,
+    /// Drafted tokens the model kept.
+    pub accepted: usize,
+    /// Forward passes of the model while generating (checks and plain steps).
+    pub target_passes: usize,
+}
+
+impl SpeculationStats {
+    /// Share of checked drafts kept.
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
 }
 
 /// Why generation ended.
@@ -162,6 +182,11 @@ impl Generation {
     /// Tokens generated so far.
     pub fn n_generated(&self) -> usize {
         self.n_generated
+    }
+
+    /// Tokens it may still generate.
+    pub fn remaining(&self) -> usize {
+        self.limit.saturating_sub(self.n_generated)
     }
 
     /// Why it ended, once it has.

@@ -18,6 +18,7 @@ pub mod saap;
 pub mod sampler;
 pub mod scheduler;
 pub mod session;
+pub mod speculative;
 #[cfg(any(test, feature = "testing"))]
 pub mod synthetic;
 pub mod tokenizer;
@@ -31,11 +32,12 @@ pub use chat::{ChatMessage, ChatTemplate, TemplateAllocator, TemplateLimits};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use generate::{
-    collect_text, prefill, Generation, GenerationStats, Next, Output, StopReason, TokenLogprob,
-    TokenSink, WithProgress,
+    collect_text, prefill, Generation, GenerationStats, Next, Output, SpeculationStats, StopReason,
+    TokenLogprob, TokenSink, WithProgress,
 };
 pub use kv::{ColdTier, KvOptions, KvStore, KvType, KvTypes, RamStore, TieredStore};
 pub use model::{LoadOptions, Logits, Model, ModelConfig, SeqStep, State, Workspace};
 pub use sampler::{LogProbs, Sampler, SamplerConfig};
 pub use scheduler::Scheduler;
 pub use session::{Session, SessionStep};
+pub use speculative::{DraftModel, Drafter, PromptLookup, Speculation};

@@ -9,9 +9,10 @@
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::generate::{prefill, Generation, GenerationStats, Next, TokenSink};
+use crate::generate::{prefill, Generation, GenerationStats, Next, SpeculationStats, TokenSink};
 use crate::model::{Logits, Model, SeqStep, State, Workspace};
 use crate::sampler::Sampler;
+use crate::speculative::Speculation;
 use std::time::Instant;
 
 /// Prompt tokens per forward pass of a [`Session`]'s prefill, unless set otherwise.
@@ -38,6 +39,9 @@ pub struct Session {
     /// `Generation` describes what to generate, which the batch size does not change
     /// (it splits the prefill's arithmetic differently: at most its rounding).
     batch_size: usize,
+    /// Drafts to check several tokens per pass ([`crate::speculative`]): how this session
+    /// decodes, not what it generates (the output is the same with or without).
+    speculation: Option<Speculation>,
 }
 
 /// One session's share of a batched forward pass ([`Session::forward_many`]).
@@ -55,6 +59,7 @@ impl Session {
             state,
             tokens: Vec::new(),
             batch_size: DEFAULT_BATCH_SIZE,
+            speculation: None,
         }
     }
 
@@ -73,6 +78,7 @@ impl Session {
             state,
             tokens,
             batch_size: DEFAULT_BATCH_SIZE,
+            speculation: None,
         })
     }
 
@@ -81,6 +87,17 @@ impl Session {
     pub fn with_batch_size(mut self, batch_size: usize) -> Self {
         self.batch_size = batch_size.max(1);
         self
+    }
+
+    /// Decode speculatively with `speculation`'s drafts (the output does not change).
+    pub fn with_speculation(mut self, speculation: Speculation) -> Self {
+        self.speculation = Some(speculation);
+        self
+    }
+
+    /// The speculation this session decodes with, if any.
+    pub fn speculation(&self) -> Option<&Speculation> {
+        self.speculation.as_ref()
     }
 
     /// Prompt tokens per forward pass of the prefill.
@@ -207,6 +224,11 @@ impl Session {
         if prompt.is_empty() {
             return Err(Error::Other("the prompt is empty".into()));
         }
+        if let (Some(_), (false, policy)) = (&self.speculation, self.state.rewinds_exactly()) {
+            return Err(Error::Other(format!(
+                "speculative decoding rewinds rejected drafts, and attention policy '{policy}' cannot rewind exactly (its scores keep what the drafts attended to); use another --attn or no draft"
+            )));
+        }
         let keep = self.reuse_prefix(prompt);
         let result = self.complete(engine, &prompt[keep..], sampler, gen, sink);
         match result {
@@ -248,19 +270,109 @@ impl Session {
         stats.prompt_time = t0.elapsed();
         sampler.accept(rest);
         let t1 = Instant::now();
-        loop {
-            let room = self.state.n_ctx() - self.state.n_past();
-            match gen.step(&engine.tokenizer, sampler, &mut logits, room, sink) {
-                Next::Feed(id) => {
-                    self.feed(&engine.model, &[id], Logits::Last)?;
-                    logits.copy_from_slice(self.state.last_logits());
-                }
-                Next::Done { .. } => break,
+        match self.speculation.take() {
+            Some(mut spec) => {
+                let before = spec.stats();
+                let done = self.decode_speculatively(engine, sampler, gen, sink, &mut spec, logits);
+                let after = spec.stats();
+                self.speculation = Some(spec);
+                done?;
+                stats.speculation = Some(SpeculationStats {
+                    drafted: after.drafted - before.drafted,
+                    accepted: after.accepted - before.accepted,
+                    target_passes: after.target_passes - before.target_passes,
+                });
             }
+            None => loop {
+                let room = self.state.n_ctx() - self.state.n_past();
+                match gen.step(&engine.tokenizer, sampler, &mut logits, room, sink) {
+                    Next::Feed(id) => {
+                        self.feed(&engine.model, &[id], Logits::Last)?;
+                        logits.copy_from_slice(self.state.last_logits());
+                    }
+                    Next::Done { .. } => break,
+                }
+            },
         }
         stats.n_generated = gen.n_generated();
         stats.stop = gen.stop_reason().unwrap_or_default();
         stats.gen_time = t1.elapsed();
         Ok(stats)
+    }
+
+    /// The token loop with drafts: each token to feed goes into one pass together with
+    /// the drafts that follow it ([`Model::forward_steps`]); the generation then steps
+    /// through the pass's rows as it would through one-token passes, and the drafts after
+    /// the first one it does not sample are rewound. The output is the plain loop's
+    /// (see [`crate::speculative`]).
+    fn decode_speculatively(
+        &mut self,
+        engine: &Engine,
+        sampler: &mut Sampler,
+        gen: &mut Generation,
+        sink: &mut impl TokenSink,
+        spec: &mut Speculation,
+        mut logits: Vec<f32>,
+    ) -> Result<()> {
+        let model = &engine.model;
+        let vocab = logits.len();
+        let n_ctx = self.state.n_ctx();
+        let mut drafts = Vec::new();
+        let mut batch = Vec::new();
+        let mut next = gen.step(
+            &engine.tokenizer,
+            sampler,
+            &mut logits,
+            n_ctx - self.state.n_past(),
+            sink,
+        );
+        while let Next::Feed(id) = next {
+            let n0 = self.state.n_past();
+            // Room for `id` and the drafts in the cache, and no more drafts than tokens
+            // the generation may still make after `id`.
+            let room = (n_ctx - n0 - 1).min(gen.remaining().saturating_sub(1));
+            spec.propose(&self.tokens, id, room, &mut drafts)?;
+            batch.clear();
+            batch.push(id);
+            batch.extend_from_slice(&drafts);
+            let ran = model
+                .forward_steps(&mut self.state, &batch, Logits::All)
+                .map(|_| ());
+            self.settle(&batch, ran.is_ok());
+            ran?;
+            let mut kept = 0;
+            for (j, row) in self.state.logits().chunks_exact(vocab).enumerate() {
+                logits.copy_from_slice(row);
+                let room = n_ctx - (n0 + 1 + j);
+                next = gen.step(&engine.tokenizer, sampler, &mut logits, room, sink);
+                match next {
+                    Next::Feed(t) if drafts.get(j) == Some(&t) => kept += 1,
+                    _ => break,
+                }
+            }
+            spec.record(drafts.len(), kept);
+            self.rewind_to(model, n0 + 1 + kept)?;
+        }
+        Ok(())
+    }
+
+    /// Keep the first `n` positions of the cache. Where a sliding-window layer can no
+    /// longer go back that far, the cache keeps less and the rest is run again, as the
+    /// decode steps they were.
+    fn rewind_to(&mut self, model: &Model, n: usize) -> Result<()> {
+        if n >= self.state.n_past() {
+            return Ok(());
+        }
+        let kept = self.state.truncate(n);
+        let redo = self.tokens[kept..n].to_vec();
+        self.tokens.truncate(kept);
+        if !redo.is_empty() {
+            let ran = model
+                .forward_steps(&mut self.state, &redo, Logits::None)
+                .map(|_| ());
+            self.settle(&redo, ran.is_ok());
+            ran?;
+        }
+        Ok(())
     }
 }

@@ -112,6 +112,14 @@ pub trait SparsePolicy: Send {
     /// forget what is known about them.
     fn forget_from(&mut self, _pos: usize) {}
 
+    /// Whether [`Self::forget_from`] brings the policy back to exactly the state it had
+    /// when `pos` positions were cached. True unless the policy accumulates what later
+    /// queries attended to (H2O's scores): a rewind cannot take their share back out.
+    /// Speculative decoding, which rewinds rejected drafts, needs it.
+    fn rewinds_exactly(&self) -> bool {
+        true
+    }
+
     /// What layer `ctx.layer` reads for the batch in `ctx`. Side tables may borrow from the
     /// policy.
     fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p>;

@@ -12,7 +12,7 @@ use super::{LayerAttention, LayerSpec, Logits, Model, State, LEAN_BATCH};
 use crate::attention::{attend, attend_sliding, AttnShape};
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
-use sparrow_quant::{matmul, matvec, matvec_multi};
+use sparrow_quant::{matmul, matmul_rowwise, matvec, matvec_multi, QMatrix};
 use std::ops::Range;
 
 /// Activations of one forward pass, reused between passes. Each [`State`] has its own; a
@@ -29,6 +29,9 @@ pub struct Workspace {
     gate: Vec<f32>,
     up: Vec<f32>,
     pub(super) logits: Vec<f32>,
+    /// This pass's batched products keep one-token bits (no panel kernels): set for
+    /// [`Model::forward_steps`].
+    rowwise: bool,
 }
 
 /// One sequence's share of a batched pass: its state, the tokens to run at its next
@@ -59,11 +62,37 @@ impl Model {
         self.check_step(state, tokens)?;
         if let Some(split) = self.lean_split(tokens.len(), want) {
             for chunk in tokens[..split].chunks(LEAN_BATCH) {
-                self.forward_one(state, chunk, Logits::None)?;
+                self.forward_one(state, chunk, Logits::None, false)?;
             }
-            return self.forward_one(state, &tokens[split..], want);
+            return self.forward_one(state, &tokens[split..], want, false);
         }
-        self.forward_one(state, tokens, want)
+        self.forward_one(state, tokens, want, false)
+    }
+
+    /// Run `tokens` as consecutive decode steps in one pass: every weight matrix is read
+    /// once for all of them (as [`Model::forward`] does), but each token's keys are
+    /// appended, its blocks sealed and its attention planned and computed on its own, in
+    /// order, exactly as a pass of that token alone would — so a decode policy (Quest,
+    /// Saap, H2O…) plans each as it plans a generated token, and each row of logits has
+    /// the bits a one-token pass gives. What speculative decoding checks drafts with.
+    pub fn forward_steps<'s>(
+        &self,
+        state: &'s mut State,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<&'s [f32]> {
+        if tokens.is_empty() {
+            return Ok(&[]);
+        }
+        self.check_step(state, tokens)?;
+        if self.lean && tokens.len() > LEAN_BATCH {
+            // A lean model keeps its workspace small; drafts are far shorter than this.
+            return Err(Error::Other(format!(
+                "{} decode steps in one pass of a lean model (at most {LEAN_BATCH})",
+                tokens.len()
+            )));
+        }
+        self.forward_one(state, tokens, want, true)
     }
 
     /// One forward pass over several sequences at once: each `SeqStep`'s tokens run at its
@@ -91,7 +120,8 @@ impl Model {
             0 => Ok(()),
             1 => {
                 let s = steps.into_iter().next().expect("one step");
-                self.forward_one(s.state, s.tokens, s.want).map(|_| ())
+                self.forward_one(s.state, s.tokens, s.want, false)
+                    .map(|_| ())
             }
             _ => {
                 let mut seqs: Vec<Seq<'_>> = steps
@@ -100,6 +130,7 @@ impl Model {
                         state: &mut *s.state,
                         tokens: s.tokens,
                         want: s.want,
+                        as_steps: false,
                     })
                     .collect();
                 self.run(ws, &mut seqs)?;
@@ -148,12 +179,14 @@ impl Model {
         }
     }
 
-    /// One sequence's pass, whole (its checks already made), in the state's own workspace.
+    /// One sequence's pass, whole (its checks already made), in the state's own workspace;
+    /// `as_steps` attends token by token ([`Model::forward_steps`]).
     fn forward_one<'s>(
         &self,
         state: &'s mut State,
         tokens: &[u32],
         want: Logits,
+        as_steps: bool,
     ) -> Result<&'s [f32]> {
         let mut ws = std::mem::take(&mut state.scratch);
         let done = self.run(
@@ -162,6 +195,7 @@ impl Model {
                 state: &mut *state,
                 tokens,
                 want,
+                as_steps,
             }],
         );
         state.scratch = ws;
@@ -184,6 +218,7 @@ impl Model {
         resize(&mut ws.proj, n * d);
         resize(&mut ws.gate, n * c.n_ff);
         resize(&mut ws.up, n * c.n_ff);
+        ws.rowwise = seqs.iter().any(|s| s.as_steps);
 
         let embd = self.weights.token_embd.matrix(self.file.bytes());
         let tokens = seqs.iter().flat_map(|s| s.tokens);
@@ -229,6 +264,7 @@ impl Model {
             [&w.wq, &w.wk, &w.wv],
             &ws.xb,
             n,
+            ws.rowwise,
             [&mut ws.q, &mut ws.k, &mut ws.v],
         )?;
         if let Some(norm) = &w.qk_norm {
@@ -245,6 +281,7 @@ impl Model {
             let rows = first..first + seq.tokens.len();
             first = rows.end;
             let pos0 = seq.state.n_past;
+            let as_steps = seq.as_steps;
             let State {
                 kv,
                 attention,
@@ -275,6 +312,24 @@ impl Model {
                 Ok::<(), Error>(())
             };
             match spec.attention {
+                LayerAttention::Global if as_steps => {
+                    for i in 0..m {
+                        let pos = pos0 + i;
+                        append(kv, i..i + 1)?;
+                        blocks.forget_layer_from(l, pos);
+                        blocks.seal(shape, kv.as_ref(), l, pos + 1, attention.as_mut());
+                        let rows = i..i + 1;
+                        attend(
+                            attention.as_mut(),
+                            shape,
+                            kv.as_ref(),
+                            l,
+                            &q[span(&rows, qd)],
+                            pos,
+                            &mut att[span(&rows, qd)],
+                        );
+                    }
+                }
                 LayerAttention::Global => {
                     append(kv, 0..m)?;
                     // Positions below `pos0` may have been rewritten since their block was
@@ -286,8 +341,12 @@ impl Model {
                 LayerAttention::Sliding { window } => {
                     // The layer's ring holds `window - 1` earlier positions plus a chunk of
                     // this batch: append and attend chunk by chunk so no query's window is
-                    // overwritten.
-                    let chunk = sliding_chunk(kv.layer_rows(l), window);
+                    // overwritten (token by token for decode steps).
+                    let chunk = if as_steps {
+                        1
+                    } else {
+                        sliding_chunk(kv.layer_rows(l), window)
+                    };
                     let mut i = 0;
                     while i < m {
                         let j = (i + chunk).min(m);
@@ -306,7 +365,7 @@ impl Model {
                 }
             }
         }
-        self.linear(&w.wo, &ws.att, n, &mut ws.proj)?;
+        self.linear(&w.wo, &ws.att, n, ws.rowwise, &mut ws.proj)?;
         add_residual(
             &mut ws.x,
             &mut ws.proj,
@@ -324,9 +383,15 @@ impl Model {
         for (x, xb) in ws.x.chunks_exact(d).zip(ws.xb.chunks_exact_mut(d)) {
             rms_norm(x, &w.ffn_norm, c.rms_eps, xb);
         }
-        self.linears([&w.w_gate, &w.w_up], &ws.xb, n, [&mut ws.gate, &mut ws.up])?;
+        self.linears(
+            [&w.w_gate, &w.w_up],
+            &ws.xb,
+            n,
+            ws.rowwise,
+            [&mut ws.gate, &mut ws.up],
+        )?;
         c.activation.gate(&mut ws.gate, &ws.up);
-        self.linear(&w.w_down, &ws.gate, n, &mut ws.proj)?;
+        self.linear(&w.w_down, &ws.gate, n, ws.rowwise, &mut ws.proj)?;
         add_residual(
             &mut ws.x,
             &mut ws.proj,
@@ -362,11 +427,7 @@ impl Model {
             return Ok(());
         }
         let out = self.weights.output.matrix(self.file.bytes());
-        if m == 1 {
-            matvec(&out, &ws.xb[..d], &mut ws.logits)?;
-        } else {
-            matmul(&out, &ws.xb[..m * d], &mut ws.logits)?;
-        }
+        product(&out, &ws.xb[..m * d], m, ws.rowwise, &mut ws.logits)?;
         if let Some(cap) = c.final_logit_softcap {
             ws.logits
                 .iter_mut()
@@ -375,13 +436,15 @@ impl Model {
         Ok(())
     }
 
-    fn linear(&self, w: &Linear, x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
-        let m = w.matrix(self.file.bytes());
-        if n == 1 {
-            matvec(&m, x, out)?;
-        } else {
-            matmul(&m, x, out)?;
-        }
+    fn linear(
+        &self,
+        w: &Linear,
+        x: &[f32],
+        n: usize,
+        rowwise: bool,
+        out: &mut [f32],
+    ) -> Result<()> {
+        product(&w.matrix(self.file.bytes()), x, n, rowwise, out)?;
         add_bias(w, out);
         Ok(())
     }
@@ -393,6 +456,7 @@ impl Model {
         ws: [&Linear; N],
         x: &[f32],
         n: usize,
+        rowwise: bool,
         mut outs: [&mut [f32]; N],
     ) -> Result<()> {
         if n == 1 {
@@ -403,11 +467,24 @@ impl Model {
             }
         } else {
             for (w, out) in ws.into_iter().zip(outs) {
-                self.linear(w, x, n, out)?;
+                self.linear(w, x, n, rowwise, out)?;
             }
         }
         Ok(())
     }
+}
+
+/// `out = m · x` for `n` rows of activations: one-token kernels for one row, else the
+/// batched product (`rowwise`: without panels, each row's bits as alone).
+fn product(m: &QMatrix<'_>, x: &[f32], n: usize, rowwise: bool, out: &mut [f32]) -> Result<()> {
+    if n == 1 {
+        matvec(m, x, out)?;
+    } else if rowwise {
+        matmul_rowwise(m, x, out)?;
+    } else {
+        matmul(m, x, out)?;
+    }
+    Ok(())
 }
 
 /// A sequence inside [`Model::run`].
@@ -415,6 +492,8 @@ struct Seq<'a> {
     state: &'a mut State,
     tokens: &'a [u32],
     want: Logits,
+    /// Attend token by token, each as a one-token pass would ([`Model::forward_steps`]).
+    as_steps: bool,
 }
 
 /// Which of a step's `n` rows produce logits.

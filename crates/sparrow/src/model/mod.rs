@@ -190,6 +190,12 @@ impl State {
         self.n_past = 0;
     }
 
+    /// Whether a [`State::truncate`] leaves the attention policy exactly as it was at that
+    /// length (see `SparsePolicy::rewinds_exactly`), and the policy's name.
+    pub fn rewinds_exactly(&self) -> (bool, &str) {
+        (self.attention.rewinds_exactly(), self.attention.name())
+    }
+
     /// Drop positions beyond `n` (keep a shared prefix, discard the rest); returns the
     /// positions kept. That is `min(n, n_past)`, except when a sliding-window layer's ring
     /// has already overwritten positions the window before `n` needs: then nothing is kept

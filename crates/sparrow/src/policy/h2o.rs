@@ -378,6 +378,11 @@ impl SparsePolicy for H2oAttention {
         self.layers[ctx.layer] = Some(st);
     }
 
+    /// The scores of the positions kept still hold what the forgotten queries attended.
+    fn rewinds_exactly(&self) -> bool {
+        false
+    }
+
     fn forget_from(&mut self, pos: usize) {
         for st in &mut self.layers {
             if pos == 0 {

@@ -397,6 +397,10 @@ impl SparsePolicy for PhasedAttention {
         self.decode.forget_from(pos);
     }
 
+    fn rewinds_exactly(&self) -> bool {
+        self.prefill.rewinds_exactly() && self.decode.rewinds_exactly()
+    }
+
     fn summary_bytes(&self, n_ctx: usize, kv_dim: usize) -> usize {
         self.prefill.summary_bytes(n_ctx, kv_dim) + self.decode.summary_bytes(n_ctx, kv_dim)
     }

@@ -1,0 +1,452 @@
+//! Speculative decoding on synthetic models: `Model::forward_steps` gives each token the
+//! logits of a one-token pass to the bit (for exact and selecting decode policies, in RAM
+//! and under a cold tier, across a rewind), and a session decoding with drafts — a draft
+//! model or prompt lookup — generates exactly what it generates without, greedy and
+//! sampled, with penalties, stop strings and a full context.
+
+use sparrow::attention::{AttentionChoice, StreamingAttention};
+use sparrow::kv::{ColdTier, KvOptions};
+use sparrow::policy::quest::QuestSettings;
+use sparrow::policy::saap::{Layout, Router, SaapSettings};
+use sparrow::policy::H2oSettings;
+use sparrow::speculative::{check_vocabularies, lookup};
+use sparrow::synthetic::{synthetic_gguf, synthetic_saap_index, synthetic_tokens, SyntheticSpec};
+use sparrow::{
+    collect_text, DraftModel, Drafter, Engine, Generation, KvType, Logits, Model, PromptLookup,
+    Sampler, SamplerConfig, Session, Speculation, State, StopReason,
+};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+const N_CTX: usize = 512;
+
+fn spec(seed: u64) -> SyntheticSpec {
+    SyntheticSpec {
+        n_layer: 3,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        context_length: N_CTX,
+        seed,
+        ..Default::default()
+    }
+}
+
+/// A scratch directory of this test process.
+fn scratch() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sparrow-speculative-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The synthetic model of `seed` with its byte tokenizer, from a file of its own.
+fn engine(seed: u64) -> Engine {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let path = scratch().join(format!("synthetic-{seed}-{n}.gguf"));
+    std::fs::write(&path, synthetic_gguf(&spec(seed))).unwrap();
+    Engine::load(&path).unwrap()
+}
+
+fn quest() -> AttentionChoice {
+    AttentionChoice::named("quest").with(QuestSettings {
+        page: 16,
+        budget: 48,
+        dense_layers: vec![0],
+        rerank: 0,
+    })
+}
+
+fn saap(m: &Model, dir: &Path, layout: Layout) -> AttentionChoice {
+    let index = dir.join("random-speculative.saap");
+    synthetic_saap_index(&m.config, 8, 6, 7)
+        .save(&index)
+        .unwrap();
+    AttentionChoice::named("saap").with(SaapSettings {
+        index: Some(index),
+        probes: Some(2),
+        router: Router::Hedged,
+        window: 31,
+        layout,
+        ..Default::default()
+    })
+}
+
+/// Every decode policy that reads less than everything (or keeps per-step state), and full.
+fn choices(m: &Model) -> Vec<(&'static str, AttentionChoice)> {
+    vec![
+        ("full", AttentionChoice::default()),
+        ("quest", quest()),
+        (
+            "streaming",
+            AttentionChoice::named("streaming").with(StreamingAttention {
+                sinks: 2,
+                window: 24,
+            }),
+        ),
+        ("saap", saap(m, &scratch(), Layout::Positions)),
+        ("saap in bucket order", saap(m, &scratch(), Layout::Buckets)),
+        ("xattention+quest", {
+            let mut c = quest();
+            c.prefill = Some("xattention".into());
+            c
+        }),
+    ]
+}
+
+/// H2O: its scores accumulate what every query attended to.
+fn h2o() -> AttentionChoice {
+    AttentionChoice::named("h2o").with(H2oSettings {
+        heavy: 0.1,
+        recent: 0.1,
+        dense_layers: vec![],
+    })
+}
+
+fn sequence(m: &Model, choice: &AttentionChoice, cold: Option<ColdTier>) -> State {
+    let kv = KvOptions {
+        types: KvType::F16.into(),
+        cold,
+        reserved: 0,
+    };
+    m.new_sequence(N_CTX, kv, choice).unwrap()
+}
+
+/// The tiered store at a RAM budget of a few blocks, well below the KV of the tests (plus Saap's copy in bucket
+/// order, which it charges to the budget).
+fn cold(name: &str) -> Option<ColdTier> {
+    let copy = if name.contains("bucket") {
+        304 << 10
+    } else {
+        0
+    };
+    Some(ColdTier {
+        ram_budget: (112 << 10) + copy,
+        dir: None,
+    })
+}
+
+/// Decode steps in passes of several tokens — with a rewind of a rejected tail between —
+/// give every row the bits of one-token passes, for every policy, in RAM and cold.
+#[test]
+fn decode_steps_match_one_token_passes_to_the_bit() {
+    let e = engine(31);
+    let m = &e.model;
+    let vocab = m.config.vocab_size;
+    let prompt = synthetic_tokens(150, 5);
+    let steps = synthetic_tokens(40, 6);
+    for (name, choice) in choices(m) {
+        for tier in [None, cold(name)] {
+            let label = format!("{name}, cold tier {}", tier.is_some());
+            let mut alone = sequence(m, &choice, tier.clone());
+            m.forward(&mut alone, &prompt, Logits::Last).unwrap();
+            let mut want = Vec::new();
+            for &t in &steps {
+                want.push(m.forward(&mut alone, &[t], Logits::Last).unwrap().to_vec());
+            }
+            let mut batched = sequence(m, &choice, tier);
+            m.forward(&mut batched, &prompt, Logits::Last).unwrap();
+            let mut at = 0;
+            // Pass sizes below and above the batched products' panel threshold (16).
+            for n in [1, 5, 17, 3, 14] {
+                let base = batched.n_past();
+                // Run three tokens that are not the steps first, rewind them: a rejected
+                // draft must leave nothing behind.
+                let wrong: Vec<u32> = steps[at..at + 3]
+                    .iter()
+                    .map(|t| (t + 1) % 250 + 3)
+                    .collect();
+                m.forward_steps(&mut batched, &wrong, Logits::All).unwrap();
+                assert_eq!(batched.truncate(base), base, "{label}");
+                let rows = m
+                    .forward_steps(&mut batched, &steps[at..at + n], Logits::All)
+                    .unwrap();
+                assert_eq!(rows.len(), n * vocab, "{label}");
+                for (i, row) in rows.chunks_exact(vocab).enumerate() {
+                    assert!(
+                        row == &want[at + i][..],
+                        "{label}: step {} of a pass of {n} differs from its one-token pass",
+                        at + i
+                    );
+                }
+                at += n;
+            }
+        }
+    }
+}
+
+/// The plain prefill of several tokens is not decode: with a selecting decode policy, the
+/// rows `forward` gives for a batch differ from one-token passes — the difference
+/// `forward_steps` exists for (so the test above can fail).
+#[test]
+fn a_prefill_batch_is_not_decode_steps() {
+    let e = engine(31);
+    let m = &e.model;
+    let vocab = m.config.vocab_size;
+    let prompt = synthetic_tokens(150, 5);
+    let steps = synthetic_tokens(8, 6);
+    let mut alone = sequence(m, &quest(), None);
+    m.forward(&mut alone, &prompt, Logits::Last).unwrap();
+    let mut batched = sequence(m, &quest(), None);
+    m.forward(&mut batched, &prompt, Logits::Last).unwrap();
+    let rows = m
+        .forward(&mut batched, &steps, Logits::All)
+        .unwrap()
+        .to_vec();
+    let differs = steps.iter().enumerate().any(|(i, &t)| {
+        let one = m.forward(&mut alone, &[t], Logits::Last).unwrap();
+        one != &rows[i * vocab..(i + 1) * vocab]
+    });
+    assert!(differs, "quest planned a prefill batch as decode steps");
+}
+
+/// Generate `limit` tokens after `prompt` with `sampler`'s settings, with or without
+/// speculation; the text, the ids and the stop reason.
+fn generate(
+    e: &Engine,
+    choice: &AttentionChoice,
+    speculation: Option<Speculation>,
+    prompt: &[u32],
+    sampler: SamplerConfig,
+    gen: Generation,
+) -> (
+    String,
+    Vec<u32>,
+    StopReason,
+    Option<sparrow::SpeculationStats>,
+) {
+    let state = sequence(&e.model, choice, None);
+    let mut session = Session::new(state);
+    if let Some(s) = speculation {
+        session = session.with_speculation(s);
+    }
+    let mut gen = gen;
+    let mut sampler = Sampler::new(sampler);
+    let mut text = String::new();
+    let mut ids = Vec::new();
+    let stats = session
+        .generate(
+            e,
+            prompt,
+            &mut sampler,
+            &mut gen,
+            &mut |id: Option<u32>, t: &str| {
+                ids.extend(id);
+                text.push_str(t);
+                std::ops::ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
+    (text, ids, stats.stop, stats.speculation)
+}
+
+fn draft(target: &Engine, seed: u64, choice: &AttentionChoice) -> Speculation {
+    let d = engine(seed);
+    check_vocabularies(&target.tokenizer, &d.tokenizer).unwrap();
+    let state = sequence(&d.model, choice, None);
+    let model = DraftModel::new(Arc::clone(&d.model), state, 0.0, 64).unwrap();
+    Speculation::new(Drafter::Model(Box::new(model)), 6, 0).unwrap()
+}
+
+fn lookup_drafts(max: usize) -> Speculation {
+    Speculation::new(Drafter::Lookup(PromptLookup::new(3).unwrap()), max, 1).unwrap()
+}
+
+/// A prompt that repeats itself, so lookup finds drafts and a draft model's greedy guesses
+/// are sometimes right and sometimes wrong.
+fn repeating_prompt() -> Vec<u32> {
+    let piece = synthetic_tokens(24, 9);
+    let mut p = piece.clone();
+    p.extend_from_slice(&synthetic_tokens(10, 10));
+    p.extend_from_slice(&piece);
+    p.extend_from_slice(&piece[..12]);
+    p
+}
+
+#[test]
+fn speculative_output_is_the_plain_output() {
+    let e = engine(31);
+    let prompt = repeating_prompt();
+    let samplers = [
+        SamplerConfig::greedy(),
+        SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+            ..SamplerConfig::default()
+        },
+        SamplerConfig {
+            temperature: 0.7,
+            repeat_penalty: 1.3,
+            seed: 11,
+            ..SamplerConfig::default()
+        },
+    ];
+    for (name, choice) in choices(&e.model) {
+        for sampler in &samplers {
+            let plain = generate(
+                &e,
+                &choice,
+                None,
+                &prompt,
+                sampler.clone(),
+                Generation::new(60, true),
+            );
+            assert_eq!(plain.1.len(), 60);
+            // The target itself as draft model (every draft right), another model (some
+            // right), and lookup.
+            let drafters = [
+                ("self-draft", draft(&e, 31, &choice)),
+                ("other draft", draft(&e, 32, &AttentionChoice::default())),
+                ("lookup", lookup_drafts(5)),
+            ];
+            for (how, s) in drafters {
+                let got = generate(
+                    &e,
+                    &choice,
+                    Some(s),
+                    &prompt,
+                    sampler.clone(),
+                    Generation::new(60, true),
+                );
+                assert_eq!(
+                    got.1, plain.1,
+                    "{name}, {how}, temperature {}: the speculative tokens differ",
+                    sampler.temperature
+                );
+                assert_eq!(got.0, plain.0);
+                let stats = got.3.expect("speculative stats");
+                assert!(stats.target_passes <= 60, "{name}, {how}: {stats:?}");
+                if how == "self-draft" && sampler.temperature == 0.0 {
+                    // Its own greedy guesses are the greedy output: nearly all kept.
+                    // (The draft catches up on kept tokens in a prefill batch, which a
+                    // selecting policy attends differently: not every guess is the same.)
+                    assert!(stats.acceptance() > 0.8, "{name}: {stats:?}");
+                    assert!(stats.target_passes < 20, "{name}: {stats:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Stop strings, the token limit and a context that fills up end a speculative generation
+/// where they end a plain one, with the same text.
+#[test]
+fn speculation_ends_where_plain_decoding_ends() {
+    let e = engine(31);
+    let prompt = repeating_prompt();
+    let choice = AttentionChoice::default();
+    let plain = generate(
+        &e,
+        &choice,
+        None,
+        &prompt,
+        SamplerConfig::greedy(),
+        Generation::new(40, true),
+    );
+    // A stop string made of a few tokens from the middle of the plain output.
+    let stop = plain.0.chars().skip(12).take(3).collect::<String>();
+    for limit in [1, 2, 7, 40] {
+        let g = || Generation::new(limit, true).with_stops(vec![stop.clone()]);
+        let want = generate(&e, &choice, None, &prompt, SamplerConfig::greedy(), g());
+        for s in [lookup_drafts(8), draft(&e, 31, &choice)] {
+            let got = generate(&e, &choice, Some(s), &prompt, SamplerConfig::greedy(), g());
+            assert_eq!(
+                (&got.0, &got.1, got.2),
+                (&want.0, &want.1, want.2),
+                "limit {limit}"
+            );
+        }
+    }
+    // A context with room for a few tokens only.
+    let e_small = engine(31);
+    let short = |spec: Option<Speculation>| {
+        let state = e_small
+            .model
+            .new_sequence(prompt.len() + 5, KvType::F16, &choice)
+            .unwrap();
+        let mut session = Session::new(state);
+        if let Some(s) = spec {
+            session = session.with_speculation(s);
+        }
+        let mut text = String::new();
+        let stats = session
+            .generate(
+                &e_small,
+                &prompt,
+                &mut Sampler::new(SamplerConfig::greedy()),
+                &mut Generation::new(50, true),
+                &mut collect_text(&mut text),
+            )
+            .unwrap();
+        (text, stats.stop, stats.n_generated, session.tokens().len())
+    };
+    let want = short(None);
+    assert_eq!(want.1, StopReason::ContextFull);
+    assert_eq!(short(Some(lookup_drafts(8))), want);
+    assert_eq!(short(Some(draft(&e, 31, &choice))), want);
+}
+
+/// A policy that cannot rewind exactly is refused with speculation, naming it.
+#[test]
+fn speculation_refuses_a_policy_that_cannot_rewind() {
+    let e = engine(31);
+    let mut session =
+        Session::new(sequence(&e.model, &h2o(), None)).with_speculation(lookup_drafts(4));
+    let err = session
+        .generate(
+            &e,
+            &repeating_prompt(),
+            &mut Sampler::new(SamplerConfig::greedy()),
+            &mut Generation::new(4, true),
+            &mut collect_text(&mut String::new()),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("'h2o'") && err.contains("rewind"), "{err}");
+}
+
+#[test]
+fn vocabularies_must_agree() {
+    let e = engine(31);
+    let other = Engine::load({
+        let path = scratch().join("other-vocab.gguf");
+        let mut s = spec(31);
+        s.overrides.push((
+            "tokenizer.ggml.tokens".into(),
+            sparrow_gguf::Value::Array(
+                (0..257u32)
+                    .map(|i| {
+                        sparrow_gguf::Value::String(if i == 70 {
+                            "<different>".into()
+                        } else {
+                            e.tokenizer.token_text(i).unwrap().to_string()
+                        })
+                    })
+                    .collect(),
+            ),
+        ));
+        std::fs::write(&path, synthetic_gguf(&s)).unwrap();
+        path
+    })
+    .unwrap();
+    let err = check_vocabularies(&e.tokenizer, &other.tokenizer)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("token 70") && err.contains("<different>"),
+        "{err}"
+    );
+}
+
+#[test]
+fn lookup_finds_the_repeat() {
+    let p = repeating_prompt();
+    // The prompt ends inside its second copy of `piece`: what followed there comes next.
+    let got = lookup(&p, 3, 4);
+    assert_eq!(got, &p[46..50]);
+}
