@@ -35,6 +35,8 @@ pub struct ChatArgs {
     kv: KvArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    speculative: crate::speculative::SpeculativeArgs,
     /// Replies are JSON objects (constrained sampling).
     #[arg(long = "json")]
     json: bool,
@@ -62,6 +64,12 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?,
     )
     .with_batch_size(256);
+    if let Some(spec) = a
+        .speculative
+        .speculation(&engine, a.ctx_size, &a.kv.options(), 256)?
+    {
+        session = session.with_speculation(spec);
+    }
     ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst))
         .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
     let json_vocab = a.json.then(|| Arc::new(JsonVocab::new(&engine.tokenizer)));
@@ -144,7 +152,11 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
         println!();
         match result {
             Ok(stats) if stats.stop == sparrow::StopReason::Cancelled => eprintln!("(stopped)"),
-            Ok(_) => {}
+            Ok(stats) => {
+                if let Some(s) = &stats.speculation {
+                    eprintln!("{}", crate::speculative::summary(s, stats.n_generated));
+                }
+            }
             // The session emptied its cache; the next turn starts from the whole history.
             Err(e) => eprintln!("error: {e}"),
         }

@@ -12,6 +12,7 @@ mod prompt_cache;
 mod run;
 mod saap;
 mod serve;
+mod speculative;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -57,8 +58,9 @@ enum Command {
 }
 
 /// llama.cpp's multi-letter single-dash spellings, which clap cannot declare as short flags:
-/// `-ctk q8_0` is read as `--ctk q8_0` (otherwise it would be `-c tk`, never valid).
-const LLAMA_DASH_ALIASES: &[&str] = &["ctk", "ctv"];
+/// `-ctk q8_0` is read as `--ctk q8_0` (otherwise it would be `-c tk`, never valid), and
+/// `-md FILE` as `--md FILE` (the draft model; otherwise `-m d`).
+const LLAMA_DASH_ALIASES: &[&str] = &["ctk", "ctv", "md"];
 
 /// The command line with llama.cpp's single-dash aliases (`-ctk`, `-ctv`, also as
 /// `-ctk=q8_0`) spelled with two dashes; everything after a `--` is left as it is.

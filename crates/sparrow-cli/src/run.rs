@@ -31,6 +31,8 @@ pub struct RunArgs {
     batch_size: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    speculative: crate::speculative::SpeculativeArgs,
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long = "chat", alias = "conversation")]
     chat: bool,
@@ -153,6 +155,12 @@ pub fn run(a: RunArgs) -> Result<(), String> {
     let mut session = Session::holding(state, ids[..restored].to_vec())
         .map_err(|e| e.to_string())?
         .with_batch_size(a.batch_size);
+    if let Some(spec) = a
+        .speculative
+        .speculation(&engine, n_ctx, &a.kv.options(), a.batch_size)?
+    {
+        session = session.with_speculation(spec);
+    }
     let stats = session
         .generate(
             &engine,
@@ -190,6 +198,9 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         stats.gen_time.as_secs_f64() * 1e3,
         stats.gen_tps()
     );
+    if let Some(s) = &stats.speculation {
+        eprintln!("{}", crate::speculative::summary(s, stats.n_generated));
+    }
     eprintln!("{}", kv_summary(session.state().kv()));
     if let Some(m) = crate::memory::memory_report() {
         eprintln!(

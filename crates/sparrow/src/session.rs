@@ -267,10 +267,18 @@ impl Session {
         .map(<[f32]>::to_vec);
         self.settle(rest, ran.is_ok());
         let mut logits = ran?;
+        let mut speculation = self.speculation.take();
+        if let Some(spec) = &mut speculation {
+            // A draft model reads the prompt now, in the prompt's time.
+            if let Err(e) = spec.prefill(&self.tokens) {
+                self.speculation = speculation;
+                return Err(e);
+            }
+        }
         stats.prompt_time = t0.elapsed();
         sampler.accept(rest);
         let t1 = Instant::now();
-        match self.speculation.take() {
+        match speculation {
             Some(mut spec) => {
                 let before = spec.stats();
                 let done = self.decode_speculatively(engine, sampler, gen, sink, &mut spec, logits);
@@ -335,9 +343,11 @@ impl Session {
             batch.clear();
             batch.push(id);
             batch.extend_from_slice(&drafts);
+            let pass = Instant::now();
             let ran = model
                 .forward_steps(&mut self.state, &batch, Logits::All)
                 .map(|_| ());
+            let seconds = pass.elapsed().as_secs_f64();
             self.settle(&batch, ran.is_ok());
             ran?;
             let mut kept = 0;
@@ -350,7 +360,7 @@ impl Session {
                     _ => break,
                 }
             }
-            spec.record(drafts.len(), kept);
+            spec.record(drafts.len(), kept, seconds);
             self.rewind_to(model, n0 + 1 + kept)?;
         }
         Ok(())

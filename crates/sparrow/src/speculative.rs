@@ -32,17 +32,134 @@ pub const DEFAULT_DRAFT_MAX: usize = 16;
 pub const DEFAULT_DRAFT_P_MIN: f32 = 0.75;
 
 /// How drafts are made, and how many per check.
+///
+/// How many: a check of `k` drafts costs a pass of `k + 1` rows, which is not free — on
+/// a CPU the batched products are partly bound by arithmetic, so each extra row adds a
+/// share of a one-token pass (measured ~0.55 on two AVX2 cores, less with VNNI) — plus
+/// `k` steps of the draft model. It yields `1 + α + … + α^k` tokens when each draft is
+/// kept with probability α (drafts are kept in order, up to the first miss). So the
+/// length follows the measurements: α from the recent checks, each length's pass time
+/// and the draft's time per token from the recent passes, and each check asks for the
+/// `k` in `draft_min..=draft_max` (or none) with the most tokens per second. When none
+/// pays, the session decodes plainly and tries a short draft now and then, in case the
+/// text has become easier to guess.
 pub struct Speculation {
     drafter: Drafter,
     /// Most drafts per check (`--draft-max`).
     draft_max: usize,
     /// Fewer drafts than this are not checked: the step runs plainly (`--draft-min`).
     draft_min: usize,
-    /// Drafts to ask for next: grows by 2 after a check that kept every draft, shrinks by
-    /// 1 after one that did not (within 1..=draft_max), so a run of easy text drafts far
-    /// and a hard one wastes little.
-    window: usize,
+    measure: Measurements,
+    /// Ask for `draft_max` drafts every time, whatever they cost.
+    always_max: bool,
     stats: SpeculationStats,
+}
+
+/// What the draft length is chosen from, decayed so recent passes count most.
+struct Measurements {
+    /// Drafts kept and drafts judged (a check ending at a miss judges `kept + 1`).
+    kept: f64,
+    judged: f64,
+    /// Seconds of a pass checking `k` drafts, per `k` (0: a plain step).
+    pass: Vec<Option<f64>>,
+    /// Seconds the drafter takes per draft token.
+    draft: Option<f64>,
+    /// Plain steps since the last draft was checked.
+    plain_steps: usize,
+    /// Trial drafts since drafting last paid: each doubles the wait for the next.
+    trials: u32,
+}
+
+/// Weight of the past in each new measurement.
+const DECAY: f64 = 0.9;
+
+/// Plain steps before the first trial draft while drafting does not pay (doubling after
+/// each trial that does not change that, up to 16 times as many).
+const RETRY_AFTER: usize = 16;
+
+/// Length of a trial draft.
+const TRIAL_DRAFT: usize = 3;
+
+impl Measurements {
+    fn new(draft_max: usize) -> Self {
+        // A prior worth a few checks: drafts kept two times in three.
+        Measurements {
+            kept: 2.0,
+            judged: 3.0,
+            pass: vec![None; draft_max + 1],
+            draft: None,
+            plain_steps: 0,
+            trials: 0,
+        }
+    }
+
+    fn acceptance(&self) -> f64 {
+        (self.kept / self.judged).clamp(0.0, 0.999)
+    }
+
+    /// Seconds a pass checking `k` drafts is expected to take: measured, or on the line
+    /// between the nearest lengths measured on either side, or beyond them along the
+    /// line through the two nearest (half a one-token pass per extra row while only one
+    /// length has been measured).
+    fn pass_seconds(&self, k: usize) -> Option<f64> {
+        if let Some(t) = self.pass[k] {
+            return Some(t);
+        }
+        let seen: Vec<(f64, f64)> = self
+            .pass
+            .iter()
+            .enumerate()
+            .filter_map(|(k, t)| t.map(|t| (k as f64, t)))
+            .collect();
+        let x = k as f64;
+        let line = |(k0, t0): (f64, f64), (k1, t1): (f64, f64)| {
+            let slope = ((t1 - t0) / (k1 - k0)).max(0.0);
+            (t0 + slope * (x - k0)).max(t0.min(t1))
+        };
+        let above = seen.iter().position(|p| p.0 > x);
+        Some(match (seen.len(), above) {
+            (0, _) => return None,
+            (1, _) => {
+                let (k0, t0) = seen[0];
+                t0 / (1.0 + 0.5 * k0) * (1.0 + 0.5 * x)
+            }
+            (_, Some(0)) => line(seen[0], seen[1]),
+            (n, None) => line(seen[n - 2], seen[n - 1]),
+            (_, Some(i)) => line(seen[i - 1], seen[i]),
+        })
+    }
+
+    fn update(slot: &mut Option<f64>, value: f64) {
+        *slot = Some(match *slot {
+            Some(old) => DECAY * old + (1.0 - DECAY) * value,
+            None => value,
+        });
+    }
+}
+
+/// The draft length in `min..=max` (or 0) with the most expected tokens per second, when
+/// each draft is kept with probability `alpha`, a check of `k` drafts takes
+/// `pass_seconds(k)` and each draft token `draft_seconds`.
+pub fn best_draft_len(
+    alpha: f64,
+    pass_seconds: impl Fn(usize) -> f64,
+    draft_seconds: f64,
+    min: usize,
+    max: usize,
+) -> usize {
+    let rate = |k: usize| {
+        // 1 + α + … + α^k tokens.
+        let tokens = (0..=k).map(|j| alpha.powi(j as i32)).sum::<f64>();
+        tokens / (pass_seconds(k) + draft_seconds * k as f64)
+    };
+    let mut best = (0, rate(0));
+    for k in min.max(1)..=max {
+        let r = rate(k);
+        if r > best.1 {
+            best = (k, r);
+        }
+    }
+    best.0
 }
 
 /// What proposes drafts.
@@ -67,58 +184,125 @@ impl Speculation {
             drafter,
             draft_max,
             draft_min,
-            window: draft_max,
+            measure: Measurements::new(draft_max),
+            always_max: false,
             stats: SpeculationStats::default(),
         })
     }
 
-    /// Counts since the last [`Speculation::take_stats`].
+    /// Ask for `draft_max` drafts at every step, whether they pay or not (for measuring
+    /// the checks themselves, and tests that want many drafts judged).
+    pub fn always_draft_max(mut self) -> Self {
+        self.always_max = true;
+        self
+    }
+
+    /// Counts so far.
     pub fn stats(&self) -> SpeculationStats {
         self.stats
     }
 
-    /// The counts so far, restarting them.
-    pub fn take_stats(&mut self) -> SpeculationStats {
-        std::mem::take(&mut self.stats)
+    /// How many drafts the next check should ask for, from the measurements, and whether
+    /// that is a trial (drafting does not pay by the measurements so far).
+    fn next_len(&self) -> (usize, bool) {
+        let m = &self.measure;
+        if self.always_max {
+            return (self.draft_max, false);
+        }
+        let Some(_) = m.pass_seconds(0) else {
+            // Nothing measured yet: draft as far as allowed once, to learn.
+            return (self.draft_max, false);
+        };
+        let pass = |k: usize| m.pass_seconds(k).unwrap_or(f64::MAX);
+        let k = best_draft_len(
+            m.acceptance(),
+            pass,
+            m.draft.unwrap_or(0.0),
+            self.draft_min,
+            self.draft_max,
+        );
+        if k > 0 {
+            return (k, false);
+        }
+        // Would drafts pay if every one were kept? If not, trying one cannot change that.
+        let could_pay = best_draft_len(
+            0.999,
+            pass,
+            m.draft.unwrap_or(0.0),
+            self.draft_min,
+            self.draft_max,
+        ) > 0;
+        if could_pay && m.plain_steps >= RETRY_AFTER << m.trials.min(4) {
+            (
+                TRIAL_DRAFT.clamp(self.draft_min.max(1), self.draft_max),
+                true,
+            )
+        } else {
+            (0, false)
+        }
+    }
+
+    /// Run what the drafter needs of a prompt now, with the prompt (a draft model's own
+    /// prefill), rather than at the first draft.
+    pub(crate) fn prefill(&mut self, context: &[u32]) -> Result<()> {
+        if let Drafter::Model(m) = &mut self.drafter {
+            m.catch_up(context, None)?;
+        }
+        Ok(())
     }
 
     /// Drafts to follow `context` then `next` (the token about to be fed), at most
-    /// `room` of them, into `out` (emptied first). Too few to check leaves `out` empty.
+    /// `room` of them, into `out` (emptied first); returns the seconds drafting took.
+    /// Too few to check leaves `out` empty.
     pub(crate) fn propose(
         &mut self,
         context: &[u32],
         next: u32,
         room: usize,
         out: &mut Vec<u32>,
-    ) -> Result<()> {
+    ) -> Result<f64> {
         out.clear();
-        let want = self.window.min(room);
-        if want == 0 || want < self.draft_min {
-            return Ok(());
+        let (want, trial) = self.next_len();
+        if want > 0 {
+            self.measure.trials = if trial { self.measure.trials + 1 } else { 0 };
         }
-        match &mut self.drafter {
+        let want = want.min(room);
+        if want == 0 || want < self.draft_min {
+            return Ok(0.0);
+        }
+        let seconds = match &mut self.drafter {
             Drafter::Model(m) => m.propose(context, next, want, out)?,
-            Drafter::Lookup(l) => l.propose(context, next, want, out),
+            Drafter::Lookup(l) => {
+                let started = std::time::Instant::now();
+                l.propose(context, next, want, out);
+                started.elapsed().as_secs_f64()
+            }
+        };
+        if !out.is_empty() {
+            Measurements::update(&mut self.measure.draft, seconds / out.len() as f64);
         }
         if out.len() < self.draft_min.max(1) {
             out.clear();
         }
-        Ok(())
+        Ok(seconds)
     }
 
-    /// After a check of `drafted` tokens of which the first `accepted` were kept.
-    pub(crate) fn record(&mut self, drafted: usize, accepted: usize) {
+    /// After a pass of `seconds` that checked `drafted` tokens, the first `accepted` of
+    /// them kept.
+    pub(crate) fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
         self.stats.target_passes += 1;
         self.stats.drafted += drafted;
         self.stats.accepted += accepted;
+        let m = &mut self.measure;
+        Measurements::update(&mut m.pass[drafted], seconds);
         if drafted == 0 {
+            m.plain_steps += 1;
             return;
         }
-        self.window = if accepted == drafted {
-            (self.window + 2).min(self.draft_max)
-        } else {
-            self.window.saturating_sub(1).max(1)
-        };
+        m.plain_steps = 0;
+        let judged = accepted + usize::from(accepted < drafted);
+        m.kept = DECAY * m.kept + accepted as f64;
+        m.judged = DECAY * m.judged + judged as f64;
     }
 }
 
@@ -152,22 +336,15 @@ impl DraftModel {
         })
     }
 
-    /// Greedy drafts after `context` + `next`: catch the draft's cache up (keeping the
-    /// prefix it shares), then one token per pass until `want`, an unsure step or the
-    /// end of its context.
-    fn propose(
-        &mut self,
-        context: &[u32],
-        next: u32,
-        want: usize,
-        out: &mut Vec<u32>,
-    ) -> Result<()> {
-        let total = context.len() + 1;
-        if total >= self.state.n_ctx() {
-            // Past the draft's context: no drafts, the model decodes plainly.
-            return Ok(());
+    /// Bring the draft's cache to `context` then `next` (keeping the prefix it already
+    /// shares) and return the logits after them; `None` when they do not fit its context
+    /// with room for a draft.
+    fn catch_up(&mut self, context: &[u32], next: Option<u32>) -> Result<Option<Vec<f32>>> {
+        let total = context.len() + usize::from(next.is_some());
+        if total == 0 || total >= self.state.n_ctx() {
+            return Ok(None);
         }
-        let token_at = |i: usize| if i < context.len() { context[i] } else { next };
+        let token_at = |i: usize| context.get(i).copied().or(next).unwrap_or_default();
         let shared = self
             .tokens
             .iter()
@@ -178,26 +355,42 @@ impl DraftModel {
         let kept = self.state.truncate(shared);
         self.tokens.truncate(kept);
         let rest: Vec<u32> = (kept..total).map(token_at).collect();
-        let room = self.state.n_ctx().saturating_sub(total);
-        let want = want.min(room);
-        if want == 0 {
-            return Ok(());
-        }
-        let logits = prefill(
+        match prefill(
             &self.model,
             &mut self.state,
             &rest,
             self.batch_size,
             |_, _| {},
-        );
-        let mut logits = match logits {
-            Ok(l) => l.to_vec(),
+        ) {
+            Ok(l) => {
+                let logits = l.to_vec();
+                self.tokens.extend_from_slice(&rest);
+                Ok(Some(logits))
+            }
             Err(e) => {
                 self.reset();
-                return Err(e);
+                Err(e)
             }
+        }
+    }
+
+    /// Greedy drafts after `context` + `next`: catch the draft's cache up, then one token
+    /// per pass until `want`, an unsure step or the end of its context. Returns the
+    /// seconds the drafting steps took (the catch-up not counted: it is the same work
+    /// however long the draft).
+    fn propose(
+        &mut self,
+        context: &[u32],
+        next: u32,
+        want: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<f64> {
+        let Some(mut logits) = self.catch_up(context, Some(next))? else {
+            // Past the draft's context: no drafts, the model decodes plainly.
+            return Ok(0.0);
         };
-        self.tokens.extend_from_slice(&rest);
+        let want = want.min(self.state.n_ctx() - self.state.n_past());
+        let started = std::time::Instant::now();
         while out.len() < want {
             let (id, p) = best_with_probability(&logits);
             if p < self.p_min {
@@ -219,7 +412,7 @@ impl DraftModel {
             }
             self.tokens.push(id);
         }
-        Ok(())
+        Ok(started.elapsed().as_secs_f64())
     }
 
     fn reset(&mut self) {
@@ -322,21 +515,64 @@ mod tests {
     }
 
     #[test]
-    fn window_adapts_to_acceptance() {
-        let mut s = Speculation::new(Drafter::Lookup(PromptLookup::new(2).unwrap()), 8, 0).unwrap();
-        assert_eq!(s.window, 8);
-        s.record(8, 3);
-        assert_eq!(s.window, 7);
-        s.record(7, 7);
-        assert_eq!(s.window, 8);
-        for _ in 0..20 {
-            s.record(1, 0);
+    fn the_draft_length_follows_acceptance_and_cost() {
+        // A check costs a one-token pass plus `c` of one per draft.
+        let cost = |c: f64| move |k: usize| 1.0 + c * k as f64;
+        // Cheap checks and sure drafts: as far as allowed.
+        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0, 16), 16);
+        // Drafts kept one time in three, each extra row half a pass: not worth a check.
+        assert_eq!(best_draft_len(0.3, cost(0.55), 0.0, 0, 16), 0);
+        // In between, a short draft: α = 0.8 at 0.3 per row peaks at 2 drafts.
+        let k = best_draft_len(0.8, cost(0.3), 0.0, 0, 16);
+        assert!((2..=3).contains(&k), "{k}");
+        // A slow drafter moves the balance: the same odds, each draft token 0.5 of a pass.
+        assert_eq!(best_draft_len(0.8, cost(0.3), 0.5, 0, 16), 0);
+        // `min` bounds the lengths considered (0 is always one).
+        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0, 4), 4);
+    }
+
+    #[test]
+    fn measurements_choose_the_length() {
+        let lookup = || Drafter::Lookup(PromptLookup::new(2).unwrap());
+        let mut s = Speculation::new(lookup(), 8, 0).unwrap();
+        // Nothing measured: the longest draft, to learn.
+        assert_eq!(s.next_len(), (8, false));
+        // Every draft kept, each extra row a tenth of a pass: stay long.
+        for _ in 0..10 {
+            s.record(8, 8, 0.018);
+            s.record(0, 0, 0.010);
         }
-        assert_eq!(s.window, 1);
-        assert_eq!(s.stats().drafted, 8 + 7 + 20);
-        assert_eq!(s.stats().accepted, 10);
-        assert!(Speculation::new(Drafter::Lookup(PromptLookup::new(2).unwrap()), 0, 0).is_err());
-        assert!(Speculation::new(Drafter::Lookup(PromptLookup::new(2).unwrap()), 4, 5).is_err());
+        assert_eq!(s.next_len(), (8, false));
+        // Then every draft missed, and long checks cost more: plain steps…
+        for _ in 0..30 {
+            s.record(8, 0, 0.030);
+        }
+        assert_eq!(s.next_len(), (0, false));
+        // …until a trial draft after enough of them, then twice as many before the next.
+        for _ in 0..RETRY_AFTER {
+            s.record(0, 0, 0.010);
+        }
+        assert_eq!(s.next_len(), (TRIAL_DRAFT, true));
+        s.measure.trials = 1;
+        s.record(TRIAL_DRAFT, 0, 0.016);
+        for _ in 0..RETRY_AFTER {
+            s.record(0, 0, 0.010);
+        }
+        assert_eq!(s.next_len(), (0, false));
+        for _ in 0..RETRY_AFTER {
+            s.record(0, 0, 0.010);
+        }
+        assert_eq!(s.next_len(), (TRIAL_DRAFT, true));
+        // A drafter as slow as the model never pays, however good: no trials.
+        s.measure.draft = Some(0.010);
+        for _ in 0..10 * RETRY_AFTER {
+            s.record(0, 0, 0.010);
+        }
+        assert_eq!(s.next_len(), (0, false));
+        assert_eq!(s.stats().drafted, 8 * 10 + 8 * 30 + TRIAL_DRAFT);
+        assert_eq!(s.stats().accepted, 80);
+        assert!(Speculation::new(lookup(), 0, 0).is_err());
+        assert!(Speculation::new(lookup(), 4, 5).is_err());
     }
 
     #[test]

@@ -246,11 +246,17 @@ fn draft(target: &Engine, seed: u64, choice: &AttentionChoice) -> Speculation {
     check_vocabularies(&target.tokenizer, &d.tokenizer).unwrap();
     let state = sequence(&d.model, choice, None);
     let model = DraftModel::new(Arc::clone(&d.model), state, 0.0, 64).unwrap();
-    Speculation::new(Drafter::Model(Box::new(model)), 6, 0).unwrap()
+    // Every step drafts (a synthetic draft costs as much as its target, which the
+    // length chooser would rightly refuse): many drafts judged, right and wrong.
+    Speculation::new(Drafter::Model(Box::new(model)), 6, 0)
+        .unwrap()
+        .always_draft_max()
 }
 
 fn lookup_drafts(max: usize) -> Speculation {
-    Speculation::new(Drafter::Lookup(PromptLookup::new(3).unwrap()), max, 1).unwrap()
+    Speculation::new(Drafter::Lookup(PromptLookup::new(3).unwrap()), max, 1)
+        .unwrap()
+        .always_draft_max()
 }
 
 /// A prompt that repeats itself, so lookup finds drafts and a draft model's greedy guesses
@@ -302,6 +308,10 @@ fn speculative_output_is_the_plain_output() {
                 ("self-draft", draft(&e, 31, &choice)),
                 ("other draft", draft(&e, 32, &AttentionChoice::default())),
                 ("lookup", lookup_drafts(5)),
+                (
+                    "lookup, measured lengths",
+                    Speculation::new(Drafter::Lookup(PromptLookup::new(2).unwrap()), 8, 0).unwrap(),
+                ),
             ];
             for (how, s) in drafters {
                 let got = generate(

@@ -1,0 +1,97 @@
+//! The speculative-decoding flags (llama.cpp's names and meanings) and the drafts they ask
+//! for: `--draft-model FILE` (`-md`) with `--draft-max`, `--draft-min`, `--draft-p-min`
+//! and `--attn-draft`, or `--lookup N` for drafts found in the context itself.
+
+use sparrow::attention::AttentionChoice;
+use sparrow::speculative::{check_vocabularies, DEFAULT_DRAFT_MAX, DEFAULT_DRAFT_P_MIN};
+use sparrow::{DraftModel, Drafter, Engine, KvOptions, PromptLookup, Speculation};
+use std::sync::Arc;
+
+/// Where `--help` lists these flags.
+const HEADING: &str = "Speculative decoding";
+
+/// Speculative decoding: the output is what plain decoding gives, token for token; the
+/// flags only change how many tokens each pass of the model checks.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SpeculativeArgs {
+    /// A smaller model with the same vocabulary that drafts tokens for this one (e.g. the
+    /// 0.5B for the 1.5B; llama.cpp's -md / --model-draft).
+    #[arg(long = "draft-model", alias = "model-draft", alias = "md", value_name = "FILE", help_heading = HEADING)]
+    pub draft_model: Option<std::path::PathBuf>,
+    /// Draft tokens by matching the context's last N tokens against earlier text (the
+    /// prompt and what was generated): no second model.
+    #[arg(long = "lookup", value_name = "N", conflicts_with = "draft_model", help_heading = HEADING)]
+    pub lookup: Option<usize>,
+    /// Most draft tokens checked per pass (the draft length adapts below it).
+    #[arg(long = "draft-max", alias = "draft", alias = "draft-n", default_value_t = DEFAULT_DRAFT_MAX, help_heading = HEADING)]
+    pub draft_max: usize,
+    /// Fewest draft tokens worth a check; fewer, and the step runs plainly.
+    #[arg(long = "draft-min", alias = "draft-n-min", default_value_t = 0, help_heading = HEADING)]
+    pub draft_min: usize,
+    /// The draft model stops drafting when its best token is less likely than this.
+    #[arg(long = "draft-p-min", default_value_t = DEFAULT_DRAFT_P_MIN, help_heading = HEADING)]
+    pub draft_p_min: f32,
+    /// The draft model's attention policy (default settings; an index-trained policy
+    /// needs an index for the draft model).
+    #[arg(long = "attn-draft", default_value = "full", help_heading = HEADING)]
+    pub attn_draft: String,
+}
+
+impl SpeculativeArgs {
+    /// The speculation these flags ask for, for a model whose engine is `target`, at
+    /// context `n_ctx` (the draft model's too) and cache options `kv` (its types; the
+    /// draft never goes to a cold tier); `None` without `--draft-model` or `--lookup`.
+    /// The draft model is loaded here and its vocabulary checked against the target's.
+    pub fn speculation(
+        &self,
+        target: &Engine,
+        n_ctx: usize,
+        kv: &KvOptions,
+        batch_size: usize,
+    ) -> Result<Option<Speculation>, String> {
+        let drafter = match (&self.draft_model, self.lookup) {
+            (Some(path), _) => {
+                let draft = Engine::load(path)
+                    .map_err(|e| format!("draft model {}: {e}", path.display()))?;
+                check_vocabularies(&target.tokenizer, &draft.tokenizer)
+                    .map_err(|e| e.to_string())?;
+                let choice = AttentionChoice::named(&self.attn_draft);
+                choice.check().map_err(|e| format!("--attn-draft: {e}"))?;
+                let kv = KvOptions {
+                    types: kv.types,
+                    cold: None,
+                    reserved: 0,
+                };
+                let state = draft
+                    .model
+                    .new_sequence(n_ctx, kv, &choice)
+                    .map_err(|e| format!("draft model: {e}"))?;
+                let model = DraftModel::new(
+                    Arc::clone(&draft.model),
+                    state,
+                    self.draft_p_min,
+                    batch_size,
+                )
+                .map_err(|e| e.to_string())?;
+                Drafter::Model(Box::new(model))
+            }
+            (None, Some(n)) => Drafter::Lookup(PromptLookup::new(n).map_err(|e| e.to_string())?),
+            (None, None) => return Ok(None),
+        };
+        Speculation::new(drafter, self.draft_max, self.draft_min)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The stderr line of a speculative generation's counts.
+pub fn summary(s: &sparrow::SpeculationStats, n_generated: usize) -> String {
+    format!(
+        "speculation: {} drafted, {} accepted ({:.1}%), {:.2} tokens per pass of the model ({} passes)",
+        s.drafted,
+        s.accepted,
+        100.0 * s.acceptance(),
+        n_generated as f64 / s.target_passes.max(1) as f64,
+        s.target_passes
+    )
+}

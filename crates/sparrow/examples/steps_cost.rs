@@ -1,0 +1,49 @@
+//! Time of one pass of n decode steps (`forward_steps`) against n one-token passes and a
+//! prefill batch (`forward`), after a prompt: what a speculative check costs.
+//!
+//! `cargo run --release -p sparrow --example steps_cost -- MODEL.gguf [THREADS]`
+
+use sparrow::{Engine, KvType, Logits};
+use std::time::Instant;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let path = args.next().expect("model path");
+    let threads: usize = args.next().map_or(2, |t| t.parse().expect("threads"));
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .unwrap();
+    let e = Engine::load(&path).unwrap();
+    let m = &e.model;
+    let prompt: Vec<u32> = (0..256u32).map(|i| 100 + (i * 37) % 5000).collect();
+    let mut st = m.new_state(2048, KvType::F16).unwrap();
+    m.forward(&mut st, &prompt, Logits::Last).unwrap();
+    let base = st.n_past();
+    for n in [1usize, 2, 4, 8, 16] {
+        let toks: Vec<u32> = (0..n as u32).map(|i| 200 + i).collect();
+        let mut best = [f64::MAX; 3];
+        for _ in 0..5 {
+            let t = Instant::now();
+            m.forward_steps(&mut st, &toks, Logits::All).unwrap();
+            best[0] = best[0].min(t.elapsed().as_secs_f64());
+            let _ = st.truncate(base);
+            let t = Instant::now();
+            for &x in &toks {
+                m.forward(&mut st, &[x], Logits::Last).unwrap();
+            }
+            best[1] = best[1].min(t.elapsed().as_secs_f64());
+            let _ = st.truncate(base);
+            let t = Instant::now();
+            m.forward(&mut st, &toks, Logits::All).unwrap();
+            best[2] = best[2].min(t.elapsed().as_secs_f64());
+            let _ = st.truncate(base);
+        }
+        println!(
+            "n={n:2}: steps {:7.1} ms, {n} one-token passes {:7.1} ms, batch {:7.1} ms",
+            best[0] * 1e3,
+            best[1] * 1e3,
+            best[2] * 1e3
+        );
+    }
+}
