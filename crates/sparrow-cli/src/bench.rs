@@ -79,6 +79,13 @@ pub struct BenchArgs {
     /// Output format: md or json (llama-bench's `-o`).
     #[arg(short = 'o', long = "output", default_value = "md")]
     output: String,
+    /// With --draft-model or --lookup: speculative decoding beside plain decoding, greedy,
+    /// on real prompts (this set: a JSON list of {"kind", "prompt"}; default: the code
+    /// edits, code and chat prompts of bench/speculative-prompts.json), `-n` tokens each.
+    #[arg(long = "spec-prompts", value_name = "FILE")]
+    spec_prompts: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    speculative: crate::speculative::SpeculativeArgs,
 }
 
 /// One result row; field names follow llama-bench's JSON.
@@ -144,6 +151,7 @@ fn pass<'t>(
             state,
             tokens: toks(i),
             want: Logits::Last,
+            as_steps: false,
         })
         .collect();
     model
@@ -278,6 +286,9 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
         return Err(format!("unknown output format '{}' (md or json)", a.output));
     }
     let policies = a.kv.choices()?;
+    if a.speculative.draft_model.is_some() || a.speculative.lookup.is_some() {
+        return bench_speculative(&a, json);
+    }
     let path = a.model.resolve()?;
     let model = Model::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
     let threads = if a.threads.is_empty() {
@@ -391,6 +402,33 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
             "{}",
             serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
         );
+    }
+    Ok(())
+}
+
+/// The speculative bench (`--draft-model` / `--lookup`): see [`crate::bench_speculative`].
+fn bench_speculative(a: &BenchArgs, json: bool) -> Result<(), String> {
+    let prompts = crate::bench_speculative::load_prompts(a.spec_prompts.as_deref())?;
+    let threads = a.threads.first().copied();
+    crate::run::init_threads(threads)?;
+    let engine = a.model.load_engine()?;
+    let n_gen = a.n_gen.iter().copied().find(|&g| g > 0).unwrap_or(128);
+    let rows = crate::bench_speculative::run(
+        &engine,
+        &a.speculative,
+        &a.kv.options(),
+        &a.kv.choice()?,
+        &prompts,
+        n_gen,
+        a.repetitions,
+    )?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
+        );
+    } else {
+        crate::bench_speculative::print_table(&rows);
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! is the same, so users' habits carry over.
 
 mod bench;
+mod bench_speculative;
 mod chat;
 mod eval;
 mod memory;

@@ -3,6 +3,7 @@
 //! and `--attn-draft`, or `--lookup N` for drafts found in the context itself.
 
 use sparrow::attention::AttentionChoice;
+use sparrow::scheduler::SpeculationFactory;
 use sparrow::speculative::{check_vocabularies, DEFAULT_DRAFT_MAX, DEFAULT_DRAFT_P_MIN};
 use sparrow::{DraftModel, Drafter, Engine, KvOptions, PromptLookup, Speculation};
 use std::sync::Arc;
@@ -38,10 +39,63 @@ pub struct SpeculativeArgs {
 }
 
 impl SpeculativeArgs {
-    /// The speculation these flags ask for, for a model whose engine is `target`, at
-    /// context `n_ctx` (the draft model's too) and cache options `kv` (its types; the
-    /// draft never goes to a cold tier); `None` without `--draft-model` or `--lookup`.
-    /// The draft model is loaded here and its vocabulary checked against the target's.
+    /// What makes one sequence's speculation as these flags ask, for a model whose engine
+    /// is `target`, at context `n_ctx` (the draft model's too) and cache options `kv` (its
+    /// types; the draft never goes to a cold tier); `None` without `--draft-model` or
+    /// `--lookup`. The draft model is loaded here, once, and its vocabulary checked
+    /// against the target's; each call of the factory gives it a state of its own.
+    pub fn factory(
+        &self,
+        target: &Engine,
+        n_ctx: usize,
+        kv: &KvOptions,
+        batch_size: usize,
+    ) -> Result<Option<SpeculationFactory>, String> {
+        let (max, min) = (self.draft_max, self.draft_min);
+        // Settings are checked now, not at the first request.
+        Speculation::new(
+            Drafter::Lookup(PromptLookup::new(1).expect("1 is valid")),
+            max,
+            min,
+        )
+        .map_err(|e| e.to_string())?;
+        let make: Arc<dyn Fn() -> sparrow::Result<Speculation> + Send + Sync> =
+            match (&self.draft_model, self.lookup) {
+                (Some(path), _) => {
+                    let draft = Engine::load(path)
+                        .map_err(|e| format!("draft model {}: {e}", path.display()))?;
+                    check_vocabularies(&target.tokenizer, &draft.tokenizer)
+                        .map_err(|e| e.to_string())?;
+                    let choice = AttentionChoice::named(&self.attn_draft);
+                    choice.check().map_err(|e| format!("--attn-draft: {e}"))?;
+                    let kv = KvOptions {
+                        types: kv.types,
+                        cold: None,
+                        reserved: 0,
+                    };
+                    let p_min = self.draft_p_min;
+                    if !(0.0..=1.0).contains(&p_min) {
+                        return Err(format!("--draft-p-min {p_min} is outside [0, 1]"));
+                    }
+                    let model = Arc::clone(&draft.model);
+                    Arc::new(move || {
+                        let state = model.new_sequence(n_ctx, kv.clone(), &choice)?;
+                        let m = DraftModel::new(Arc::clone(&model), state, p_min, batch_size)?;
+                        Speculation::new(Drafter::Model(Box::new(m)), max, min)
+                    })
+                }
+                (None, Some(n)) => {
+                    PromptLookup::new(n).map_err(|e| e.to_string())?;
+                    Arc::new(move || {
+                        Speculation::new(Drafter::Lookup(PromptLookup::new(n)?), max, min)
+                    })
+                }
+                (None, None) => return Ok(None),
+            };
+        Ok(Some(SpeculationFactory(make)))
+    }
+
+    /// One sequence's speculation as these flags ask (see [`SpeculativeArgs::factory`]).
     pub fn speculation(
         &self,
         target: &Engine,
@@ -49,38 +103,10 @@ impl SpeculativeArgs {
         kv: &KvOptions,
         batch_size: usize,
     ) -> Result<Option<Speculation>, String> {
-        let drafter = match (&self.draft_model, self.lookup) {
-            (Some(path), _) => {
-                let draft = Engine::load(path)
-                    .map_err(|e| format!("draft model {}: {e}", path.display()))?;
-                check_vocabularies(&target.tokenizer, &draft.tokenizer)
-                    .map_err(|e| e.to_string())?;
-                let choice = AttentionChoice::named(&self.attn_draft);
-                choice.check().map_err(|e| format!("--attn-draft: {e}"))?;
-                let kv = KvOptions {
-                    types: kv.types,
-                    cold: None,
-                    reserved: 0,
-                };
-                let state = draft
-                    .model
-                    .new_sequence(n_ctx, kv, &choice)
-                    .map_err(|e| format!("draft model: {e}"))?;
-                let model = DraftModel::new(
-                    Arc::clone(&draft.model),
-                    state,
-                    self.draft_p_min,
-                    batch_size,
-                )
-                .map_err(|e| e.to_string())?;
-                Drafter::Model(Box::new(model))
-            }
-            (None, Some(n)) => Drafter::Lookup(PromptLookup::new(n).map_err(|e| e.to_string())?),
-            (None, None) => return Ok(None),
-        };
-        Speculation::new(drafter, self.draft_max, self.draft_min)
-            .map(Some)
-            .map_err(|e| e.to_string())
+        match self.factory(target, n_ctx, kv, batch_size)? {
+            Some(f) => (f.0)().map(Some).map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
     }
 }
 

@@ -49,6 +49,8 @@ pub struct SessionStep<'a> {
     pub session: &'a mut Session,
     pub tokens: &'a [u32],
     pub want: Logits,
+    /// The tokens are decode steps (a speculative check: [`Model::forward_steps`]).
+    pub as_steps: bool,
 }
 
 impl Session {
@@ -98,6 +100,33 @@ impl Session {
     /// The speculation this session decodes with, if any.
     pub fn speculation(&self) -> Option<&Speculation> {
         self.speculation.as_ref()
+    }
+
+    /// Drafts to follow the cache's tokens and `next` (about to be fed), at most `room`,
+    /// into `out` — empty without speculation or when drafting does not pay (a driver
+    /// that steps generations itself, as the scheduler does).
+    pub fn propose_drafts(&mut self, next: u32, room: usize, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
+        match &mut self.speculation {
+            Some(spec) => spec.propose(&self.tokens, next, room, out).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    /// After a check of `drafted` drafts in a pass of `seconds`, `kept` of them kept: count
+    /// it, and rewind the cache to `n` positions (dropping the rest of the drafts).
+    pub fn settle_drafts(
+        &mut self,
+        model: &Model,
+        drafted: usize,
+        kept: usize,
+        seconds: f64,
+        n: usize,
+    ) -> Result<()> {
+        if let Some(spec) = &mut self.speculation {
+            spec.record(drafted, kept, seconds);
+        }
+        self.rewind_to(model, n)
     }
 
     /// Prompt tokens per forward pass of the prefill.
@@ -150,6 +179,16 @@ impl Session {
         Ok(self.state.logits())
     }
 
+    /// Run `tokens` as decode steps ([`Model::forward_steps`]) and remember them.
+    pub fn feed_steps(&mut self, model: &Model, tokens: &[u32], want: Logits) -> Result<&[f32]> {
+        let done = model
+            .forward_steps(&mut self.state, tokens, want)
+            .map(|_| ());
+        self.settle(tokens, done.is_ok());
+        done?;
+        Ok(self.state.logits())
+    }
+
     /// One forward pass over several sessions ([`Model::forward_many`]); each session's
     /// logits are then in its state ([`State::logits`]).
     pub fn forward_many(
@@ -164,6 +203,7 @@ impl Session {
                     state: &mut s.session.state,
                     tokens: s.tokens,
                     want: s.want,
+                    as_steps: s.as_steps,
                 })
                 .collect();
             model.forward_many(ws, &mut seqs)

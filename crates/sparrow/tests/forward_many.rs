@@ -65,6 +65,7 @@ fn together(
                 state,
                 tokens: p,
                 want: Logits::All,
+                as_steps: false,
             })
             .collect();
         model.forward_many(&mut ws, &mut steps).unwrap();
@@ -81,6 +82,7 @@ fn together(
                 state,
                 tokens: t,
                 want: Logits::Last,
+                as_steps: false,
             })
             .collect();
         model.forward_many(&mut ws, &mut steps).unwrap();
@@ -144,16 +146,19 @@ fn logits_rows_follow_each_sequences_want() {
                     state: s0,
                     tokens: &a,
                     want: Logits::None,
+                    as_steps: false,
                 },
                 SeqStep {
                     state: s1,
                     tokens: &b,
                     want: Logits::Tail(2),
+                    as_steps: false,
                 },
                 SeqStep {
                     state: s2,
                     tokens: &c,
                     want: Logits::Last,
+                    as_steps: false,
                 },
             ],
         )
@@ -176,11 +181,13 @@ fn pass_two(model: &Model, ws: &mut Workspace, st: &mut [State], a: &[u32], b: &
             state: s0,
             tokens: a,
             want: Logits::Last,
+            as_steps: false,
         },
         SeqStep {
             state: s1,
             tokens: b,
             want: Logits::Last,
+            as_steps: false,
         },
     ];
     model.forward_many(ws, steps).unwrap_err()

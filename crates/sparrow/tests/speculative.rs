@@ -460,3 +460,108 @@ fn lookup_finds_the_repeat() {
     let got = lookup(&p, 3, 4);
     assert_eq!(got, &p[46..50]);
 }
+
+/// The scheduler with drafts in every slot (checks batched with the other slots' tokens and
+/// prompt chunks) generates what sessions generate alone, greedy and sampled.
+#[test]
+fn the_scheduler_speculates_per_slot_with_the_plain_output() {
+    use sparrow::scheduler::{reply_channel, Config, Event, Job, Scheduler, SpeculationFactory};
+    let e = engine(31);
+    let d = Arc::new(engine(32));
+    let prompts = [
+        repeating_prompt(),
+        synthetic_tokens(30, 21),
+        repeating_prompt()[5..].to_vec(),
+    ];
+    let samplers = [
+        SamplerConfig::greedy(),
+        SamplerConfig {
+            temperature: 0.9,
+            seed: 3,
+            ..SamplerConfig::default()
+        },
+    ];
+    let lookup = SpeculationFactory(Arc::new(|| Ok(lookup_drafts(4))));
+    let draft_model = {
+        let d = Arc::clone(&d);
+        SpeculationFactory(Arc::new(move || {
+            let state = sequence(&d.model, &AttentionChoice::default(), None);
+            let model = DraftModel::new(Arc::clone(&d.model), state, 0.0, 16)?;
+            Ok(Speculation::new(Drafter::Model(Box::new(model)), 5, 0)?.always_draft_max())
+        }))
+    };
+    for choice in [AttentionChoice::default(), quest()] {
+        for sampler in &samplers {
+            let alone: Vec<Vec<u32>> = prompts
+                .iter()
+                .map(|p| {
+                    generate(
+                        &e,
+                        &choice,
+                        None,
+                        p,
+                        sampler.clone(),
+                        Generation::new(24, true),
+                    )
+                    .1
+                })
+                .collect();
+            for factory in [None, Some(lookup.clone()), Some(draft_model.clone())] {
+                let scheduler = Scheduler::start(
+                    &e,
+                    Config {
+                        slots: 2,
+                        n_ctx: N_CTX,
+                        kv: KvType::F16.into(),
+                        attention: choice.clone(),
+                        batch: 16,
+                        speculation: factory.clone(),
+                        ..Config::default()
+                    },
+                )
+                .unwrap();
+                let receivers: Vec<_> = prompts
+                    .iter()
+                    .map(|p| {
+                        let (reply, events) = reply_channel();
+                        let job = Job {
+                            prompt: p.clone(),
+                            generation: Generation::new(24, true),
+                            sampler: Sampler::new(sampler.clone()),
+                            reply: Box::new(reply),
+                        };
+                        assert!(scheduler.submit(job).is_ok());
+                        events
+                    })
+                    .collect();
+                for (events, want) in receivers.into_iter().zip(&alone) {
+                    let mut text = String::new();
+                    loop {
+                        match events.recv().expect("the job ends") {
+                            Event::Text(t) => text.push_str(&t),
+                            Event::Done(u) => {
+                                assert_eq!(u.completion_tokens, 24);
+                                break;
+                            }
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                    assert_eq!(
+                        text,
+                        e.tokenizer.decode(want),
+                        "{}, temperature {}, drafts {}",
+                        choice.label(),
+                        sampler.temperature,
+                        factory.is_some()
+                    );
+                }
+                let stats = scheduler.stats();
+                let drafted = stats.drafted_tokens.load(Ordering::Relaxed);
+                let kept = stats.accepted_tokens.load(Ordering::Relaxed);
+                if factory.is_some() {
+                    assert!(drafted > 0 && kept <= drafted, "{drafted} {kept}");
+                }
+            }
+        }
+    }
+}

@@ -113,6 +113,15 @@ impl Metrics {
             ],
         );
         metric(
+            "sparrow_draft_tokens_total",
+            "counter",
+            "Speculative decoding: draft tokens checked, and those the model kept.",
+            &[
+                ("{result=\"drafted\"}", g(&sc.drafted_tokens) as f64),
+                ("{result=\"accepted\"}", g(&sc.accepted_tokens) as f64),
+            ],
+        );
+        metric(
             "sparrow_completions_total",
             "counter",
             "Generations run to the end.",

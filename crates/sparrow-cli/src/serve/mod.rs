@@ -79,6 +79,9 @@ pub struct ServeArgs {
     /// Name reported by /v1/models (default: the file name).
     #[arg(long = "alias")]
     alias: Option<String>,
+    /// Drafts per slot (speculative decoding; the output does not change).
+    #[command(flatten)]
+    speculative: crate::speculative::SpeculativeArgs,
 }
 
 /// Everything the handlers share.
@@ -145,6 +148,12 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             attention: attention.clone(),
             queue: a.queue_size,
             batch: a.batch_size,
+            speculation: a.speculative.factory(
+                &engine,
+                a.ctx_size,
+                &a.kv.options(),
+                a.batch_size,
+            )?,
         },
     )
     .map_err(|e| e.to_string())?;

@@ -40,6 +40,9 @@ pub struct SeqStep<'a> {
     pub state: &'a mut State,
     pub tokens: &'a [u32],
     pub want: Logits,
+    /// Run the tokens as consecutive decode steps ([`Model::forward_steps`]): a
+    /// speculative check of drafts.
+    pub as_steps: bool,
 }
 
 /// The span of token rows `rows` in a buffer holding `width` floats per row.
@@ -110,7 +113,11 @@ impl Model {
         let total: usize = steps.iter().map(|s| s.tokens.len()).sum();
         if self.lean && total > LEAN_BATCH {
             for s in steps.iter_mut() {
-                self.forward(s.state, s.tokens, s.want)?;
+                if s.as_steps {
+                    self.forward_steps(s.state, s.tokens, s.want)?;
+                } else {
+                    self.forward(s.state, s.tokens, s.want)?;
+                }
             }
             return Ok(());
         }
@@ -120,7 +127,7 @@ impl Model {
             0 => Ok(()),
             1 => {
                 let s = steps.into_iter().next().expect("one step");
-                self.forward_one(s.state, s.tokens, s.want, false)
+                self.forward_one(s.state, s.tokens, s.want, s.as_steps)
                     .map(|_| ())
             }
             _ => {
@@ -130,7 +137,7 @@ impl Model {
                         state: &mut *s.state,
                         tokens: s.tokens,
                         want: s.want,
-                        as_steps: false,
+                        as_steps: s.as_steps,
                     })
                     .collect();
                 self.run(ws, &mut seqs)?;

@@ -49,6 +49,7 @@ use crate::attention::AttentionChoice;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::kv::KvOptions;
+use crate::speculative::Speculation;
 #[cfg(doc)]
 use crate::{Generation, Session};
 use std::sync::atomic::Ordering;
@@ -69,8 +70,22 @@ pub struct Config {
     pub attention: AttentionChoice,
     /// Jobs that may wait for a slot; [`Scheduler::submit`] refuses more.
     pub queue: usize,
-    /// Tokens one forward pass may carry: a token per generating job, the rest for prompts.
+    /// Tokens one forward pass may carry: a token per generating job (with its drafts),
+    /// the rest for prompts.
     pub batch: usize,
+    /// Makes each slot's drafter for speculative decoding (a draft model's own state, or
+    /// lookup); `None`: none. The output does not change with it.
+    pub speculation: Option<SpeculationFactory>,
+}
+
+/// Makes one slot's [`Speculation`].
+#[derive(Clone)]
+pub struct SpeculationFactory(pub Arc<dyn Fn() -> Result<Speculation> + Send + Sync>);
+
+impl std::fmt::Debug for SpeculationFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpeculationFactory")
+    }
 }
 
 impl Default for Config {
@@ -82,6 +97,7 @@ impl Default for Config {
             attention: AttentionChoice::default(),
             queue: 16,
             batch: 512,
+            speculation: None,
         }
     }
 }

@@ -35,6 +35,9 @@ pub struct SchedulerStats {
     pub kv_hot_bytes: AtomicUsize,
     /// Bytes of keys and values in the slots' cold KV files.
     pub kv_cold_bytes: AtomicUsize,
+    /// Draft tokens checked, and those kept (speculative decoding).
+    pub drafted_tokens: AtomicU64,
+    pub accepted_tokens: AtomicU64,
 }
 
 impl SchedulerStats {
@@ -43,6 +46,14 @@ impl SchedulerStats {
         self.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
         self.prompt_micros
             .fetch_add(dt.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// A check of `drafted` drafts kept `kept`.
+    pub fn add_speculation(&self, drafted: usize, kept: usize) {
+        self.drafted_tokens
+            .fetch_add(drafted as u64, Ordering::Relaxed);
+        self.accepted_tokens
+            .fetch_add(kept as u64, Ordering::Relaxed);
     }
 
     /// A job's generation phase took `dt`.

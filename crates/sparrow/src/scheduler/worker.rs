@@ -36,6 +36,8 @@ struct Active {
     reply: Box<dyn Reply>,
     /// The logits to sample from (a copy: sampling changes them).
     logits: Vec<f32>,
+    /// A token already sampled (while checking drafts) and still to be fed.
+    pending: Option<u32>,
     t_prompt: Instant,
     t_gen: Instant,
 }
@@ -74,6 +76,8 @@ struct Work {
     active: usize,
     tokens: Vec<u32>,
     want: Logits,
+    /// Drafts after the first token (a speculative check: the tokens run as decode steps).
+    drafts: usize,
 }
 
 pub(super) struct Worker {
@@ -95,8 +99,17 @@ impl Worker {
             let state = engine
                 .model
                 .new_sequence(cfg.n_ctx, cfg.kv.clone(), &cfg.attention)?;
+            if let (Some(_), (false, policy)) = (&cfg.speculation, state.rewinds_exactly()) {
+                return Err(crate::error::Error::Other(format!(
+                    "speculative decoding rewinds rejected drafts, and attention policy '{policy}' cannot rewind exactly; use another --attn or no draft"
+                )));
+            }
+            let mut session = Session::new(state);
+            if let Some(make) = &cfg.speculation {
+                session = session.with_speculation((make.0)()?);
+            }
             slots.push(Slot {
-                session: Session::new(state),
+                session,
                 last_used: 0,
             });
         }
@@ -150,22 +163,41 @@ impl Worker {
     fn turn(&mut self, active: &mut Vec<Active>) {
         let mut ended = vec![false; active.len()];
         let mut work: Vec<Work> = Vec::new();
+        let mut drafts = Vec::new();
         for (i, a) in active.iter_mut().enumerate() {
             if a.reply.is_cancelled() {
                 self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
                 ended[i] = true;
             } else if !a.reading_prompt() {
-                match self.sample(a) {
-                    Some(id) => work.push(Work {
-                        active: i,
-                        tokens: vec![id],
-                        want: Logits::Last,
-                    }),
-                    None => ended[i] = true,
+                let Some(id) = self.sample(a) else {
+                    ended[i] = true;
+                    continue;
+                };
+                let session = &mut self.slots[a.slot].session;
+                let state = session.state();
+                let room =
+                    (state.n_ctx() - state.n_past() - 1).min(a.gen.remaining().saturating_sub(1));
+                if let Err(e) = session.propose_drafts(id, room, &mut drafts) {
+                    a.reply.send(Event::Error(e.to_string()));
+                    ended[i] = true;
+                    continue;
                 }
+                let mut tokens = vec![id];
+                tokens.extend_from_slice(&drafts);
+                work.push(Work {
+                    active: i,
+                    tokens,
+                    want: if drafts.is_empty() {
+                        Logits::Last
+                    } else {
+                        Logits::All
+                    },
+                    drafts: drafts.len(),
+                });
             }
         }
-        let mut budget = self.batch.saturating_sub(work.len()).max(1);
+        let decoding: usize = work.iter().map(|w| w.tokens.len()).sum();
+        let mut budget = self.batch.saturating_sub(decoding).max(1);
         for (i, a) in active.iter().enumerate() {
             if budget == 0 {
                 break;
@@ -184,6 +216,7 @@ impl Worker {
                 active: i,
                 tokens: a.prompt[a.pos..end].to_vec(),
                 want,
+                drafts: 0,
             });
         }
         if !work.is_empty() {
@@ -193,13 +226,16 @@ impl Worker {
                 .fetch_add(work.len() as u64, Ordering::Relaxed);
             let rows: usize = work.iter().map(|w| w.tokens.len()).sum();
             s.pass_tokens.fetch_add(rows as u64, Ordering::Relaxed);
-            for (i, err) in self.forward(active, &work) {
+            let started = Instant::now();
+            let failed = self.forward(active, &work);
+            let seconds = started.elapsed().as_secs_f64();
+            for (i, err) in failed {
                 active[i].reply.send(Event::Error(err));
                 ended[i] = true;
             }
             for w in &work {
-                if !ended[w.active] {
-                    self.after_pass(&mut active[w.active], w);
+                if !ended[w.active] && !self.after_pass(&mut active[w.active], w, seconds) {
+                    ended[w.active] = true;
                 }
             }
         }
@@ -229,6 +265,7 @@ impl Worker {
                     .session,
                 tokens: &w.tokens,
                 want: w.want,
+                as_steps: w.drafts > 0,
             })
             .collect();
         if Session::forward_many(&self.model, &mut self.ws, &mut steps).is_ok() {
@@ -236,16 +273,36 @@ impl Worker {
         }
         let mut failed = Vec::new();
         for (s, w) in steps.iter_mut().zip(work) {
-            if let Err(e) = s.session.feed(&self.model, s.tokens, s.want) {
+            let ran = if s.as_steps {
+                s.session
+                    .feed_steps(&self.model, s.tokens, s.want)
+                    .map(|_| ())
+            } else {
+                s.session.feed(&self.model, s.tokens, s.want).map(|_| ())
+            };
+            if let Err(e) = ran {
                 failed.push((w.active, e.to_string()));
             }
         }
         failed
     }
 
-    /// Book-keeping after `a`'s part of a pass: the prompt position, the logits to sample.
-    fn after_pass(&mut self, a: &mut Active, w: &Work) {
-        let session = &self.slots[a.slot].session;
+    /// Book-keeping after `a`'s part of a pass (which took `seconds`): the prompt position,
+    /// the logits to sample — or, for a check of drafts, the generation stepped through
+    /// the rows while it samples the drafts, the rest rewound. False when the job ended.
+    fn after_pass(&mut self, a: &mut Active, w: &Work, seconds: f64) -> bool {
+        if w.drafts > 0 {
+            return self.check_drafts(a, w, seconds);
+        }
+        let session = &mut self.slots[a.slot].session;
+        if !a.reading_prompt() {
+            // A plain step (of a speculating session: its cost, for the draft length).
+            let n = session.state().n_past();
+            if let Err(e) = session.settle_drafts(&self.model, 0, 0, seconds, n) {
+                a.reply.send(Event::Error(e.to_string()));
+                return false;
+            }
+        }
         if w.want != Logits::None {
             a.logits.clear();
             a.logits.extend_from_slice(session.state().last_logits());
@@ -258,11 +315,71 @@ impl Worker {
                 a.t_gen = Instant::now();
             }
         }
+        true
+    }
+
+    /// Step `a`'s generation through the rows of its check of `w.drafts` drafts: each row
+    /// is sampled as a one-token pass's logits would be, and the drafts after the first
+    /// one the generation does not sample are rewound; the token it sampled instead is
+    /// fed next turn. False when the job ended.
+    fn check_drafts(&mut self, a: &mut Active, w: &Work, seconds: f64) -> bool {
+        let vocab = self.model.config.vocab_size;
+        let state = self.slots[a.slot].session.state();
+        let n_ctx = state.n_ctx();
+        let n0 = state.n_past() - w.tokens.len();
+        let mut kept = 0;
+        let mut ended = None;
+        for (j, row) in state.logits().chunks_exact(vocab).enumerate() {
+            a.logits.clear();
+            a.logits.extend_from_slice(row);
+            let room = n_ctx - (n0 + 1 + j);
+            let mut sink = ToReply {
+                reply: a.reply.as_mut(),
+                stats: &self.stats,
+            };
+            match a.gen.step(
+                &self.tokenizer,
+                &mut a.sampler,
+                &mut a.logits,
+                room,
+                &mut sink,
+            ) {
+                Next::Feed(t) if w.tokens.get(j + 1) == Some(&t) => kept += 1,
+                Next::Feed(t) => {
+                    a.pending = Some(t);
+                    break;
+                }
+                Next::Done { reason, .. } => {
+                    ended = Some(reason);
+                    break;
+                }
+            }
+        }
+        self.stats.add_speculation(w.drafts, kept);
+        let settled = self.slots[a.slot].session.settle_drafts(
+            &self.model,
+            w.drafts,
+            kept,
+            seconds,
+            n0 + 1 + kept,
+        );
+        if let Some(reason) = ended {
+            self.finish(a, reason);
+            return false;
+        }
+        if let Err(e) = settled {
+            a.reply.send(Event::Error(e.to_string()));
+            return false;
+        }
+        true
     }
 
     /// Sample `a`'s next token and send what became final; the token to feed, or `None`
     /// when the job has ended (its last events sent).
     fn sample(&mut self, a: &mut Active) -> Option<u32> {
+        if let Some(id) = a.pending.take() {
+            return Some(id);
+        }
         let state = self.slots[a.slot].session.state();
         let room = state.n_ctx() - state.n_past();
         let mut sink = ToReply {
@@ -328,6 +445,7 @@ impl Worker {
             gen: generation,
             reply,
             logits: Vec::new(),
+            pending: None,
             t_prompt: Instant::now(),
             t_gen: Instant::now(),
         }
