@@ -17,20 +17,20 @@ const HEADING: &str = "Speculative decoding";
 pub struct SpeculativeArgs {
     /// A smaller model with the same vocabulary that drafts tokens for this one (e.g. the
     /// 0.5B for the 1.5B; llama.cpp's -md / --model-draft).
-    #[arg(long = "draft-model", alias = "model-draft", alias = "md", value_name = "FILE", help_heading = HEADING)]
+    #[arg(long = "draft-model", aliases = ["model-draft", "spec-draft-model", "md"], value_name = "FILE", help_heading = HEADING)]
     pub draft_model: Option<std::path::PathBuf>,
     /// Draft tokens by matching the context's last N tokens against earlier text (the
     /// prompt and what was generated): no second model.
     #[arg(long = "lookup", value_name = "N", conflicts_with = "draft_model", help_heading = HEADING)]
     pub lookup: Option<usize>,
     /// Most draft tokens checked per pass (the draft length adapts below it).
-    #[arg(long = "draft-max", alias = "draft", alias = "draft-n", default_value_t = DEFAULT_DRAFT_MAX, help_heading = HEADING)]
+    #[arg(long = "draft-max", aliases = ["draft", "draft-n", "spec-draft-n-max"], default_value_t = DEFAULT_DRAFT_MAX, help_heading = HEADING)]
     pub draft_max: usize,
     /// Fewest draft tokens worth a check; fewer, and the step runs plainly.
-    #[arg(long = "draft-min", alias = "draft-n-min", default_value_t = 0, help_heading = HEADING)]
+    #[arg(long = "draft-min", aliases = ["draft-n-min", "spec-draft-n-min"], default_value_t = 0, help_heading = HEADING)]
     pub draft_min: usize,
     /// The draft model stops drafting when its best token is less likely than this.
-    #[arg(long = "draft-p-min", default_value_t = DEFAULT_DRAFT_P_MIN, help_heading = HEADING)]
+    #[arg(long = "draft-p-min", alias = "spec-draft-p-min", default_value_t = DEFAULT_DRAFT_P_MIN, help_heading = HEADING)]
     pub draft_p_min: f32,
     /// The draft model's attention policy (default settings; an index-trained policy
     /// needs an index for the draft model).

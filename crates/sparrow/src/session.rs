@@ -108,7 +108,7 @@ impl Session {
     pub fn propose_drafts(&mut self, next: u32, room: usize, out: &mut Vec<u32>) -> Result<()> {
         out.clear();
         match &mut self.speculation {
-            Some(spec) => spec.propose(&self.tokens, next, room, out).map(|_| ()),
+            Some(spec) => spec.propose(&self.tokens, next, room, out),
             None => Ok(()),
         }
     }

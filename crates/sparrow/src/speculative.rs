@@ -62,8 +62,10 @@ struct Measurements {
     judged: f64,
     /// Seconds of a pass checking `k` drafts, per `k` (0: a plain step).
     pass: Vec<Option<f64>>,
-    /// Seconds the drafter takes per draft token.
+    /// Seconds the drafter takes per draft token, and per check before the first (a draft
+    /// model catching up with what the last check kept).
     draft: Option<f64>,
+    setup: Option<f64>,
     /// Plain steps since the last draft was checked.
     plain_steps: usize,
     /// Trial drafts since drafting last paid: each doubles the wait for the next.
@@ -88,6 +90,7 @@ impl Measurements {
             judged: 3.0,
             pass: vec![None; draft_max + 1],
             draft: None,
+            setup: None,
             plain_steps: 0,
             trials: 0,
         }
@@ -139,18 +142,21 @@ impl Measurements {
 
 /// The draft length in `min..=max` (or 0) with the most expected tokens per second, when
 /// each draft is kept with probability `alpha`, a check of `k` drafts takes
-/// `pass_seconds(k)` and each draft token `draft_seconds`.
+/// `pass_seconds(k)`, each draft token `draft_seconds` and drafting at all
+/// `setup_seconds` (a draft model catching up with the tokens kept).
 pub fn best_draft_len(
     alpha: f64,
     pass_seconds: impl Fn(usize) -> f64,
     draft_seconds: f64,
+    setup_seconds: f64,
     min: usize,
     max: usize,
 ) -> usize {
     let rate = |k: usize| {
         // 1 + α + … + α^k tokens.
         let tokens = (0..=k).map(|j| alpha.powi(j as i32)).sum::<f64>();
-        tokens / (pass_seconds(k) + draft_seconds * k as f64)
+        let setup = if k > 0 { setup_seconds } else { 0.0 };
+        tokens / (pass_seconds(k) + draft_seconds * k as f64 + setup)
     };
     let mut best = (0, rate(0));
     for k in min.max(1)..=max {
@@ -210,14 +216,20 @@ impl Speculation {
             return (self.draft_max, false);
         }
         let Some(_) = m.pass_seconds(0) else {
-            // Nothing measured yet: draft as far as allowed once, to learn.
-            return (self.draft_max, false);
+            // Nothing measured yet: a short draft, to learn (a long one that fails costs
+            // several passes' worth of rows).
+            return (
+                TRIAL_DRAFT.clamp(self.draft_min.max(1), self.draft_max),
+                false,
+            );
         };
         let pass = |k: usize| m.pass_seconds(k).unwrap_or(f64::MAX);
+        let (draft, setup) = (m.draft.unwrap_or(0.0), m.setup.unwrap_or(0.0));
         let k = best_draft_len(
             m.acceptance(),
             pass,
-            m.draft.unwrap_or(0.0),
+            draft,
+            setup,
             self.draft_min,
             self.draft_max,
         );
@@ -225,13 +237,8 @@ impl Speculation {
             return (k, false);
         }
         // Would drafts pay if every one were kept? If not, trying one cannot change that.
-        let could_pay = best_draft_len(
-            0.999,
-            pass,
-            m.draft.unwrap_or(0.0),
-            self.draft_min,
-            self.draft_max,
-        ) > 0;
+        let could_pay =
+            best_draft_len(0.999, pass, draft, setup, self.draft_min, self.draft_max) > 0;
         if could_pay && m.plain_steps >= RETRY_AFTER << m.trials.min(4) {
             (
                 TRIAL_DRAFT.clamp(self.draft_min.max(1), self.draft_max),
@@ -252,15 +259,14 @@ impl Speculation {
     }
 
     /// Drafts to follow `context` then `next` (the token about to be fed), at most
-    /// `room` of them, into `out` (emptied first); returns the seconds drafting took.
-    /// Too few to check leaves `out` empty.
+    /// `room` of them, into `out` (emptied first). Too few to check leaves `out` empty.
     pub(crate) fn propose(
         &mut self,
         context: &[u32],
         next: u32,
         room: usize,
         out: &mut Vec<u32>,
-    ) -> Result<f64> {
+    ) -> Result<()> {
         out.clear();
         let (want, trial) = self.next_len();
         if want > 0 {
@@ -268,23 +274,24 @@ impl Speculation {
         }
         let want = want.min(room);
         if want == 0 || want < self.draft_min {
-            return Ok(0.0);
+            return Ok(());
         }
-        let seconds = match &mut self.drafter {
+        let (setup, seconds) = match &mut self.drafter {
             Drafter::Model(m) => m.propose(context, next, want, out)?,
             Drafter::Lookup(l) => {
                 let started = std::time::Instant::now();
                 l.propose(context, next, want, out);
-                started.elapsed().as_secs_f64()
+                (0.0, started.elapsed().as_secs_f64())
             }
         };
+        Measurements::update(&mut self.measure.setup, setup);
         if !out.is_empty() {
             Measurements::update(&mut self.measure.draft, seconds / out.len() as f64);
         }
         if out.len() < self.draft_min.max(1) {
             out.clear();
         }
-        Ok(seconds)
+        Ok(())
     }
 
     /// After a pass of `seconds` that checked `drafted` tokens, the first `accepted` of
@@ -376,21 +383,23 @@ impl DraftModel {
 
     /// Greedy drafts after `context` + `next`: catch the draft's cache up, then one token
     /// per pass until `want`, an unsure step or the end of its context. Returns the
-    /// seconds the drafting steps took (the catch-up not counted: it is the same work
-    /// however long the draft).
+    /// seconds of the catch-up (whatever the draft's length) and of the drafting steps.
     fn propose(
         &mut self,
         context: &[u32],
         next: u32,
         want: usize,
         out: &mut Vec<u32>,
-    ) -> Result<f64> {
+    ) -> Result<(f64, f64)> {
+        let started = std::time::Instant::now();
         let Some(mut logits) = self.catch_up(context, Some(next))? else {
             // Past the draft's context: no drafts, the model decodes plainly.
-            return Ok(0.0);
+            return Ok((0.0, 0.0));
         };
+        let setup = started.elapsed().as_secs_f64();
         let want = want.min(self.state.n_ctx() - self.state.n_past());
         let started = std::time::Instant::now();
+        // (`started` now times the drafting steps.)
         while out.len() < want {
             let (id, p) = best_with_probability(&logits);
             if p < self.p_min {
@@ -412,7 +421,7 @@ impl DraftModel {
             }
             self.tokens.push(id);
         }
-        Ok(started.elapsed().as_secs_f64())
+        Ok((setup, started.elapsed().as_secs_f64()))
     }
 
     fn reset(&mut self) {
@@ -519,24 +528,27 @@ mod tests {
         // A check costs a one-token pass plus `c` of one per draft.
         let cost = |c: f64| move |k: usize| 1.0 + c * k as f64;
         // Cheap checks and sure drafts: as far as allowed.
-        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0, 16), 16);
+        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0.0, 0, 16), 16);
         // Drafts kept one time in three, each extra row half a pass: not worth a check.
-        assert_eq!(best_draft_len(0.3, cost(0.55), 0.0, 0, 16), 0);
+        assert_eq!(best_draft_len(0.3, cost(0.55), 0.0, 0.0, 0, 16), 0);
         // In between, a short draft: α = 0.8 at 0.3 per row peaks at 2 drafts.
-        let k = best_draft_len(0.8, cost(0.3), 0.0, 0, 16);
+        let k = best_draft_len(0.8, cost(0.3), 0.0, 0.0, 0, 16);
         assert!((2..=3).contains(&k), "{k}");
         // A slow drafter moves the balance: the same odds, each draft token 0.5 of a pass.
-        assert_eq!(best_draft_len(0.8, cost(0.3), 0.5, 0, 16), 0);
+        assert_eq!(best_draft_len(0.8, cost(0.3), 0.5, 0.0, 0, 16), 0);
+        // So does a costly start: sure drafts at 0.1 per row, but a whole pass to begin.
+        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 1.0, 0, 16), 16);
+        assert_eq!(best_draft_len(0.5, cost(0.1), 0.0, 1.0, 0, 16), 0);
         // `min` bounds the lengths considered (0 is always one).
-        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0, 4), 4);
+        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0.0, 0, 4), 4);
     }
 
     #[test]
     fn measurements_choose_the_length() {
         let lookup = || Drafter::Lookup(PromptLookup::new(2).unwrap());
         let mut s = Speculation::new(lookup(), 8, 0).unwrap();
-        // Nothing measured: the longest draft, to learn.
-        assert_eq!(s.next_len(), (8, false));
+        // Nothing measured: a short draft, to learn.
+        assert_eq!(s.next_len(), (TRIAL_DRAFT, false));
         // Every draft kept, each extra row a tenth of a pass: stay long.
         for _ in 0..10 {
             s.record(8, 8, 0.018);
