@@ -393,6 +393,11 @@ impl Session {
             let mut kept = 0;
             for (j, row) in self.state.logits().chunks_exact(vocab).enumerate() {
                 logits.copy_from_slice(row);
+                if let (true, Some(&d)) = (spec.takes_drafts_unchecked(), drafts.get(j)) {
+                    // The wrong rule the tests must catch: the draft, whatever the row says.
+                    logits.iter_mut().for_each(|l| *l = f32::NEG_INFINITY);
+                    logits[d as usize] = 0.0;
+                }
                 let room = n_ctx - (n0 + 1 + j);
                 next = gen.step(&engine.tokenizer, sampler, &mut logits, room, sink);
                 match next {

@@ -52,6 +52,9 @@ pub struct Speculation {
     measure: Measurements,
     /// Ask for `draft_max` drafts every time, whatever they cost.
     always_max: bool,
+    /// A deliberately wrong acceptance rule, for the tests that must tell it from the right
+    /// one: every draft is taken as generated, unsampled.
+    take_drafts_unchecked: bool,
     stats: SpeculationStats,
 }
 
@@ -192,8 +195,23 @@ impl Speculation {
             draft_min,
             measure: Measurements::new(draft_max),
             always_max: false,
+            take_drafts_unchecked: false,
             stats: SpeculationStats::default(),
         })
+    }
+
+    /// Break the acceptance rule on purpose: take every draft as generated without
+    /// sampling the model's row (the output is then the drafter's, not the model's). Only
+    /// for the statistical tests, which must reject it.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn take_drafts_unchecked(mut self) -> Self {
+        self.take_drafts_unchecked = true;
+        self
+    }
+
+    /// Whether drafts are taken unchecked (see [`Speculation::take_drafts_unchecked`]).
+    pub(crate) fn takes_drafts_unchecked(&self) -> bool {
+        self.take_drafts_unchecked
     }
 
     /// Ask for `draft_max` drafts at every step, whether they pay or not (for measuring

@@ -565,3 +565,102 @@ fn the_scheduler_speculates_per_slot_with_the_plain_output() {
         }
     }
 }
+
+/// The classes of the rank of a generated token among the model's own choices at its step:
+/// the most likely, the second, 3rd–5th, 6th–16th, any other.
+const RANK_CLASSES: [usize; 4] = [1, 2, 5, 16];
+
+/// Counts of the rank classes of the 2nd and 3rd tokens generated after `prompt` (ranks
+/// under the model's logits at each step, recomputed), one generation per seed, with the
+/// speculation `spec` makes (or none).
+fn rank_classes(
+    e: &Engine,
+    prompt: &[u32],
+    seeds: std::ops::Range<u64>,
+    spec: &dyn Fn() -> Option<Speculation>,
+) -> Vec<f64> {
+    let mut counts = vec![0.0; RANK_CLASSES.len() + 1];
+    let choice = AttentionChoice::default();
+    for seed in seeds {
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..SamplerConfig::default()
+        };
+        let (_, ids, _, _) = generate(e, &choice, spec(), prompt, cfg, Generation::new(3, true));
+        let mut st = sequence(&e.model, &choice, None);
+        let mut ctx = prompt.to_vec();
+        ctx.push(ids[0]);
+        let mut logits = e
+            .model
+            .forward(&mut st, &ctx, Logits::Last)
+            .unwrap()
+            .to_vec();
+        for &id in &ids[1..] {
+            let mine = logits[id as usize];
+            let rank = logits.iter().filter(|&&l| l > mine).count();
+            counts[RANK_CLASSES.iter().take_while(|&&c| rank >= c).count()] += 1.0;
+            logits = e
+                .model
+                .forward(&mut st, &[id], Logits::Last)
+                .unwrap()
+                .to_vec();
+        }
+    }
+    counts
+}
+
+/// Pearson's statistic for two samples having one distribution over the same classes
+/// (a 2 × k contingency table; k − 1 degrees of freedom).
+fn chi_square(a: &[f64], b: &[f64]) -> f64 {
+    let (na, nb): (f64, f64) = (a.iter().sum(), b.iter().sum());
+    let n = na + nb;
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| *x + *y > 0.0)
+        .map(|(&x, &y)| {
+            let (ea, eb) = (na * (x + y) / n, nb * (x + y) / n);
+            (x - ea).powi(2) / ea + (y - eb).powi(2) / eb
+        })
+        .sum()
+}
+
+/// With sampling, speculative decoding's tokens follow the model's distribution: on
+/// disjoint seeds, the classes of the tokens generated through drafts and directly pass a
+/// chi-square test at significance 0.001 — and a deliberately wrong acceptance rule (every
+/// draft taken unsampled) fails it.
+#[test]
+fn sampled_speculative_tokens_follow_the_models_distribution() {
+    let e = engine(31);
+    let d = Arc::new(engine(31));
+    let prompt = synthetic_tokens(12, 40);
+    // χ²(4) at 0.001 (five rank classes).
+    const CRITICAL: f64 = 18.467;
+    let draft = |wrong: bool| {
+        let d = Arc::clone(&d);
+        move || {
+            let state = sequence(&d.model, &AttentionChoice::default(), None);
+            let model = DraftModel::new(Arc::clone(&d.model), state, 0.0, 64).unwrap();
+            let s = Speculation::new(Drafter::Model(Box::new(model)), 3, 0)
+                .unwrap()
+                .always_draft_max();
+            Some(if wrong { s.take_drafts_unchecked() } else { s })
+        }
+    };
+    let direct = rank_classes(&e, &prompt, 0..1000, &|| None);
+    let right = rank_classes(&e, &prompt, 10_000..11_000, &draft(false));
+    let wrong = rank_classes(&e, &prompt, 10_000..11_000, &draft(true));
+    let (ok, bad) = (chi_square(&direct, &right), chi_square(&direct, &wrong));
+    eprintln!("χ² of the rule in use {ok:.1}, of the wrong rule {bad:.1} (critical {CRITICAL})");
+    assert!(
+        ok < CRITICAL,
+        "the rule in use: χ² = {ok:.1} ({direct:?} / {right:?})"
+    );
+    assert!(
+        bad > CRITICAL,
+        "the wrong rule passed: χ² = {bad:.1} ({direct:?} / {wrong:?})"
+    );
+}
