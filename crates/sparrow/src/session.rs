@@ -113,14 +113,15 @@ impl Session {
         }
     }
 
-    /// After a check of `drafted` drafts in a pass of `seconds`, `kept` of them kept: count
-    /// it, and rewind the cache to `n` positions (dropping the rest of the drafts).
+    /// After a check of `drafted` drafts in a pass of `seconds` (`None` when the pass
+    /// carried other sequences too), `kept` of them kept: count it, and rewind the cache to
+    /// `n` positions (dropping the rest of the drafts).
     pub fn settle_drafts(
         &mut self,
         model: &Model,
         drafted: usize,
         kept: usize,
-        seconds: f64,
+        seconds: Option<f64>,
         n: usize,
     ) -> Result<()> {
         if let Some(spec) = &mut self.speculation {
@@ -405,7 +406,7 @@ impl Session {
                     _ => break,
                 }
             }
-            spec.record(drafts.len(), kept, seconds);
+            spec.record(drafts.len(), kept, Some(seconds));
             self.rewind_to(model, n0 + 1 + kept)?;
         }
         Ok(())

@@ -312,14 +312,16 @@ impl Speculation {
         Ok(())
     }
 
-    /// After a pass of `seconds` that checked `drafted` tokens, the first `accepted` of
-    /// them kept.
-    pub(crate) fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
+    /// After a pass of `seconds` (`None`: shared with other sequences, so not this check's
+    /// cost) that checked `drafted` tokens, the first `accepted` of them kept.
+    pub(crate) fn record(&mut self, drafted: usize, accepted: usize, seconds: Option<f64>) {
         self.stats.target_passes += 1;
         self.stats.drafted += drafted;
         self.stats.accepted += accepted;
         let m = &mut self.measure;
-        Measurements::update(&mut m.pass[drafted], seconds);
+        if let Some(seconds) = seconds {
+            Measurements::update(&mut m.pass[drafted], seconds);
+        }
         if drafted == 0 {
             m.plain_steps += 1;
             return;
@@ -569,34 +571,34 @@ mod tests {
         assert_eq!(s.next_len(), (TRIAL_DRAFT, false));
         // Every draft kept, each extra row a tenth of a pass: stay long.
         for _ in 0..10 {
-            s.record(8, 8, 0.018);
-            s.record(0, 0, 0.010);
+            s.record(8, 8, Some(0.018));
+            s.record(0, 0, Some(0.010));
         }
         assert_eq!(s.next_len(), (8, false));
         // Then every draft missed, and long checks cost more: plain steps…
         for _ in 0..30 {
-            s.record(8, 0, 0.030);
+            s.record(8, 0, Some(0.030));
         }
         assert_eq!(s.next_len(), (0, false));
         // …until a trial draft after enough of them, then twice as many before the next.
         for _ in 0..RETRY_AFTER {
-            s.record(0, 0, 0.010);
+            s.record(0, 0, Some(0.010));
         }
         assert_eq!(s.next_len(), (TRIAL_DRAFT, true));
         s.measure.trials = 1;
-        s.record(TRIAL_DRAFT, 0, 0.016);
+        s.record(TRIAL_DRAFT, 0, Some(0.016));
         for _ in 0..RETRY_AFTER {
-            s.record(0, 0, 0.010);
+            s.record(0, 0, Some(0.010));
         }
         assert_eq!(s.next_len(), (0, false));
         for _ in 0..RETRY_AFTER {
-            s.record(0, 0, 0.010);
+            s.record(0, 0, Some(0.010));
         }
         assert_eq!(s.next_len(), (TRIAL_DRAFT, true));
         // A drafter as slow as the model never pays, however good: no trials.
         s.measure.draft = Some(0.010);
         for _ in 0..10 * RETRY_AFTER {
-            s.record(0, 0, 0.010);
+            s.record(0, 0, Some(0.010));
         }
         assert_eq!(s.next_len(), (0, false));
         assert_eq!(s.stats().drafted, 8 * 10 + 8 * 30 + TRIAL_DRAFT);

@@ -164,6 +164,13 @@ impl Worker {
         let mut ended = vec![false; active.len()];
         let mut work: Vec<Work> = Vec::new();
         let mut drafts = Vec::new();
+        // Drafts only for a job generating alone: with two or more, each pass already has
+        // a row per job, and past one row a pass is bound by arithmetic, so a draft row
+        // costs as much as another job's token, which is sure to be kept.
+        let generating = active
+            .iter()
+            .filter(|a| !a.reading_prompt() && !a.reply.is_cancelled())
+            .count();
         for (i, a) in active.iter_mut().enumerate() {
             if a.reply.is_cancelled() {
                 self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -175,8 +182,11 @@ impl Worker {
                 };
                 let session = &mut self.slots[a.slot].session;
                 let state = session.state();
-                let room =
-                    (state.n_ctx() - state.n_past() - 1).min(a.gen.remaining().saturating_sub(1));
+                let room = if generating == 1 {
+                    (state.n_ctx() - state.n_past() - 1).min(a.gen.remaining().saturating_sub(1))
+                } else {
+                    0
+                };
                 if let Err(e) = session.propose_drafts(id, room, &mut drafts) {
                     a.reply.send(Event::Error(e.to_string()));
                     ended[i] = true;
@@ -228,7 +238,8 @@ impl Worker {
             s.pass_tokens.fetch_add(rows as u64, Ordering::Relaxed);
             let started = Instant::now();
             let failed = self.forward(active, &work);
-            let seconds = started.elapsed().as_secs_f64();
+            // A pass's time is a check's cost only when it carried nothing else.
+            let seconds = (work.len() == 1).then(|| started.elapsed().as_secs_f64());
             for (i, err) in failed {
                 active[i].reply.send(Event::Error(err));
                 ended[i] = true;
@@ -290,7 +301,7 @@ impl Worker {
     /// Book-keeping after `a`'s part of a pass (which took `seconds`): the prompt position,
     /// the logits to sample — or, for a check of drafts, the generation stepped through
     /// the rows while it samples the drafts, the rest rewound. False when the job ended.
-    fn after_pass(&mut self, a: &mut Active, w: &Work, seconds: f64) -> bool {
+    fn after_pass(&mut self, a: &mut Active, w: &Work, seconds: Option<f64>) -> bool {
         if w.drafts > 0 {
             return self.check_drafts(a, w, seconds);
         }
@@ -322,7 +333,7 @@ impl Worker {
     /// is sampled as a one-token pass's logits would be, and the drafts after the first
     /// one the generation does not sample are rewound; the token it sampled instead is
     /// fed next turn. False when the job ended.
-    fn check_drafts(&mut self, a: &mut Active, w: &Work, seconds: f64) -> bool {
+    fn check_drafts(&mut self, a: &mut Active, w: &Work, seconds: Option<f64>) -> bool {
         let vocab = self.model.config.vocab_size;
         let state = self.slots[a.slot].session.state();
         let n_ctx = state.n_ctx();
