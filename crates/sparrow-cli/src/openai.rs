@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use sparrow::chat::tool_calls;
 use sparrow::grammar::{OrderedValue, Schema};
 use sparrow::{ChatMessage, SamplerConfig};
 use std::sync::Arc;
@@ -39,7 +40,7 @@ impl ApiError {
             ..Self::new(StatusCode::BAD_REQUEST, code, message)
         }
     }
-    fn field(param: &str, message: String) -> Self {
+    pub fn field(param: &str, message: String) -> Self {
         Self::bad_param(&message, param, "invalid_value")
     }
     pub fn internal(message: &str) -> Self {
@@ -91,6 +92,221 @@ pub struct Request {
     /// Report log-probabilities with this many alternatives per token (chat:
     /// `logprobs: true` + `top_logprobs`; completions: `logprobs: N`).
     pub logprobs: Option<usize>,
+    /// The functions the model may call (`tools`, each `{"type": "function", "function":
+    /// {...}}` as sent), and how it may (`tool_choice`, `parallel_tool_calls`).
+    pub tools: Vec<Value>,
+    pub tool_choice: ToolChoice,
+    pub parallel_tool_calls: bool,
+    /// The messages as the chat template reads them when tools are involved (an
+    /// assistant's `tool_calls` with their arguments as objects, a tool result's
+    /// `tool_call_id`); `None` for plain chats.
+    pub tool_messages: Option<Vec<Value>>,
+}
+
+/// `tool_choice`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides (the default with tools).
+    Auto,
+    /// No calls: the output is text.
+    None,
+    /// A call of some tool (constrained: the output is one call).
+    Required,
+    /// A call of this function (constrained).
+    Named(String),
+}
+
+/// A function name as OpenAI takes them: 1 to 64 letters, digits, `_` or `-`.
+fn valid_name(n: &str) -> bool {
+    (1..=64).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `tools`: an array of `{"type": "function", "function": {"name", "description"?,
+/// "parameters"?, "strict"?}}`; a 400 names the first field at fault.
+fn parse_tools(o: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
+    let arr = match o.get("tools") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(ApiError::field("tools", "'tools' must be an array".into())),
+    };
+    let mut names = Vec::new();
+    for (i, t) in arr.iter().enumerate() {
+        let at = |f: &str| format!("tools[{i}]{f}");
+        let t = t
+            .as_object()
+            .ok_or_else(|| ApiError::field(&at(""), format!("'{}' must be an object", at(""))))?;
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(ApiError::field(
+                &at(".type"),
+                format!("'{}' must be \"function\"", at(".type")),
+            ));
+        }
+        let f = t
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| {
+                ApiError::field(
+                    &at(".function"),
+                    format!("'{}' is required and must be an object", at(".function")),
+                )
+            })?;
+        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+        if !valid_name(name) {
+            return Err(ApiError::field(
+                &at(".function.name"),
+                format!(
+                    "'{}' is required: 1 to 64 letters, digits, '_' or '-'",
+                    at(".function.name")
+                ),
+            ));
+        }
+        if names.contains(&name) {
+            return Err(ApiError::field(
+                &at(".function.name"),
+                format!("'{}': '{name}' is defined twice", at(".function.name")),
+            ));
+        }
+        names.push(name);
+        if !matches!(
+            f.get("description"),
+            None | Some(Value::Null | Value::String(_))
+        ) {
+            return Err(ApiError::field(
+                &at(".function.description"),
+                format!("'{}' must be a string", at(".function.description")),
+            ));
+        }
+        if !matches!(
+            f.get("parameters"),
+            None | Some(Value::Null | Value::Object(_))
+        ) {
+            return Err(ApiError::field(
+                &at(".function.parameters"),
+                format!(
+                    "'{}' must be a JSON Schema object",
+                    at(".function.parameters")
+                ),
+            ));
+        }
+    }
+    Ok(arr.clone())
+}
+
+/// `tool_choice`: `"auto"`, `"none"`, `"required"` or `{"type": "function", "function":
+/// {"name"}}` naming one of `tools`.
+fn parse_tool_choice(o: &Map<String, Value>, tools: &[Value]) -> Result<ToolChoice, ApiError> {
+    let named = |n: &str| tools.iter().any(|t| t["function"]["name"] == n);
+    let choice = match o.get("tool_choice") {
+        None | Some(Value::Null) => {
+            return Ok(if tools.is_empty() {
+                ToolChoice::None
+            } else {
+                ToolChoice::Auto
+            })
+        }
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::field(
+                    "tool_choice",
+                    format!(
+                    "'tool_choice' is '{other}'; expected auto, none, required or a named function"
+                ),
+                ))
+            }
+        },
+        Some(Value::Object(c)) => {
+            let name = c
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| c.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    ApiError::field(
+                        "tool_choice",
+                        "'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": …}}".into(),
+                    )
+                })?;
+            if !named(name) {
+                return Err(ApiError::field(
+                    "tool_choice",
+                    format!("'tool_choice' names '{name}', which is not among 'tools'"),
+                ));
+            }
+            ToolChoice::Named(name.to_string())
+        }
+        Some(_) => {
+            return Err(ApiError::field(
+                "tool_choice",
+                "'tool_choice' must be a string or an object".into(),
+            ))
+        }
+    };
+    if tools.is_empty() && choice != ToolChoice::None {
+        return Err(ApiError::field(
+            "tool_choice",
+            "'tool_choice' needs 'tools'".into(),
+        ));
+    }
+    Ok(choice)
+}
+
+/// A message as a tool-aware template reads it: `tool_calls` kept with their arguments
+/// parsed into objects (templates write them with `tojson`), `tool_call_id` and `name` of
+/// a tool result kept; 400s name the field at fault.
+fn template_message(m: &Value, role: &str, content: &str, i: usize) -> Result<Value, ApiError> {
+    let mut out = json!({"role": role, "content": content});
+    if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
+        out["tool_call_id"] = json!(id);
+    }
+    if let Some(n) = m.get("name").and_then(Value::as_str) {
+        out["name"] = json!(n);
+    }
+    match m.get("tool_calls") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(calls)) => {
+            let mut list = Vec::new();
+            for (j, c) in calls.iter().enumerate() {
+                let p = format!("messages[{i}].tool_calls[{j}]");
+                let f = c
+                    .get("function")
+                    .ok_or_else(|| ApiError::field(&p, format!("'{p}.function' is required")))?;
+                let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
+                    ApiError::field(&p, format!("'{p}.function.name' must be a string"))
+                })?;
+                let args = match f.get("arguments") {
+                    Some(Value::String(a)) => serde_json::from_str::<Value>(a).map_err(|e| {
+                        ApiError::field(&p, format!("'{p}.function.arguments' is not JSON: {e}"))
+                    })?,
+                    Some(Value::Object(a)) => Value::Object(a.clone()),
+                    None | Some(Value::Null) => json!({}),
+                    Some(_) => {
+                        return Err(ApiError::field(
+                            &p,
+                            format!("'{p}.function.arguments' must be a JSON string"),
+                        ))
+                    }
+                };
+                list.push(json!({
+                    "id": c.get("id").cloned().unwrap_or(Value::Null),
+                    "type": "function",
+                    "function": {"name": name, "arguments": args},
+                }));
+            }
+            out["tool_calls"] = Value::Array(list);
+        }
+        Some(_) => {
+            return Err(ApiError::field(
+                &format!("messages[{i}].tool_calls"),
+                format!("'messages[{i}].tool_calls' must be an array"),
+            ))
+        }
+    }
+    Ok(out)
 }
 
 fn opt_f32(o: &Map<String, Value>, key: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
@@ -175,6 +391,7 @@ pub fn parse_request(
     let o = v
         .as_object()
         .ok_or_else(|| ApiError::bad("the request body must be a JSON object"))?;
+    let mut tool_msgs = None;
     let (messages, prompt) = if chat {
         let arr = o.get("messages").and_then(Value::as_array).ok_or_else(|| {
             ApiError::field(
@@ -189,6 +406,7 @@ pub fn parse_request(
             ));
         }
         let mut msgs = Vec::new();
+        let mut template_msgs = Vec::new();
         for (i, m) in arr.iter().enumerate() {
             let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
                 ApiError::field(
@@ -204,8 +422,10 @@ pub fn parse_request(
             }
             let role = if role == "developer" { "system" } else { role };
             let content = content_text(m.get("content").unwrap_or(&Value::Null), i)?;
+            template_msgs.push(template_message(m, role, &content, i)?);
             msgs.push(ChatMessage::new(role, &content));
         }
+        tool_msgs = Some(template_msgs);
         (Some(msgs), None)
     } else {
         let p = match o.get("prompt") {
@@ -331,7 +551,30 @@ pub fn parse_request(
     // llama-server's extension: keep generating past end-of-generation tokens.
     let ignore_eos = opt_bool(o, "ignore_eos")?;
     let logprobs = parse_logprobs(o, chat)?;
+    let tools = if chat { parse_tools(o)? } else { Vec::new() };
+    let tool_choice = parse_tool_choice(o, &tools)?;
+    let parallel_tool_calls = match o.get("parallel_tool_calls") {
+        None | Some(Value::Null) => true,
+        _ => opt_bool(o, "parallel_tool_calls")?,
+    };
+    // Plain chats render as before; a chat with tools, calls or results reads the JSON.
+    let uses_tools = !tools.is_empty()
+        || tool_msgs.as_ref().is_some_and(|ms: &Vec<Value>| {
+            ms.iter()
+                .any(|m| m.get("tool_calls").is_some() || m["role"] == "tool")
+        });
+    if uses_tools && (json || schema.is_some()) && tool_choice != ToolChoice::None {
+        return Err(ApiError::field(
+            "response_format",
+            "'response_format' with 'tools' is not supported (use tool_choice: none, or no tools)"
+                .into(),
+        ));
+    }
     Ok(Request {
+        tools,
+        tool_choice,
+        parallel_tool_calls,
+        tool_messages: if uses_tools { tool_msgs } else { None },
         logprobs,
         ignore_eos,
         messages,
@@ -427,6 +670,78 @@ fn parse_json_schema(rf: &Value, body: &[u8]) -> Result<Arc<Schema>, ApiError> {
     Schema::compile(&ordered.response_format.json_schema.schema)
         .map(Arc::new)
         .map_err(|e| ApiError::field(&param, format!("'{param}': {e}")))
+}
+
+/// The request's `tools`, read a second time so each schema keeps its key order.
+#[derive(Deserialize)]
+struct OrderedTools {
+    tools: Vec<OrderedTool>,
+}
+#[derive(Deserialize)]
+struct OrderedTool {
+    function: OrderedFunction,
+}
+#[derive(Deserialize)]
+struct OrderedFunction {
+    name: String,
+    #[serde(default)]
+    parameters: Option<OrderedValue>,
+}
+
+/// A call the output must be (`tool_choice` required or named).
+pub struct ForcedCall {
+    /// What the prompt ends with: the call's opening tag, so the model starts inside it.
+    pub prefix: String,
+    /// The compiled schema of the call's JSON — `{"name": <the function>, "arguments":
+    /// <its parameters>}` — when one function is meant (named, or required with a single
+    /// tool); with several tools a required call is steered by the opening tag alone.
+    pub schema: Option<Arc<Schema>>,
+}
+
+/// The call `req` forces, if any (see [`ForcedCall`]); `body` is read again for the
+/// parameters' key order.
+pub fn forced_call(req: &Request, body: &[u8]) -> Result<Option<ForcedCall>, ApiError> {
+    let name = match &req.tool_choice {
+        ToolChoice::Auto | ToolChoice::None => return Ok(None),
+        ToolChoice::Named(n) => n.clone(),
+        ToolChoice::Required if req.tools.len() == 1 => req.tools[0]["function"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        ToolChoice::Required => {
+            return Ok(Some(ForcedCall {
+                prefix: format!("{}\n", tool_calls::OPEN),
+                schema: None,
+            }))
+        }
+    };
+    let ordered: OrderedTools = serde_json::from_slice(body)
+        .map_err(|e| ApiError::field("tools", format!("'tools' could not be read: {e}")))?;
+    let (i, f) = ordered
+        .tools
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.function.name == name)
+        .map(|(i, t)| (i, &t.function))
+        .ok_or_else(|| ApiError::field("tool_choice", format!("no tool named '{name}'")))?;
+    let params = match &f.parameters {
+        Some(p) => p.canonical(),
+        None => r#"{"type":"object","properties":{}}"#.to_string(),
+    };
+    let wrapper = format!(
+        r#"{{"type":"object","properties":{{"name":{{"const":{}}},"arguments":{params}}},"required":["name","arguments"],"additionalProperties":false}}"#,
+        serde_json::Value::String(name.clone())
+    );
+    let param = format!("tools[{i}].function.parameters");
+    let schema = OrderedValue::parse(&wrapper)
+        .map_err(|e| ApiError::field(&param, format!("'{param}': {e}")))
+        .and_then(|v| {
+            Schema::compile(&v).map_err(|e| ApiError::field(&param, format!("'{param}': {e}")))
+        })?;
+    Ok(Some(ForcedCall {
+        prefix: format!("{}\n", tool_calls::OPEN),
+        schema: Some(Arc::new(schema)),
+    }))
 }
 
 /// Chat: `logprobs` (bool) and `top_logprobs` (0..=20, only with `logprobs: true`).
@@ -575,6 +890,37 @@ impl Meta {
         }
     }
 
+    /// The non-streamed chat body of an answer that calls tools: `content` (null when
+    /// empty) and `tool_calls`.
+    pub fn full_with_calls(
+        &self,
+        content: &str,
+        calls: &[Value],
+        finish: &str,
+        usage: Value,
+        logprobs: Value,
+    ) -> Value {
+        let content = if content.is_empty() {
+            Value::Null
+        } else {
+            json!(content)
+        };
+        json!({
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": calls}, "logprobs": logprobs, "finish_reason": finish}],
+            "usage": usage,
+        })
+    }
+
+    /// A call as OpenAI writes it in `tool_calls`: its id, type and function.
+    pub fn call_json(&self, index: usize, call: &tool_calls::ToolCall) -> Value {
+        json!({
+            "id": format!("call_{}_{index}", self.id),
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        })
+    }
+
     /// One streamed chunk: `delta` for chat, `text` for completions.
     pub fn chunk(
         &self,
@@ -708,5 +1054,92 @@ mod tests {
             r#"{"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "additionalProperties": true}}}"#,
         );
         assert!(msg.contains("additionalProperties"), "{msg}");
+    }
+
+    const TOOL: &str = r#"{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"zeta": {"type": "string"}, "city": {"type": "string"}},
+                       "required": ["zeta", "city"], "additionalProperties": false}}}"#;
+
+    fn with_tools(extra: &str) -> Result<Request, ApiError> {
+        let body = format!(
+            r#"{{"messages": [{{"role": "user", "content": "x"}}], "tools": [{TOOL}]{extra}}}"#
+        );
+        parse_request(body.as_bytes(), true, 100)
+    }
+
+    #[test]
+    fn tools_and_tool_choice() {
+        let r = with_tools("").unwrap();
+        assert_eq!(r.tool_choice, ToolChoice::Auto);
+        assert!(r.parallel_tool_calls && r.tools.len() == 1 && r.tool_messages.is_some());
+        let r = with_tools(r#", "tool_choice": "none", "parallel_tool_calls": false"#).unwrap();
+        assert_eq!(r.tool_choice, ToolChoice::None);
+        assert!(!r.parallel_tool_calls);
+        // A plain chat keeps the plain path.
+        let plain = parse_request(
+            br#"{"messages": [{"role": "user", "content": "x"}]}"#,
+            true,
+            100,
+        )
+        .unwrap();
+        assert!(plain.tool_messages.is_none() && plain.tool_choice == ToolChoice::None);
+
+        // A named call: the prompt opens it, the schema holds the name and the parameters
+        // in their declared order.
+        let body = format!(
+            r#"{{"messages": [{{"role": "user", "content": "x"}}], "tools": [{TOOL}], "tool_choice": {{"type": "function", "function": {{"name": "get_weather"}}}}}}"#
+        );
+        let r = parse_request(body.as_bytes(), true, 100).unwrap();
+        assert_eq!(r.tool_choice, ToolChoice::Named("get_weather".into()));
+        let forced = forced_call(&r, body.as_bytes()).unwrap().unwrap();
+        assert_eq!(forced.prefix, "<tool_call>\n");
+        let schema = forced.schema.expect("one function: a schema");
+        let s = sparrow::grammar::SchemaState::new();
+        assert_eq!(
+            String::from_utf8(schema.completion(&s)).unwrap(),
+            r#"{"name":"get_weather","arguments":{"zeta":"","city":""}}"#
+        );
+        // Required with one tool is that tool; auto forces nothing.
+        let r = with_tools(r#", "tool_choice": "required""#).unwrap();
+        let body = format!(
+            r#"{{"messages": [{{"role": "user", "content": "x"}}], "tools": [{TOOL}], "tool_choice": "required"}}"#
+        );
+        assert!(forced_call(&r, body.as_bytes())
+            .unwrap()
+            .unwrap()
+            .schema
+            .is_some());
+        assert!(forced_call(&with_tools("").unwrap(), b"{}")
+            .unwrap()
+            .is_none());
+
+        // A call and its result, as the template reads them: arguments as an object.
+        let body = br#"{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "2"}]}"#;
+        let r = parse_request(body, true, 100).unwrap();
+        let m = r.tool_messages.expect("tool messages");
+        assert_eq!(m[0]["tool_calls"][0]["function"]["arguments"]["a"], 1);
+        assert_eq!(m[1]["tool_call_id"], "c1");
+
+        // Errors name the field.
+        let param = |r: Result<Request, ApiError>| r.unwrap_err().param.unwrap_or_default();
+        assert_eq!(param(with_tools(r#", "tool_choice": 3"#)), "tool_choice");
+        assert_eq!(
+            param(with_tools(
+                r#", "response_format": {"type": "json_object"}"#
+            )),
+            "response_format"
+        );
+        let dup = format!(
+            r#"{{"messages": [{{"role": "user", "content": "x"}}], "tools": [{TOOL}, {TOOL}]}}"#
+        );
+        assert_eq!(
+            param(parse_request(dup.as_bytes(), true, 100)),
+            "tools[1].function.name"
+        );
+        let bad_params = r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}"#;
+        assert_eq!(
+            param(parse_request(bad_params.as_bytes(), true, 100)),
+            "tools[0].function.parameters"
+        );
     }
 }

@@ -1043,3 +1043,151 @@ fn batched_requests_generate_what_each_generates_alone() {
     let per_pass = value("sparrow_forward_sequences_total") / value("sparrow_forward_passes_total");
     assert!(per_pass > 1.5, "{per_pass} sequences per pass");
 }
+
+// ---- Tool calls (`tools`, `tool_choice`). ----
+
+const WEATHER_TOOL: &str = r#"{"type": "function", "function": {"name": "get_weather",
+  "description": "The current weather in a city.",
+  "parameters": {"type": "object", "properties": {
+     "city": {"type": "string", "description": "The city"},
+     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+   "required": ["city", "unit"], "additionalProperties": false}}}"#;
+
+fn chat_body(extra: &str) -> String {
+    format!(
+        r#"{{"messages": [{{"role": "user", "content": "What is the weather like in Oslo?"}}], "max_tokens": 48, "temperature": 0, "tools": [{WEATHER_TOOL}]{extra}}}"#
+    )
+}
+
+/// The call's arguments hold what the function's schema requires.
+fn check_weather_arguments(args: &str) {
+    let v: serde_json::Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {args}"));
+    let o = v.as_object().unwrap_or_else(|| panic!("{args}"));
+    assert!(o["city"].is_string(), "{args}");
+    assert!(
+        ["celsius", "fahrenheit"].contains(&o["unit"].as_str().unwrap()),
+        "{args}"
+    );
+    assert_eq!(o.len(), 2, "{args}");
+}
+
+/// On the default model (its template renders `tools`): a named `tool_choice` gives a call
+/// whose arguments fit the function's schema, whole and streamed in OpenAI's delta shape; a
+/// tool's result is rendered back; bad `tools` bodies are 400s naming the field.
+#[test]
+fn tool_calls_on_the_real_model() {
+    let s = Server::start(&qwen(), &["-c", "2048"]);
+    let named = r#", "tool_choice": {"type": "function", "function": {"name": "get_weather"}}"#;
+    let (status, body) = http(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &chat_body(named),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    check_weather_arguments(call["function"]["arguments"].as_str().unwrap());
+
+    // Streamed: the call arrives as a `tool_calls` delta with index, id, name, arguments.
+    let (status, sse) = http(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &chat_body(&format!(r#"{named}, "stream": true"#)),
+    );
+    assert_eq!(status, 200, "{sse}");
+    let chunks: Vec<serde_json::Value> = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let calls: Vec<&serde_json::Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(calls.len(), 1, "{sse}");
+    assert_eq!(calls[0]["index"], 0);
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    check_weather_arguments(calls[0]["function"]["arguments"].as_str().unwrap());
+    let last = chunks
+        .iter()
+        .rev()
+        .find(|c| !c["choices"][0]["finish_reason"].is_null())
+        .unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{sse}");
+
+    // The second step of an agent loop: the call and its result go back in.
+    let args = serde_json::to_string(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    let second = format!(
+        r#"{{"messages": [{{"role": "user", "content": "What is the weather like in Oslo?"}},
+            {{"role": "assistant", "content": null, "tool_calls": [{{"id": "call_1", "type": "function", "function": {{"name": "get_weather", "arguments": {args}}}}}]}},
+            {{"role": "tool", "tool_call_id": "call_1", "content": "{{\"temperature\": 7, \"sky\": \"rain\"}}"}}],
+            "max_tokens": 24, "temperature": 0, "tools": [{WEATHER_TOOL}], "tool_choice": "none"}}"#
+    );
+    let (status, body) = http(&s.addr, "POST", "/v1/chat/completions", None, &second);
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        !v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .is_empty(),
+        "{body}"
+    );
+
+    // Bad bodies name the field.
+    for (body, param) in [
+        (r#"{"messages": [{"role": "user", "content": "x"}], "tools": {}}"#.to_string(), "tools"),
+        (
+            r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "fn"}]}"#.into(),
+            "tools[0].type",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a b"}}]}"#.into(),
+            "tools[0].function.name",
+        ),
+        (chat_body(r#", "tool_choice": {"type": "function", "function": {"name": "nope"}}"#), "tool_choice"),
+        (chat_body(r#", "tool_choice": "sometimes""#), "tool_choice"),
+        (
+            r#"{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}"#.into(),
+            "tool_choice",
+        ),
+        (
+            r#"{"messages": [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}"#.into(),
+            "messages[0].tool_calls[0]",
+        ),
+    ] {
+        let (status, resp) = http(&s.addr, "POST", "/v1/chat/completions", None, &body);
+        assert_eq!(status, 400, "{body}: {resp}");
+        let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+        assert_eq!(v["error"]["param"], param, "{resp}");
+    }
+}
+
+/// A template that never mentions tools (the synthetic model falls back to ChatML) cannot
+/// show the model its functions: a 400 saying so.
+#[test]
+fn tools_need_a_template_that_renders_them() {
+    let s = Server::start(&synthetic_model(), &[]);
+    let (status, body) = http(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &chat_body(""),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        error_message(&body).contains("never mentions tools"),
+        "{body}"
+    );
+}

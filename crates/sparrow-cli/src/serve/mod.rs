@@ -24,6 +24,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics::Metrics;
 use serde_json::{json, Value};
+use sparrow::chat::tool_calls::{StreamEvent, ToolCallStream};
 use sparrow::grammar::JsonVocab;
 use sparrow::scheduler::{self, Event, Scheduler};
 use sparrow::tokenizer::Tokenizer;
@@ -308,14 +309,36 @@ async fn handle(
     body: Bytes,
     chat: bool,
 ) -> Result<Response, ApiError> {
-    let req = api::parse_request(&body, chat, st.max_tokens_limit)?;
-    let text = match &req.messages {
-        Some(m) => st
-            .template
-            .render(m, true)
-            .map_err(|e| ApiError::bad(&format!("cannot render the chat template: {e}")))?,
-        None => req.prompt.clone().unwrap_or_default(),
+    let mut req = api::parse_request(&body, chat, st.max_tokens_limit)?;
+    let forced = api::forced_call(&req, &body)?;
+    if let Some(schema) = forced.as_ref().and_then(|f| f.schema.clone()) {
+        req.schema = Some(schema);
+    }
+    let rendered = |r: sparrow::Result<String>| {
+        r.map_err(|e| ApiError::bad(&format!("cannot render the chat template: {e}")))
     };
+    let text = match (&req.tool_messages, &req.messages) {
+        (Some(tm), _) => {
+            if !req.tools.is_empty() && !st.template.takes_tools() {
+                return Err(ApiError::field(
+                    "tools",
+                    "'tools': this model's chat template never mentions tools, so it cannot show the model the functions".into(),
+                ));
+            }
+            let mut t = rendered(st.template.render_with_tools(tm, &req.tools, true))?;
+            if let Some(f) = &forced {
+                t.push_str(&f.prefix);
+            }
+            t
+        }
+        (None, Some(m)) => rendered(st.template.render(m, true))?,
+        (None, None) => req.prompt.clone().unwrap_or_default(),
+    };
+    let tool_mode = (chat && !req.tools.is_empty() && req.tool_choice != api::ToolChoice::None)
+        .then(|| ToolMode {
+            prefix: forced.map(|f| f.prefix),
+            parallel: req.parallel_tool_calls,
+        });
     let st2 = st.clone();
     let prompt =
         tokio::task::spawn_blocking(move || st2.engine.tokenizer.encode(&text, true, chat))
@@ -374,9 +397,39 @@ async fn handle(
     };
     let tokenizer = st.engine.tokenizer.clone();
     if req.stream {
-        Ok(stream_response(rx, meta, req.include_usage, tokenizer).into_response())
+        Ok(stream_response(rx, meta, req.include_usage, tokenizer, tool_mode).into_response())
     } else {
-        collect_response(rx, meta, req.logprobs.is_some(), tokenizer).await
+        collect_response(rx, meta, req.logprobs.is_some(), tokenizer, tool_mode).await
+    }
+}
+
+/// How a chat with tools reads its output: calls are parsed out of it.
+struct ToolMode {
+    /// The opening of a call the prompt ended with (a required or named call): the
+    /// output is the inside of that call.
+    prefix: Option<String>,
+    /// `parallel_tool_calls`: false keeps only the first call.
+    parallel: bool,
+}
+
+impl ToolMode {
+    /// A stream over the output, already told what the prompt opened.
+    fn stream(&self) -> ToolCallStream {
+        let mut s = ToolCallStream::default();
+        if let Some(p) = &self.prefix {
+            let opened = s.push(p);
+            debug_assert!(opened.is_empty(), "an open call is held");
+        }
+        s
+    }
+
+    /// What closes the call the prompt opened, at the end of the output.
+    fn suffix(&self) -> &'static str {
+        if self.prefix.is_some() {
+            "\n</tool_call>"
+        } else {
+            ""
+        }
     }
 }
 
@@ -393,6 +446,7 @@ async fn collect_response(
     meta: api::Meta,
     want_logprobs: bool,
     tokenizer: Arc<Tokenizer>,
+    tools: Option<ToolMode>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
     let mut logprobs = Vec::new();
@@ -409,6 +463,28 @@ async fn collect_response(
                     &tokenizer,
                 );
                 let finish = job::finish_reason(u.stop);
+                if let Some(mode) = &tools {
+                    let mut s = mode.stream();
+                    let mut content = String::new();
+                    let mut calls = Vec::new();
+                    let events = s.push(&text);
+                    let closed = s.push(mode.suffix());
+                    for e in events.into_iter().chain(closed).chain(s.finish()) {
+                        match e {
+                            StreamEvent::Text(t) => content.push_str(&t),
+                            StreamEvent::Call(c) if mode.parallel || calls.is_empty() => {
+                                calls.push(meta.call_json(calls.len(), &c))
+                            }
+                            StreamEvent::Call(_) => {}
+                        }
+                    }
+                    if !calls.is_empty() {
+                        let body =
+                            meta.full_with_calls(content.trim(), &calls, "tool_calls", usage, lp);
+                        return Ok(Json(body).into_response());
+                    }
+                    return Ok(Json(meta.full(&content, finish, usage, lp)).into_response());
+                }
                 return Ok(Json(meta.full(&text, finish, usage, lp)).into_response());
             }
         }
@@ -421,7 +497,10 @@ fn stream_response(
     meta: api::Meta,
     include_usage: bool,
     tokenizer: Arc<Tokenizer>,
+    tools: Option<ToolMode>,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    // With tools, the text goes through a call parser: (the parser, calls sent, the mode).
+    let calls_state = tools.map(|mode| (mode.stream(), 0usize, mode));
     // States: 0 = send the role chunk (chat), 1 = relay events, 2 = [DONE] sent.
     // `lp`: log-probabilities waiting for the chunk that carries their text.
     let init = (
@@ -430,10 +509,11 @@ fn stream_response(
         0u8,
         Vec::<SseEvent>::new(),
         None::<Vec<api::TokenLogprob>>,
+        calls_state,
     );
     let stream = futures_util::stream::unfold(
         init,
-        move |(mut rx, meta, mut phase, mut pending, mut lp)| {
+        move |(mut rx, meta, mut phase, mut pending, mut lp, mut calls_state)| {
             let tokenizer = tokenizer.clone();
             async move {
                 let take_lp = |lp: &mut Option<Vec<api::TokenLogprob>>| {
@@ -441,7 +521,7 @@ fn stream_response(
                 };
                 loop {
                     if let Some(ev) = pending.pop() {
-                        return Some((Ok(ev), (rx, meta, phase, pending, lp)));
+                        return Some((Ok(ev), (rx, meta, phase, pending, lp, calls_state)));
                     }
                     match phase {
                         0 => {
@@ -460,13 +540,23 @@ fn stream_response(
                             Some(Event::Logprobs(l)) => lp.get_or_insert_with(Vec::new).extend(l),
                             Some(Event::Text(t)) => {
                                 let l = take_lp(&mut lp);
-                                let c = meta.chunk(
-                                    meta.chat.then(|| json!({"content": t})),
-                                    &t,
-                                    None,
-                                    l,
-                                );
-                                pending.push(SseEvent::default().data(c.to_string()));
+                                match &mut calls_state {
+                                    Some((parser, sent, mode)) => {
+                                        let events = parser.push(&t);
+                                        let chunks =
+                                            tool_chunks(&meta, events, sent, mode.parallel, l);
+                                        pending.extend(chunks.into_iter().rev());
+                                    }
+                                    None => {
+                                        let c = meta.chunk(
+                                            meta.chat.then(|| json!({"content": t})),
+                                            &t,
+                                            None,
+                                            l,
+                                        );
+                                        pending.push(SseEvent::default().data(c.to_string()));
+                                    }
+                                }
                             }
                             Some(Event::Error(e)) => {
                                 phase = 2;
@@ -489,13 +579,26 @@ fn stream_response(
                                     pending.push(SseEvent::default().data(u.to_string()));
                                 }
                                 let l = take_lp(&mut lp);
-                                let c = meta.chunk(
-                                    meta.chat.then(|| json!({})),
-                                    "",
-                                    Some(job::finish_reason(usage.stop)),
-                                    l,
-                                );
+                                let mut finish = job::finish_reason(usage.stop);
+                                let mut rest = Vec::new();
+                                if let Some((parser, sent, mode)) = &mut calls_state {
+                                    let mut events = parser.push(mode.suffix());
+                                    events.extend(parser.finish());
+                                    rest = tool_chunks(
+                                        &meta,
+                                        events,
+                                        sent,
+                                        mode.parallel,
+                                        Value::Null,
+                                    );
+                                    if *sent > 0 {
+                                        finish = "tool_calls";
+                                    }
+                                }
+                                let c =
+                                    meta.chunk(meta.chat.then(|| json!({})), "", Some(finish), l);
                                 pending.push(SseEvent::default().data(c.to_string()));
+                                pending.extend(rest.into_iter().rev());
                             }
                             None => return None,
                         },
@@ -506,4 +609,35 @@ fn stream_response(
         },
     );
     Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+/// The chunks for what a call parser let out: text as content deltas, each call as one
+/// `tool_calls` delta (its index, id, type, name and the whole arguments), OpenAI's stream
+/// shape. `sent` counts the calls sent; without `parallel` only the first is. `logprobs`
+/// go with the first chunk.
+fn tool_chunks(
+    meta: &api::Meta,
+    events: Vec<StreamEvent>,
+    sent: &mut usize,
+    parallel: bool,
+    logprobs: Value,
+) -> Vec<SseEvent> {
+    let mut lp = Some(logprobs);
+    let mut out = Vec::new();
+    for e in events {
+        let delta = match e {
+            StreamEvent::Text(t) if t.is_empty() => continue,
+            StreamEvent::Text(t) => json!({"content": t}),
+            StreamEvent::Call(_) if !parallel && *sent > 0 => continue,
+            StreamEvent::Call(c) => {
+                let mut call = meta.call_json(*sent, &c);
+                call["index"] = json!(*sent);
+                *sent += 1;
+                json!({"tool_calls": [call]})
+            }
+        };
+        let c = meta.chunk(Some(delta), "", None, lp.take().unwrap_or(Value::Null));
+        out.push(SseEvent::default().data(c.to_string()));
+    }
+    out
 }

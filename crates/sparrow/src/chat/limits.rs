@@ -40,6 +40,11 @@ impl TemplateLimits {
             .iter()
             .map(|m| m.content.len() + m.role.len())
             .sum();
+        self.output_limit_for(text)
+    }
+
+    /// [`Self::output_limit`] for inputs of `text` bytes.
+    pub fn output_limit_for(&self, text: usize) -> usize {
         self.output_bytes.saturating_add(text.saturating_mul(4))
     }
 

@@ -18,6 +18,7 @@
 pub mod heap_cap;
 mod isolate;
 mod limits;
+pub mod tool_calls;
 
 pub use heap_cap::TemplateAllocator;
 pub use limits::TemplateLimits;
@@ -78,6 +79,9 @@ pub struct ChatTemplate {
 /// What a render needs, shared with the render's thread.
 struct Compiled {
     env: Environment<'static>,
+    /// Whether the template refers to `tools` at all (a template that does not cannot
+    /// show a model the functions it may call).
+    takes_tools: bool,
     limits: TemplateLimits,
     bos_token: String,
     eos_token: String,
@@ -126,6 +130,7 @@ impl ChatTemplate {
         // Compiling folds constant expressions (`"x" * 99999999 ~ "x" * 99999999` is one
         // string at compile time), so it runs under the heap cap too.
         let owned = source.to_string();
+        let takes_tools = source.contains("tools");
         let compile_limit = limits.compile_limit(source.len());
         let env = match isolate::run_capped(compile_limit, move || compile(owned, limits)) {
             Ok(env) => env?,
@@ -134,6 +139,7 @@ impl ChatTemplate {
         Ok(ChatTemplate {
             compiled: Arc::new(Compiled {
                 env,
+                takes_tools,
                 limits,
                 bos_token: bos_token.to_string(),
                 eos_token: eos_token.to_string(),
@@ -184,18 +190,62 @@ impl ChatTemplate {
     ///
     /// A template that breaks a limit is stopped with an error naming the limit.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let text: usize = messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len())
+            .sum();
         let c = &self.compiled;
-        let output_limit = c.limits.output_limit(messages);
+        self.render_ctx(text, || {
+            context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => c.bos_token,
+                eos_token => c.eos_token,
+            }
+        })
+    }
+
+    /// Whether the template shows the model a list of `tools` (it refers to them).
+    pub fn takes_tools(&self) -> bool {
+        self.compiled.takes_tools
+    }
+
+    /// Render messages given as JSON (OpenAI's shape: an assistant's `tool_calls`, a tool
+    /// result's `tool_call_id`, as templates written for tools read them) with the
+    /// function definitions `tools` (none: the template's `tools` is undefined).
+    pub fn render_with_tools(
+        &self,
+        messages: &[serde_json::Value],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let text: usize = messages
+            .iter()
+            .chain(tools)
+            .map(|v| v.to_string().len())
+            .sum();
+        let c = &self.compiled;
+        let tools = (!tools.is_empty()).then(|| Value::from_serialize(tools));
+        self.render_ctx(text, || {
+            context! {
+                messages => Value::from_serialize(messages),
+                tools => tools,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => c.bos_token,
+                eos_token => c.eos_token,
+            }
+        })
+    }
+
+    /// Render the context `ctx` makes, for inputs of `text` bytes, under the limits.
+    fn render_ctx(&self, text: usize, ctx: impl FnOnce() -> Value) -> Result<String> {
+        let c = &self.compiled;
+        let output_limit = c.limits.output_limit_for(text);
         let memory_limit = c.limits.memory_limit(output_limit);
         if self.over_memory.load(Ordering::Relaxed) {
             return Err(stopped_error(isolate::Stopped::OverCap, memory_limit));
         }
-        let ctx = context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => c.bos_token,
-            eos_token => c.eos_token,
-        };
+        let ctx = ctx();
         let job = Arc::clone(c);
         match isolate::run_capped(memory_limit, move || job.render(ctx, output_limit)) {
             Ok(rendered) => rendered,
