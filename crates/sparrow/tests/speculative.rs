@@ -664,3 +664,44 @@ fn sampled_speculative_tokens_follow_the_models_distribution() {
         "the wrong rule passed: χ² = {bad:.1} ({direct:?} / {wrong:?})"
     );
 }
+
+/// A lean model (small scratch) checks a draft longer than its batch in pieces, with the
+/// same rows.
+#[test]
+fn a_lean_model_checks_long_drafts_in_pieces() {
+    let e = engine(31);
+    let path = scratch().join("lean-31.gguf");
+    std::fs::write(&path, synthetic_gguf(&spec(31))).unwrap();
+    let lean = Engine::load_with(
+        &path,
+        sparrow::LoadOptions {
+            lean: Some(true),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let vocab = e.model.config.vocab_size;
+    let prompt = synthetic_tokens(40, 5);
+    let steps = synthetic_tokens(80, 6);
+    let mut a = sequence(&e.model, &quest(), None);
+    e.model.forward(&mut a, &prompt, Logits::Last).unwrap();
+    let want = e
+        .model
+        .forward_steps(&mut a, &steps, Logits::All)
+        .unwrap()
+        .to_vec();
+    let mut b = sequence(&lean.model, &quest(), None);
+    lean.model.forward(&mut b, &prompt, Logits::Last).unwrap();
+    let got = lean
+        .model
+        .forward_steps(&mut b, &steps, Logits::All)
+        .unwrap();
+    assert_eq!(got.len(), 80 * vocab);
+    assert!(got == &want[..], "the lean model's rows differ");
+    let _ = b.truncate(40);
+    let last = lean
+        .model
+        .forward_steps(&mut b, &steps, Logits::Last)
+        .unwrap();
+    assert!(last == &want[79 * vocab..]);
+}

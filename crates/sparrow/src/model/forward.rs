@@ -89,11 +89,16 @@ impl Model {
         }
         self.check_step(state, tokens)?;
         if self.lean && tokens.len() > LEAN_BATCH {
-            // A lean model keeps its workspace small; drafts are far shorter than this.
-            return Err(Error::Other(format!(
-                "{} decode steps in one pass of a lean model (at most {LEAN_BATCH})",
-                tokens.len()
-            )));
+            // A lean model keeps its workspace small: the steps run LEAN_BATCH at a time
+            // (each token attends alone either way), their rows gathered.
+            let vocab = self.config.vocab_size;
+            let mut rows = Vec::new();
+            for chunk in tokens.chunks(LEAN_BATCH) {
+                rows.extend_from_slice(self.forward_one(state, chunk, Logits::All, true)?);
+            }
+            let keep = logit_rows(tokens.len(), want);
+            state.scratch.logits = rows[keep.start * vocab..keep.end * vocab].to_vec();
+            return Ok(&state.scratch.logits);
         }
         self.forward_one(state, tokens, want, true)
     }
