@@ -1191,3 +1191,26 @@ fn tools_need_a_template_that_renders_them() {
         "{body}"
     );
 }
+
+/// The official `openai` client's tool-calling flow on the default model: a two-step agent
+/// loop whole and streamed, and 100 forced calls whose arguments all validate against the
+/// function's schema (`jsonschema`).
+#[test]
+fn openai_client_tool_calls_on_real_model() {
+    pip_openai();
+    let s = Server::start(&qwen(), &["--api-key", "k", "-c", "2048"]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_tools.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args([&format!("{}/v1", s.url()), "k", "100"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "openai tools script failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.trim_end().ends_with("ok"));
+}
