@@ -171,23 +171,32 @@ fn pip_openai() {
 
 /// The openai-package script against `server`, with `n_schema` JSON-schema completions.
 fn run_openai(server: &Server, key: &str, max_tokens: usize, n_schema: usize) {
+    run_script(
+        server,
+        "openai_client.py",
+        &[key, &max_tokens.to_string(), &n_schema.to_string()],
+    );
+}
+
+/// `tests/SCRIPT` (Python, the `openai` package) against `server`'s `/v1` with `args`; it
+/// must succeed and end by printing "ok".
+fn run_script(server: &Server, script: &str, args: &[&str]) {
     pip_openai();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
     let out = Command::new("python3")
-        .arg(script)
-        .args([
-            &format!("{}/v1", server.url()),
-            key,
-            &max_tokens.to_string(),
-            &n_schema.to_string(),
-        ])
+        .arg(&script)
+        .arg(format!("{}/v1", server.url()))
+        .args(args)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}");
     assert!(
         out.status.success(),
-        "openai client failed:\n{stdout}\n{}",
+        "{} failed:\n{stdout}\n{}",
+        script.display(),
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.trim_end().ends_with("ok"));
@@ -1197,20 +1206,6 @@ fn tools_need_a_template_that_renders_them() {
 /// function's schema (`jsonschema`).
 #[test]
 fn openai_client_tool_calls_on_real_model() {
-    pip_openai();
     let s = Server::start(&qwen(), &["--api-key", "k", "-c", "2048"]);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_tools.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .args([&format!("{}/v1", s.url()), "k", "100"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "openai tools script failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.trim_end().ends_with("ok"));
+    run_script(&s, "openai_tools.py", &["k", "100"]);
 }

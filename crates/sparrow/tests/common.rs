@@ -21,8 +21,11 @@
 //! batch split, same attention path), the results are equal to the bit and the tests say so.
 #![allow(dead_code)]
 
+use sparrow::attention::AttentionChoice;
+use sparrow::policy::saap::{Layout, Router, SaapSettings};
+use sparrow::synthetic::synthetic_saap_index;
 use sparrow::{Logits, Model, State};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub fn models_dir() -> PathBuf {
     if let Ok(d) = std::env::var("SPARROW_MODELS") {
@@ -285,4 +288,29 @@ pub fn assert_close_with(
         per.join(" ")
     );
     (worst, flips)
+}
+
+/// Saap over a random index for `m`'s shapes (`buckets` buckets, a hidden width of 6,
+/// `seed`), saved at `index`, visiting `probes` buckets through the hedged router with a
+/// 1 + 31 dense part: it selects scattered positions through the store as a trained index
+/// does, so the read path is exercised without one (none is trained in CI). `layout` says
+/// whether the chosen buckets are read from the store (`Positions`) or from the policy's
+/// copy (`Buckets`, a summary as large as the sparse layers' KV, charged to a RAM budget).
+pub fn random_saap(
+    m: &Model,
+    index: &Path,
+    (buckets, probes, seed): (usize, usize, u64),
+    layout: Layout,
+) -> AttentionChoice {
+    synthetic_saap_index(&m.config, buckets, 6, seed)
+        .save(index)
+        .unwrap();
+    AttentionChoice::named("saap").with(SaapSettings {
+        index: Some(index.to_path_buf()),
+        probes: Some(probes),
+        router: Router::Hedged,
+        window: 31,
+        layout,
+        ..Default::default()
+    })
 }

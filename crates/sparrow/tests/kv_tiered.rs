@@ -4,12 +4,14 @@
 //! exact and selecting policies — and every failure (no room, a short write, an unusable
 //! directory, a budget below the minimum) is an error naming it.
 
+mod common;
+
 use sparrow::attention::AttentionChoice;
 use sparrow::kv::KvStore;
 use sparrow::kv::{minimum_budget, ColdTier, ColdWrite, KvOptions, TieredStore};
 use sparrow::policy::quest::QuestSettings;
-use sparrow::policy::saap::{Layout, Router, SaapSettings};
-use sparrow::synthetic::{synthetic_model, synthetic_saap_index, synthetic_tokens, SyntheticSpec};
+use sparrow::policy::saap::Layout;
+use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
 use sparrow::{KvType, KvTypes, Logits, Model, State};
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,23 +46,9 @@ fn quest() -> AttentionChoice {
     })
 }
 
-/// Saap over a random index (8 buckets, 2 visited, a 1 + 31 dense part): selects scattered
-/// positions through the store, as trained indexes do; `layout` says whether the chosen
-/// buckets are read from the store (`Positions`) or from the policy's copy (`Buckets`, a
-/// summary as large as the sparse layers' KV, charged to the budget).
+/// Saap over a random index (8 buckets, 2 visited): see [`common::random_saap`].
 fn saap(m: &Model, dir: &std::path::Path, layout: Layout) -> AttentionChoice {
-    let index = dir.join("random.saap");
-    synthetic_saap_index(&m.config, 8, 6, 7)
-        .save(&index)
-        .unwrap();
-    AttentionChoice::named("saap").with(SaapSettings {
-        index: Some(index),
-        probes: Some(2),
-        router: Router::Hedged,
-        window: 31,
-        layout,
-        ..Default::default()
-    })
+    common::random_saap(m, &dir.join("random.saap"), (8, 2, 7), layout)
 }
 
 fn full() -> AttentionChoice {

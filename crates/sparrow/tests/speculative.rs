@@ -4,13 +4,15 @@
 //! model or prompt lookup — generates exactly what it generates without, greedy and
 //! sampled, with penalties, stop strings and a full context.
 
+mod common;
+
 use sparrow::attention::{AttentionChoice, StreamingAttention};
 use sparrow::kv::{ColdTier, KvOptions};
 use sparrow::policy::quest::QuestSettings;
-use sparrow::policy::saap::{Layout, Router, SaapSettings};
+use sparrow::policy::saap::Layout;
 use sparrow::policy::H2oSettings;
 use sparrow::speculative::{check_vocabularies, lookup};
-use sparrow::synthetic::{synthetic_gguf, synthetic_saap_index, synthetic_tokens, SyntheticSpec};
+use sparrow::synthetic::{synthetic_gguf, synthetic_tokens, SyntheticSpec};
 use sparrow::{
     collect_text, DraftModel, Drafter, Engine, Generation, KvType, Logits, Model, PromptLookup,
     Sampler, SamplerConfig, Session, Speculation, State, StopReason,
@@ -59,18 +61,7 @@ fn quest() -> AttentionChoice {
 }
 
 fn saap(m: &Model, dir: &Path, layout: Layout) -> AttentionChoice {
-    let index = dir.join("random-speculative.saap");
-    synthetic_saap_index(&m.config, 8, 6, 7)
-        .save(&index)
-        .unwrap();
-    AttentionChoice::named("saap").with(SaapSettings {
-        index: Some(index),
-        probes: Some(2),
-        router: Router::Hedged,
-        window: 31,
-        layout,
-        ..Default::default()
-    })
+    common::random_saap(m, &dir.join("random-speculative.saap"), (8, 2, 7), layout)
 }
 
 /// Every decode policy that reads less than everything (or keeps per-step state), and full.

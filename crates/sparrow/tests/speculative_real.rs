@@ -11,8 +11,7 @@ use common::{gemma_path, qwen15b_path, qwen_path, smollm_path};
 use sparrow::attention::AttentionChoice;
 use sparrow::kv::{ColdTier, KvOptions};
 use sparrow::policy::quest::QuestSettings;
-use sparrow::policy::saap::{Layout, Router, SaapSettings};
-use sparrow::synthetic::synthetic_saap_index;
+use sparrow::policy::saap::Layout;
 use sparrow::{
     DraftModel, Drafter, Engine, Generation, KvType, Logits, PromptLookup, Sampler, SamplerConfig,
     Session, Speculation,
@@ -53,23 +52,12 @@ fn quest() -> AttentionChoice {
     })
 }
 
-/// Saap over a random index for `e`'s shapes (no trained index in CI; the read path is
-/// what is under test).
+/// Saap over a random index for `e`'s shapes (see [`common::random_saap`]).
 fn saap(e: &Engine) -> AttentionChoice {
     let dir = std::env::temp_dir().join(format!("sparrow-spec-real-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let index = dir.join(format!("random-{}.saap", e.model.config.n_layer));
-    synthetic_saap_index(&e.model.config, 16, 6, 3)
-        .save(&index)
-        .unwrap();
-    AttentionChoice::named("saap").with(SaapSettings {
-        index: Some(index),
-        probes: Some(4),
-        router: Router::Hedged,
-        window: 31,
-        layout: Layout::Positions,
-        ..Default::default()
-    })
+    common::random_saap(&e.model, &index, (16, 4, 3), Layout::Positions)
 }
 
 #[test]
