@@ -385,12 +385,8 @@ impl Session {
             batch.push(id);
             batch.extend_from_slice(&drafts);
             let pass = Instant::now();
-            let ran = model
-                .forward_steps(&mut self.state, &batch, Logits::All)
-                .map(|_| ());
+            self.feed_steps(model, &batch, Logits::All)?;
             let seconds = pass.elapsed().as_secs_f64();
-            self.settle(&batch, ran.is_ok());
-            ran?;
             let mut kept = 0;
             for (j, row) in self.state.logits().chunks_exact(vocab).enumerate() {
                 logits.copy_from_slice(row);
@@ -423,11 +419,7 @@ impl Session {
         let redo = self.tokens[kept..n].to_vec();
         self.tokens.truncate(kept);
         if !redo.is_empty() {
-            let ran = model
-                .forward_steps(&mut self.state, &redo, Logits::None)
-                .map(|_| ());
-            self.settle(&redo, ran.is_ok());
-            ran?;
+            self.feed_steps(model, &redo, Logits::None)?;
         }
         Ok(())
     }
