@@ -265,10 +265,8 @@ impl Session {
         if prompt.is_empty() {
             return Err(Error::Other("the prompt is empty".into()));
         }
-        if let (Some(_), (false, policy)) = (&self.speculation, self.state.rewinds_exactly()) {
-            return Err(Error::Other(format!(
-                "speculative decoding rewinds rejected drafts, and attention policy '{policy}' cannot rewind exactly (its scores keep what the drafts attended to); use another --attn or no draft"
-            )));
+        if self.speculation.is_some() {
+            crate::speculative::check_rewinds(&self.state)?;
         }
         let keep = self.reuse_prefix(prompt);
         let result = self.complete(engine, &prompt[keep..], sampler, gen, sink);

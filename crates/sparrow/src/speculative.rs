@@ -500,6 +500,17 @@ pub fn lookup(seq: &[u32], ngram_max: usize, want: usize) -> &[u32] {
     &[]
 }
 
+/// Whether a sequence over `state` can speculate: rejected drafts are rewound, which needs
+/// a policy that rewinds exactly (H2O's scores keep what every query attended to).
+pub fn check_rewinds(state: &State) -> Result<()> {
+    match state.rewinds_exactly() {
+        (true, _) => Ok(()),
+        (false, policy) => Err(Error::Other(format!(
+            "speculative decoding rewinds rejected drafts, and attention policy '{policy}' cannot rewind exactly (its scores keep what the drafts attended to); use another --attn or no draft"
+        ))),
+    }
+}
+
 /// Whether `draft` can propose tokens for `target`: the same tokens under the same ids. The
 /// error names the first id where they differ.
 pub fn check_vocabularies(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {

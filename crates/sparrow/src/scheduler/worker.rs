@@ -99,10 +99,8 @@ impl Worker {
             let state = engine
                 .model
                 .new_sequence(cfg.n_ctx, cfg.kv.clone(), &cfg.attention)?;
-            if let (Some(_), (false, policy)) = (&cfg.speculation, state.rewinds_exactly()) {
-                return Err(crate::error::Error::Other(format!(
-                    "speculative decoding rewinds rejected drafts, and attention policy '{policy}' cannot rewind exactly; use another --attn or no draft"
-                )));
+            if cfg.speculation.is_some() {
+                crate::speculative::check_rewinds(&state)?;
             }
             let mut session = Session::new(state);
             if let Some(make) = &cfg.speculation {
