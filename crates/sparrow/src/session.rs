@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::generate::{prefill, Generation, GenerationStats, Next, SpeculationStats, TokenSink};
 use crate::model::{Logits, Model, SeqStep, State, Workspace};
 use crate::sampler::Sampler;
-use crate::speculative::Speculation;
+use crate::speculative::{judge_drafts, Check, Speculation};
 use std::time::Instant;
 
 /// Prompt tokens per forward pass of a [`Session`]'s prefill, unless set otherwise.
@@ -362,7 +362,6 @@ impl Session {
         mut logits: Vec<f32>,
     ) -> Result<()> {
         let model = &engine.model;
-        let vocab = logits.len();
         let n_ctx = self.state.n_ctx();
         let mut drafts = Vec::new();
         let mut batch = Vec::new();
@@ -385,21 +384,15 @@ impl Session {
             let pass = Instant::now();
             self.feed_steps(model, &batch, Logits::All)?;
             let seconds = pass.elapsed().as_secs_f64();
-            let mut kept = 0;
-            for (j, row) in self.state.logits().chunks_exact(vocab).enumerate() {
-                logits.copy_from_slice(row);
-                if let (true, Some(&d)) = (spec.takes_drafts_unchecked(), drafts.get(j)) {
-                    // The wrong rule the tests must catch: the draft, whatever the row says.
-                    logits.iter_mut().for_each(|l| *l = f32::NEG_INFINITY);
-                    logits[d as usize] = 0.0;
-                }
-                let room = n_ctx - (n0 + 1 + j);
-                next = gen.step(&engine.tokenizer, sampler, &mut logits, room, sink);
-                match next {
-                    Next::Feed(t) if drafts.get(j) == Some(&t) => kept += 1,
-                    _ => break,
-                }
-            }
+            let check = Check {
+                rows: self.state.logits(),
+                drafts: &drafts,
+                room: n_ctx - n0 - 1,
+                unchecked: spec.takes_drafts_unchecked(),
+            };
+            let judged = judge_drafts(check, gen, &engine.tokenizer, sampler, &mut logits, sink);
+            let kept = judged.kept;
+            next = judged.next;
             spec.record(drafts.len(), kept, Some(seconds));
             self.rewind_to(model, n0 + 1 + kept)?;
         }

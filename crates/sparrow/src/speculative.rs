@@ -18,9 +18,10 @@
 //! rewound from the KV store and the policy ([`State::truncate`]).
 
 use crate::error::{Error, Result};
-use crate::generate::{prefill, SpeculationStats};
+use crate::generate::{prefill, Generation, Next, SpeculationStats, TokenSink};
 use crate::model::{Model, State};
 use crate::sampler::argmax;
+use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
 use std::sync::Arc;
 
@@ -181,14 +182,7 @@ impl Speculation {
     /// Speculation with `drafter`, at most `draft_max` drafts per check (≥ 1) and none
     /// checked when fewer than `draft_min` come.
     pub fn new(drafter: Drafter, draft_max: usize, draft_min: usize) -> Result<Self> {
-        if draft_max == 0 {
-            return Err(Error::Other("--draft-max must be at least 1".into()));
-        }
-        if draft_min > draft_max {
-            return Err(Error::Other(format!(
-                "--draft-min {draft_min} is above --draft-max {draft_max}"
-            )));
-        }
+        Self::check_lengths(draft_max, draft_min)?;
         Ok(Speculation {
             drafter,
             draft_max,
@@ -219,6 +213,19 @@ impl Speculation {
     pub fn always_draft_max(mut self) -> Self {
         self.always_max = true;
         self
+    }
+
+    /// Whether `draft_max` (≥ 1) and `draft_min` (≤ `draft_max`) make sense together.
+    pub fn check_lengths(draft_max: usize, draft_min: usize) -> Result<()> {
+        if draft_max == 0 {
+            return Err(Error::Other("--draft-max must be at least 1".into()));
+        }
+        if draft_min > draft_max {
+            return Err(Error::Other(format!(
+                "--draft-min {draft_min} is above --draft-max {draft_max}"
+            )));
+        }
+        Ok(())
     }
 
     /// Counts so far.
@@ -411,15 +418,14 @@ impl DraftModel {
         want: usize,
         out: &mut Vec<u32>,
     ) -> Result<(f64, f64)> {
-        let started = std::time::Instant::now();
+        let catching_up = std::time::Instant::now();
         let Some(mut logits) = self.catch_up(context, Some(next))? else {
             // Past the draft's context: no drafts, the model decodes plainly.
             return Ok((0.0, 0.0));
         };
-        let setup = started.elapsed().as_secs_f64();
+        let setup = catching_up.elapsed().as_secs_f64();
         let want = want.min(self.state.n_ctx() - self.state.n_past());
-        let started = std::time::Instant::now();
-        // (`started` now times the drafting steps.)
+        let drafting = std::time::Instant::now();
         while out.len() < want {
             let (id, p) = best_with_probability(&logits);
             if p < self.p_min {
@@ -441,7 +447,7 @@ impl DraftModel {
             }
             self.tokens.push(id);
         }
-        Ok((setup, started.elapsed().as_secs_f64()))
+        Ok((setup, drafting.elapsed().as_secs_f64()))
     }
 
     fn reset(&mut self) {
@@ -498,6 +504,60 @@ pub fn lookup(seq: &[u32], ngram_max: usize, want: usize) -> &[u32] {
         }
     }
     &[]
+}
+
+/// How a check of drafts ended: the drafts kept, and the generation's last step (a token
+/// to feed next — the one it sampled instead of a draft, or after the last — or its end).
+pub struct Judged {
+    pub kept: usize,
+    pub next: Next,
+}
+
+/// A pass that checked drafts, to be judged ([`judge_drafts`]).
+pub struct Check<'a> {
+    /// `vocab` logits after each checked token, the first being the token fed before the
+    /// drafts.
+    pub rows: &'a [f32],
+    pub drafts: &'a [u32],
+    /// The cache's room after the first token.
+    pub room: usize,
+    /// The deliberately wrong rule of [`Speculation::take_drafts_unchecked`].
+    pub unchecked: bool,
+}
+
+/// Step `gen` through the rows of `check` as it would through one-token passes, while it
+/// samples the drafts in order. `logits` is scratch for the row sampled.
+pub fn judge_drafts(
+    check: Check<'_>,
+    gen: &mut Generation,
+    tokenizer: &Tokenizer,
+    sampler: &mut Sampler,
+    logits: &mut Vec<f32>,
+    sink: &mut impl TokenSink,
+) -> Judged {
+    let Check {
+        rows,
+        drafts,
+        room,
+        unchecked,
+    } = check;
+    let vocab = rows.len() / (drafts.len() + 1);
+    let mut kept = 0;
+    for (j, row) in rows.chunks_exact(vocab).enumerate() {
+        logits.clear();
+        logits.extend_from_slice(row);
+        if let (true, Some(&d)) = (unchecked, drafts.get(j)) {
+            // The wrong rule the tests must catch: the draft, whatever the row says.
+            logits.iter_mut().for_each(|l| *l = f32::NEG_INFINITY);
+            logits[d as usize] = 0.0;
+        }
+        let next = gen.step(tokenizer, sampler, logits, room - j, sink);
+        match next {
+            Next::Feed(t) if drafts.get(j) == Some(&t) => kept += 1,
+            next => return Judged { kept, next },
+        }
+    }
+    unreachable!("the row after the last draft is never a draft")
 }
 
 /// Whether a sequence over `state` can speculate: rejected drafts are rewound, which needs

@@ -190,12 +190,8 @@ impl ChatTemplate {
     ///
     /// A template that breaks a limit is stopped with an error naming the limit.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let text: usize = messages
-            .iter()
-            .map(|m| m.content.len() + m.role.len())
-            .sum();
         let c = &self.compiled;
-        self.render_ctx(text, || {
+        self.render_ctx(c.limits.output_limit(messages), || {
             context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
@@ -226,7 +222,7 @@ impl ChatTemplate {
             .sum();
         let c = &self.compiled;
         let tools = (!tools.is_empty()).then(|| Value::from_serialize(tools));
-        self.render_ctx(text, || {
+        self.render_ctx(c.limits.output_limit_for(text), || {
             context! {
                 messages => Value::from_serialize(messages),
                 tools => tools,
@@ -237,10 +233,10 @@ impl ChatTemplate {
         })
     }
 
-    /// Render the context `ctx` makes, for inputs of `text` bytes, under the limits.
-    fn render_ctx(&self, text: usize, ctx: impl FnOnce() -> Value) -> Result<String> {
+    /// Render the context `ctx` makes, its output capped at `output_limit` bytes, under the
+    /// other limits.
+    fn render_ctx(&self, output_limit: usize, ctx: impl FnOnce() -> Value) -> Result<String> {
         let c = &self.compiled;
-        let output_limit = c.limits.output_limit_for(text);
         let memory_limit = c.limits.memory_limit(output_limit);
         if self.over_memory.load(Ordering::Relaxed) {
             return Err(stopped_error(isolate::Stopped::OverCap, memory_limit));

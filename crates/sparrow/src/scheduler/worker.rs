@@ -9,6 +9,7 @@ use crate::generate::{Generation, Next, StopReason, TokenLogprob, TokenSink};
 use crate::model::{Logits, Model, Workspace};
 use crate::sampler::Sampler;
 use crate::session::{Session, SessionStep};
+use crate::speculative::{judge_drafts, Check};
 use crate::tokenizer::Tokenizer;
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
@@ -332,38 +333,34 @@ impl Worker {
     /// one the generation does not sample are rewound; the token it sampled instead is
     /// fed next turn. False when the job ended.
     fn check_drafts(&mut self, a: &mut Active, w: &Work, seconds: Option<f64>) -> bool {
-        let vocab = self.model.config.vocab_size;
         let state = self.slots[a.slot].session.state();
-        let n_ctx = state.n_ctx();
         let n0 = state.n_past() - w.tokens.len();
-        let mut kept = 0;
-        let mut ended = None;
-        for (j, row) in state.logits().chunks_exact(vocab).enumerate() {
-            a.logits.clear();
-            a.logits.extend_from_slice(row);
-            let room = n_ctx - (n0 + 1 + j);
-            let mut sink = ToReply {
-                reply: a.reply.as_mut(),
-                stats: &self.stats,
-            };
-            match a.gen.step(
-                &self.tokenizer,
-                &mut a.sampler,
-                &mut a.logits,
-                room,
-                &mut sink,
-            ) {
-                Next::Feed(t) if w.tokens.get(j + 1) == Some(&t) => kept += 1,
-                Next::Feed(t) => {
-                    a.pending = Some(t);
-                    break;
-                }
-                Next::Done { reason, .. } => {
-                    ended = Some(reason);
-                    break;
-                }
+        let mut sink = ToReply {
+            reply: a.reply.as_mut(),
+            stats: &self.stats,
+        };
+        let check = Check {
+            rows: state.logits(),
+            drafts: &w.tokens[1..],
+            room: state.n_ctx() - n0 - 1,
+            unchecked: false,
+        };
+        let judged = judge_drafts(
+            check,
+            &mut a.gen,
+            &self.tokenizer,
+            &mut a.sampler,
+            &mut a.logits,
+            &mut sink,
+        );
+        let kept = judged.kept;
+        let ended = match judged.next {
+            Next::Feed(t) => {
+                a.pending = Some(t);
+                None
             }
-        }
+            Next::Done { reason, .. } => Some(reason),
+        };
         self.stats.add_speculation(w.drafts, kept);
         let settled = self.slots[a.slot].session.settle_drafts(
             &self.model,
