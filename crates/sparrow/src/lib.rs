@@ -13,6 +13,7 @@ pub mod kv;
 pub mod memory;
 pub mod model;
 pub mod policy;
+pub mod prefix_cache;
 pub mod prompt_cache;
 pub mod saap;
 pub mod sampler;

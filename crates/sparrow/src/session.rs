@@ -11,6 +11,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::generate::{prefill, Generation, GenerationStats, Next, SpeculationStats, TokenSink};
 use crate::model::{Logits, Model, SeqStep, State, Workspace};
+use crate::prefix_cache::PrefixCache;
 use crate::sampler::Sampler;
 use crate::speculative::{judge_drafts, Check, Speculation};
 use std::time::Instant;
@@ -164,6 +165,24 @@ impl Session {
         let n = self.state.truncate(self.shared_prefix(prompt));
         self.tokens.truncate(n);
         n
+    }
+
+    /// Start `prompt` from the longer of what this session holds and what `cache` holds
+    /// ([`PrefixCache::restore`] replaces the cache's rows when it has more); returns how
+    /// many prompt tokens are kept, so the caller runs `prompt[n..]`.
+    pub fn reuse_prefix_from(&mut self, cache: &mut PrefixCache, prompt: &[u32]) -> usize {
+        let own = self.shared_prefix(prompt);
+        let restored = cache.restore(prompt, &mut self.state, own);
+        if restored > 0 {
+            self.tokens.clear();
+            self.tokens.extend_from_slice(&prompt[..restored]);
+            return restored;
+        }
+        if self.state.n_past() != self.tokens.len() {
+            // A failed import left the state empty.
+            self.tokens.clear();
+        }
+        self.reuse_prefix(prompt)
     }
 
     /// Empty the cache.

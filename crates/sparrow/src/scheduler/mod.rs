@@ -49,6 +49,7 @@ use crate::attention::AttentionChoice;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::kv::KvOptions;
+use crate::prefix_cache::{PrefixCacheConfig, ScanReport};
 use crate::speculative::Speculation;
 #[cfg(doc)]
 use crate::{Generation, Session};
@@ -76,6 +77,9 @@ pub struct Config {
     /// Makes each slot's drafter for speculative decoding (a draft model's own state, or
     /// lookup); `None`: none. The output does not change with it.
     pub speculation: Option<SpeculationFactory>,
+    /// A prefix cache shared by the slots (RAM, and a directory that outlives the
+    /// process); `None`: prompts reuse only what their own slot holds.
+    pub prefix_cache: Option<PrefixCacheConfig>,
 }
 
 /// Makes one slot's [`Speculation`].
@@ -98,6 +102,7 @@ impl Default for Config {
             queue: 16,
             batch: 512,
             speculation: None,
+            prefix_cache: None,
         }
     }
 }
@@ -108,6 +113,8 @@ impl Default for Config {
 pub struct Scheduler {
     tx: SyncSender<Job>,
     stats: Arc<SchedulerStats>,
+    /// What the prefix cache found in its directory at start.
+    cache_scan: Option<Arc<ScanReport>>,
 }
 
 /// The queue is full: the job comes back.
@@ -124,13 +131,17 @@ impl Scheduler {
     pub fn start(engine: &Engine, cfg: Config) -> Result<Scheduler> {
         let stats = Arc::new(SchedulerStats::default());
         stats.slots.store(cfg.slots, Ordering::Relaxed);
-        let worker = worker::Worker::new(engine, &cfg, stats.clone())?;
+        let (worker, scan) = worker::Worker::new(engine, &cfg, stats.clone())?;
         let (tx, rx) = sync_channel(cfg.queue);
         std::thread::Builder::new()
             .name("sparrow-generate".into())
             .spawn(move || worker.run(rx))
             .map_err(|e| Error::Other(format!("cannot start the generation thread: {e}")))?;
-        Ok(Scheduler { tx, stats })
+        Ok(Scheduler {
+            tx,
+            stats,
+            cache_scan: scan.map(Arc::new),
+        })
     }
 
     /// Queue `job`; [`Busy`] when [`Config::queue`] jobs are already waiting.
@@ -144,6 +155,13 @@ impl Scheduler {
                 Err(Busy(Box::new(job)))
             }
         }
+    }
+
+    /// What the prefix cache found in its directory when the scheduler started (blocks
+    /// indexed, files of other models left alone, broken ones removed), for the caller to
+    /// report.
+    pub fn cache_scan(&self) -> Option<&ScanReport> {
+        self.cache_scan.as_deref()
     }
 
     /// The scheduler's counters and gauges.

@@ -38,6 +38,8 @@ pub struct SchedulerStats {
     /// Draft tokens checked, and those kept (speculative decoding).
     pub drafted_tokens: AtomicU64,
     pub accepted_tokens: AtomicU64,
+    /// The shared prefix cache's counters (`enabled` false without one).
+    pub prefix_cache: std::sync::Arc<crate::prefix_cache::PrefixCacheStats>,
 }
 
 impl SchedulerStats {

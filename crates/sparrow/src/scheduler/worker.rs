@@ -7,10 +7,12 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::generate::{Generation, Next, StopReason, TokenLogprob, TokenSink};
 use crate::model::{Logits, Model, Workspace};
+use crate::prefix_cache::{PrefixCache, ScanReport};
 use crate::sampler::Sampler;
-use crate::session::{Session, SessionStep};
+use crate::session::{common_prefix, Session, SessionStep};
 use crate::speculative::{judge_drafts, Check};
 use crate::tokenizer::Tokenizer;
+use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -90,11 +92,21 @@ pub(super) struct Worker {
     clock: u64,
     /// The stacked activations of a turn's forward pass.
     ws: Workspace,
+    /// Prompt prefixes shared by every slot.
+    cache: Option<PrefixCache>,
+    /// Jobs held back while another job computes a prefix they share (they take it from
+    /// the cache once it is there instead of computing it too), oldest first.
+    deferred: VecDeque<Job>,
 }
 
 impl Worker {
-    /// The slots' sequences allocated (at least one).
-    pub(super) fn new(engine: &Engine, cfg: &Config, stats: Arc<SchedulerStats>) -> Result<Self> {
+    /// The slots' sequences allocated (at least one), and the prefix cache opened (with
+    /// what its directory held).
+    pub(super) fn new(
+        engine: &Engine,
+        cfg: &Config,
+        stats: Arc<SchedulerStats>,
+    ) -> Result<(Self, Option<ScanReport>)> {
         let mut slots = Vec::new();
         for _ in 0..cfg.slots.max(1) {
             let state = engine
@@ -112,7 +124,21 @@ impl Worker {
                 last_used: 0,
             });
         }
-        Ok(Worker {
+        let (cache, scan) = match &cfg.prefix_cache {
+            Some(pc) => {
+                let (cache, scan) = PrefixCache::open(
+                    pc,
+                    &engine.model.config.fingerprint,
+                    slots[0].session.state(),
+                    &cfg.attention,
+                    stats.prefix_cache.clone(),
+                )
+                .map_err(crate::Error::Other)?;
+                (Some(cache), scan)
+            }
+            None => (None, None),
+        };
+        let worker = Worker {
             model: engine.model.clone(),
             tokenizer: engine.tokenizer.clone(),
             slots,
@@ -120,7 +146,10 @@ impl Worker {
             stats,
             clock: 0,
             ws: Workspace::default(),
-        })
+            cache,
+            deferred: VecDeque::new(),
+        };
+        Ok((worker, scan))
     }
 
     /// Serve jobs from `rx` until every sender is gone and no job is left.
@@ -128,8 +157,26 @@ impl Worker {
         // Oldest first: prompts are read in arrival order.
         let mut active: Vec<Active> = Vec::new();
         loop {
-            // Admit waiting jobs into free slots.
-            while active.len() < self.slots.len() {
+            // Admit jobs into free slots: those held back first, once what they waited
+            // for is cached, then new ones (held back in turn if they should wait).
+            let mut i = 0;
+            while active.len() < self.slots.len() && i < self.deferred.len() {
+                if self.deferred[i].reply.is_cancelled() {
+                    self.deferred.remove(i);
+                    self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                } else if self.waits_for_prefix(&self.deferred[i], &active) {
+                    i += 1;
+                } else {
+                    let job = self.deferred.remove(i).expect("in range");
+                    self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    let a = self.admit(job, &active);
+                    active.push(a);
+                }
+            }
+            while active.len() < self.slots.len() && self.deferred.len() < self.slots.len() {
+                // Every held-back job waits for an active one, so with none active none
+                // is held back and the thread may sleep until a job comes.
                 let job = if active.is_empty() {
                     match rx.recv() {
                         Ok(j) => j,
@@ -142,11 +189,16 @@ impl Worker {
                         Err(TryRecvError::Disconnected) => break,
                     }
                 };
-                self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
                 if job.reply.is_cancelled() {
+                    self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
                     self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
+                if self.waits_for_prefix(&job, &active) {
+                    self.deferred.push_back(job);
+                    continue;
+                }
+                self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
                 let a = self.admit(job, &active);
                 active.push(a);
             }
@@ -319,6 +371,9 @@ impl Worker {
         }
         if a.reading_prompt() {
             a.pos += w.tokens.len();
+            if let Some(cache) = &mut self.cache {
+                cache.publish(&a.prompt, a.pos, session.state());
+            }
             if !a.reading_prompt() {
                 self.stats
                     .add_prompt(a.prompt.len() - a.cached, a.t_prompt.elapsed());
@@ -418,20 +473,64 @@ impl Worker {
         self.stats.kv_cold_bytes.store(cold, Ordering::Relaxed);
     }
 
+    /// The free slots, each with how much of `prompt` it holds.
+    fn free_slots(&self, prompt: &[u32], active: &[Active]) -> Vec<(usize, usize)> {
+        (0..self.slots.len())
+            .filter(|&s| active.iter().all(|a| a.slot != s))
+            .map(|s| (s, self.slots[s].session.shared_prefix(prompt)))
+            .collect()
+    }
+
+    /// Whether `job` should wait: a job reading its prompt is computing at least one
+    /// whole block of `job`'s prompt more than `job` could start from now (a free slot's
+    /// prefix or the prefix cache), which it will find in the cache once that job is done.
+    fn waits_for_prefix(&self, job: &Job, active: &[Active]) -> bool {
+        let Some(cache) = &self.cache else {
+            return false;
+        };
+        let block = cache.block();
+        let most = job.prompt.len().saturating_sub(1);
+        let now = self
+            .free_slots(&job.prompt, active)
+            .iter()
+            .map(|&(_, n)| n)
+            .max()
+            .unwrap_or(0)
+            .max(cache.cached_len(&job.prompt));
+        active.iter().filter(|a| a.reading_prompt()).any(|a| {
+            let coming = common_prefix(&a.prompt, &job.prompt).min(most) / block * block;
+            coming >= now + block
+        })
+    }
+
     /// Put `job` in the free slot that shares the longest prefix with its prompt (the least
-    /// recently used of those that share as much), keeping that prefix.
+    /// recently used of those that share as much), keeping that prefix — or, when the
+    /// prefix cache holds more, in the least useful free slot, restoring it from there.
     fn admit(&mut self, job: Job, active: &[Active]) -> Active {
         self.clock += 1;
-        let busy: Vec<usize> = active.iter().map(|a| a.slot).collect();
-        let (slot, _) = (0..self.slots.len())
-            .filter(|s| !busy.contains(s))
-            .map(|s| (s, self.slots[s].session.shared_prefix(&job.prompt)))
-            .max_by_key(|&(s, n)| (n, u64::MAX - self.slots[s].last_used))
+        let free = self.free_slots(&job.prompt, active);
+        let lru = |s: usize| u64::MAX - self.slots[s].last_used;
+        let (mut slot, own) = *free
+            .iter()
+            .max_by_key(|&&(s, n)| (n, lru(s)))
             .expect("a free slot exists");
+        if let Some(cache) = &self.cache {
+            if cache.cached_len(&job.prompt) > own {
+                slot = free
+                    .iter()
+                    .min_by_key(|&&(s, n)| (n, u64::MAX - lru(s)))
+                    .expect("a free slot exists")
+                    .0;
+            }
+        }
         // Rewinds the attention policy's per-position state too, so a sparse policy's
         // summaries of the previous job's tail never leak into this one. A sliding-window
         // layer may have lost the prefix (then nothing is kept).
-        let shared = self.slots[slot].session.reuse_prefix(&job.prompt);
+        let session = &mut self.slots[slot].session;
+        let shared = match &mut self.cache {
+            Some(cache) => session.reuse_prefix_from(cache, &job.prompt),
+            None => session.reuse_prefix(&job.prompt),
+        };
         let Job {
             prompt,
             generation,
