@@ -101,6 +101,10 @@ pub struct Request {
     /// assistant's `tool_calls` with their arguments as objects, a tool result's
     /// `tool_call_id`); `None` for plain chats.
     pub tool_messages: Option<Vec<Value>>,
+    /// Read special-token text in the prompt (`<|im_start|>`) as those tokens, as `run`
+    /// does; a completion request may say `"parse_special": false` to have it read as
+    /// plain text. Chats always parse it (their template writes it).
+    pub parse_special: bool,
 }
 
 /// `tool_choice`.
@@ -550,6 +554,16 @@ pub fn parse_request(
     };
     // llama-server's extension: keep generating past end-of-generation tokens.
     let ignore_eos = opt_bool(o, "ignore_eos")?;
+    let parse_special = match o.get("parse_special") {
+        None | Some(Value::Null) => true,
+        _ if chat => {
+            return Err(ApiError::field(
+                "parse_special",
+                "'parse_special' applies to /v1/completions (a chat's template writes its special tokens)".into(),
+            ))
+        }
+        _ => opt_bool(o, "parse_special")?,
+    };
     let logprobs = parse_logprobs(o, chat)?;
     let tools = if chat { parse_tools(o)? } else { Vec::new() };
     let tool_choice = parse_tool_choice(o, &tools)?;
@@ -571,6 +585,7 @@ pub fn parse_request(
         ));
     }
     Ok(Request {
+        parse_special,
         tools,
         tool_choice,
         parallel_tool_calls,

@@ -549,8 +549,13 @@ fn serve_runs_the_attention_policy_in_every_slot_and_reuses_prefixes() {
     let (a2, cached) = complete(&s.addr, &p2, 16);
     assert_eq!(cached, shared as u64);
     assert_eq!(a2, run_greedy(&m, &p2, 16, QUEST_32));
-    // And back: p1 again, from p2's cache.
-    assert_eq!(complete(&s.addr, &p1, 16), (a1.clone(), shared as u64));
+    // And back: p1 again, from p2's slot or from the prefix cache's blocks of p1 (of 256
+    // tokens, one per byte), whichever holds more.
+    let from_cache = (p1.len() - 1) / 256 * 256;
+    assert_eq!(
+        complete(&s.addr, &p1, 16),
+        (a1.clone(), shared.max(from_cache) as u64)
+    );
 
     // Two requests at once, one per slot, stepped in turn: each slot has its own backend,
     // so neither request sees the other's page summaries.
@@ -1208,4 +1213,171 @@ fn tools_need_a_template_that_renders_them() {
 fn openai_client_tool_calls_on_real_model() {
     let s = Server::start(&qwen(), &["--api-key", "k", "-c", "2048"]);
     run_script(&s, "openai_tools.py", &["k", "100"]);
+}
+
+/// A metric's value in `/metrics` text (the line that starts with `name`, labels included).
+fn metric(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+        .parse()
+        .unwrap()
+}
+
+/// Bytes of the block files in `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+/// The shared prefix cache through the server: two requests about one document in two
+/// slots — the second starts from the first's blocks (not a slot's own prefix) and answers
+/// as a fresh run does; a restart with the same `--cache-dir` finds the blocks; damaged
+/// files are never used; the directory keeps to `--cache-disk`; `/metrics` counts it all.
+#[test]
+fn the_prefix_cache_is_shared_by_slots_and_outlives_a_restart() {
+    let m = synthetic_model();
+    let dir = tmp().join("prefix-cache");
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_s = dir.to_str().unwrap();
+    let doc = long_prompt("doc");
+    let ask = |q: &str| format!("{doc}{q}");
+    let flags = [
+        "--parallel",
+        "2",
+        "--cache-block",
+        "64",
+        "--cache-dir",
+        dir_s,
+        "-c",
+        "2048",
+    ];
+    let block = 64;
+    // Whole blocks of the document (the byte tokenizer: one token per byte).
+    let n_doc = doc.len();
+    let aligned = |prompt_len: usize| ((prompt_len - 1) / block * block).min(n_doc / block * block);
+    {
+        let s = Server::start(&m, &flags);
+        let (a1, cached) = complete(&s.addr, &ask(" First question?"), 8);
+        assert_eq!(cached, 0);
+        assert_eq!(a1, run_greedy(&m, &ask(" First question?"), 8, &[]));
+        // Hold slot 0 with a request that continues the first (so it takes that slot),
+        // so the next one takes slot 1, which holds nothing: whatever it reuses comes from
+        // the shared cache.
+        let other = ask(" First question? And a long answer, please.");
+        let busy = {
+            let addr = s.addr.clone();
+            let body = serde_json::json!({"prompt": other, "max_tokens": 900, "ignore_eos": true})
+                .to_string();
+            std::thread::spawn(move || http(&addr, "POST", "/v1/completions", None, &body))
+        };
+        // Until it has its slot.
+        let t0 = Instant::now();
+        while metric(
+            &http(&s.addr, "GET", "/metrics", None, "").1,
+            "sparrow_active_requests",
+        ) < 1.0
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the request never started"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let q2 = ask(" Second one, please?");
+        let (a2, cached) = complete(&s.addr, &q2, 8);
+        let (code, out) = busy.join().unwrap();
+        assert_eq!(code, 200, "{out}");
+        assert_eq!(cached as usize, aligned(q2.len()));
+        assert!(cached >= 512);
+        assert_eq!(a2, run_greedy(&m, &q2, 8, &[]));
+        let (_, metrics) = http(&s.addr, "GET", "/metrics", None, "");
+        assert!(
+            metric(
+                &metrics,
+                "sparrow_prefix_cache_lookups_total{result=\"hit\"}"
+            ) >= 1.0
+        );
+        assert!(metric(&metrics, "sparrow_prefix_cache_tokens_reused_total") >= cached as f64);
+        let disk = metric(&metrics, "sparrow_prefix_cache_bytes{tier=\"disk\"}");
+        assert_eq!(disk as u64, dir_bytes(&dir), "{metrics}");
+    }
+    // A restart: the first request finds the document's blocks on disk.
+    let q3 = ask(" And a third?");
+    {
+        let s = Server::start(&m, &flags);
+        let (a3, cached) = complete(&s.addr, &q3, 8);
+        assert_eq!(cached as usize, aligned(q3.len()));
+        assert_eq!(a3, run_greedy(&m, &q3, 8, &[]));
+    }
+    // Every file damaged in its data: nothing is used, the answer is still right.
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let mut b = std::fs::read(&p).unwrap();
+        let at = b.len() - 100;
+        b[at] ^= 0x40;
+        std::fs::write(&p, b).unwrap();
+    }
+    {
+        let s = Server::start(&m, &flags);
+        let (a3_again, cached) = complete(&s.addr, &q3, 8);
+        assert_eq!(cached, 0);
+        assert_eq!(a3_again, run_greedy(&m, &q3, 8, &[]));
+    }
+    // A small disk budget holds, however many documents pass.
+    let _ = std::fs::remove_dir_all(&dir);
+    let budget = 100_000u64;
+    let s = Server::start(
+        &m,
+        &[
+            "--cache-block",
+            "64",
+            "--cache-dir",
+            dir_s,
+            "--cache-disk",
+            "100000B",
+            "--cache-ram",
+            "0",
+        ],
+    );
+    for tag in ["one", "two", "three", "four"] {
+        complete(&s.addr, &long_prompt(tag), 2);
+        let used = dir_bytes(&dir);
+        assert!(used > 0 && used <= budget, "{used} > {budget}");
+    }
+}
+
+/// `/v1/completions` reads special-token text as those tokens, as `run` does, unless the
+/// request says `"parse_special": false`.
+#[test]
+fn completions_parse_special_tokens_unless_asked_not_to() {
+    let m = synthetic_model();
+    let s = Server::start(&m, &[]);
+    let prompt = "ab<|endoftext|>cd";
+    let usage = |extra: &str| {
+        let body = format!(r#"{{"prompt": "{prompt}", "max_tokens": 1{extra}}}"#);
+        let (code, out) = http(&s.addr, "POST", "/v1/completions", None, &body);
+        assert_eq!(code, 200, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    // a, b, <|endoftext|>, c, d — or every byte of the marker as text.
+    assert_eq!(usage(""), 5);
+    assert_eq!(usage(r#", "parse_special": true"#), 5);
+    assert_eq!(
+        usage(r#", "parse_special": false"#),
+        4 + "<|endoftext|>".len() as u64
+    );
+    let (code, out) = http(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        None,
+        r#"{"prompt": "x", "parse_special": "yes"}"#,
+    );
+    assert_eq!(code, 400);
+    assert!(error_message(&out).contains("parse_special"), "{out}");
 }

@@ -459,3 +459,102 @@ fn the_scheduler_computes_a_shared_prefix_once() {
     );
     assert!(!stats.prefix_cache.enabled.load(Ordering::Relaxed));
 }
+
+/// Gemma-3 keeps its sliding-window layers in rings of window + 512 rows: a prefix longer
+/// than the ring is restored with those layers' last rows only (taken while the ring still
+/// held them, as the prompt was read), and continues as the computed prefix, to the bit.
+/// Against a cache whose blocks miss a ring's rows the restore falls back to a shorter prefix
+/// the blocks do cover — never to rows it does not have.
+#[test]
+fn gemma_sliding_layers_restore_from_their_rings() {
+    let e = Engine::load(common::gemma_path()).unwrap();
+    let m = &e.model;
+    assert!(m.config.has_sliding_layers());
+    let words = [
+        "river", "lantern", "copper", "meadow", "signal", "harbor", "violet",
+    ];
+    let text: String = (0..400)
+        .map(|i| {
+            format!(
+                "Entry {i} names the {} and the {}. ",
+                words[i % 7],
+                words[i * 3 % 7]
+            )
+        })
+        .collect();
+    let doc = e.tokenizer.encode(&text, true, false);
+    let block = 256;
+    assert!(doc.len() > 1800, "{}", doc.len());
+    let doc = &doc[..1800];
+    let p1 = [doc, &e.tokenizer.encode(" What first?", false, false)].concat();
+    let p2 = [doc, &e.tokenizer.encode(" And then?", false, false)].concat();
+    let choice = AttentionChoice::default();
+    let make = || {
+        m.new_sequence(2048, KvOptions::from(KvType::F16), &choice)
+            .unwrap()
+    };
+    let feed = |s: &mut Session, tokens: &[u32]| -> Vec<u32> {
+        let mut bits = Vec::new();
+        for chunk in tokens.chunks(block) {
+            let l = s.feed(m, chunk, Logits::Last).unwrap();
+            bits.extend(l.iter().map(|x| x.to_bits()));
+        }
+        bits
+    };
+    let cfg = PrefixCacheConfig {
+        ram_bytes: 1 << 30,
+        dir: None,
+        disk_bytes: 0,
+        block,
+    };
+    // Published after every pass, as the scheduler does: each block has every layer.
+    let mut first = Session::new(make());
+    let (mut cache, _) = PrefixCache::open(
+        &cfg,
+        &m.config.fingerprint,
+        first.state(),
+        &choice,
+        Arc::new(PrefixCacheStats::default()),
+    )
+    .unwrap();
+    let mut done = 0;
+    for chunk in p1.chunks(block) {
+        first.feed(m, chunk, Logits::Last).unwrap();
+        done += chunk.len();
+        cache.publish(&p1, done, first.state());
+    }
+    let mut fresh = Session::new(make());
+    let want = feed(&mut fresh, &p2);
+    let mut restored = Session::new(make());
+    let n = restored.reuse_prefix_from(&mut cache, &p2);
+    assert_eq!(n, 7 * block);
+    let got = feed(&mut restored, &p2[n..]);
+    assert!(
+        got == want[want.len() - got.len()..],
+        "restored Gemma prefix diverged"
+    );
+
+    // Published once at the end: the rings then hold the last 1,024 positions only, so the
+    // blocks before position ~780 miss the sliding layers' rows, and every prefix the
+    // blocks make needs some of those (its last 1,024 positions): nothing is restored.
+    let mut late = Session::new(make());
+    feed(&mut late, &p1);
+    let (mut cache, _) = PrefixCache::open(
+        &cfg,
+        &m.config.fingerprint,
+        late.state(),
+        &choice,
+        Arc::new(PrefixCacheStats::default()),
+    )
+    .unwrap();
+    cache.publish(&p1, p1.len(), late.state());
+    assert_eq!(cache.cached_len(&p2), 7 * block, "the blocks are there");
+    let mut partial = Session::new(make());
+    let ring = (0..m.config.n_layer)
+        .map(|l| partial.state().kv().layer_rows(l))
+        .min()
+        .unwrap();
+    assert_eq!(ring, 1024);
+    assert_eq!(partial.reuse_prefix_from(&mut cache, &p2), 0);
+    assert_eq!(partial.state().n_past(), 0);
+}

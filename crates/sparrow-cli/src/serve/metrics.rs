@@ -121,6 +121,42 @@ impl Metrics {
                 ("{result=\"accepted\"}", g(&sc.accepted_tokens) as f64),
             ],
         );
+        let pc = &*sc.prefix_cache;
+        if pc.enabled.load(Ordering::Relaxed) {
+            metric(
+                "sparrow_prefix_cache_lookups_total",
+                "counter",
+                "Prompts looked up in the shared prefix cache: a hit started from a cached prefix.",
+                &[
+                    ("{result=\"hit\"}", g(&pc.hits) as f64),
+                    ("{result=\"miss\"}", g(&pc.misses) as f64),
+                ],
+            );
+            metric(
+                "sparrow_prefix_cache_tokens_reused_total",
+                "counter",
+                "Prompt tokens taken from the shared prefix cache instead of computed.",
+                &[("", g(&pc.tokens_reused) as f64)],
+            );
+            metric(
+                "sparrow_prefix_cache_bytes",
+                "gauge",
+                "Bytes of cached prefix blocks, in RAM and in --cache-dir.",
+                &[
+                    ("{tier=\"ram\"}", g(&pc.ram_bytes) as f64),
+                    ("{tier=\"disk\"}", g(&pc.disk_bytes) as f64),
+                ],
+            );
+            metric(
+                "sparrow_prefix_cache_blocks",
+                "gauge",
+                "Cached prefix blocks, in RAM and in --cache-dir.",
+                &[
+                    ("{tier=\"ram\"}", gu(&pc.ram_blocks)),
+                    ("{tier=\"disk\"}", gu(&pc.disk_blocks)),
+                ],
+            );
+        }
         metric(
             "sparrow_completions_total",
             "counter",

@@ -11,6 +11,7 @@
 pub use sparrow_cli::openai as api;
 pub mod job;
 pub mod metrics;
+pub mod prefix_cache;
 
 use crate::{KvArgs, ModelArgs};
 use api::ApiError;
@@ -83,6 +84,9 @@ pub struct ServeArgs {
     /// Drafts per slot (speculative decoding; the output does not change).
     #[command(flatten)]
     speculative: crate::speculative::SpeculativeArgs,
+    /// Prompt prefixes shared by every slot, in RAM and on disk.
+    #[command(flatten)]
+    prefix_cache: prefix_cache::PrefixCacheArgs,
 }
 
 /// Everything the handlers share.
@@ -155,9 +159,20 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
                 &a.kv.options(),
                 a.batch_size,
             )?,
+            prefix_cache: a.prefix_cache.config(),
         },
     )
     .map_err(|e| e.to_string())?;
+    if let Some(cfg) = a.prefix_cache.config() {
+        let disk = scheduler
+            .stats()
+            .prefix_cache
+            .disk_bytes
+            .load(Ordering::Relaxed);
+        for line in prefix_cache::describe(&cfg, scheduler.cache_scan(), disk) {
+            eprintln!("{line}");
+        }
+    }
     let metrics = Arc::new(Metrics::new(
         metrics::Info {
             attention: attention.label(),
@@ -340,8 +355,9 @@ async fn handle(
             parallel: req.parallel_tool_calls,
         });
     let st2 = st.clone();
+    let special = req.parse_special;
     let prompt =
-        tokio::task::spawn_blocking(move || st2.engine.tokenizer.encode(&text, true, chat))
+        tokio::task::spawn_blocking(move || st2.engine.tokenizer.encode(&text, true, special))
             .await
             .map_err(|e| ApiError::internal(&format!("tokenizer task failed: {e}")))?;
     if prompt.is_empty() {

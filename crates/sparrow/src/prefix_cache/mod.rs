@@ -29,9 +29,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-/// Positions per cached block unless set otherwise: a multiple of the default prefill batch
-/// (512), so a prompt resumed after a cached prefix is cut into the same batches as one
-/// run from the start.
+/// Positions per cached block unless set otherwise: `serve`'s default batch, so a prompt
+/// resumed after a cached prefix is cut into the batches a run from the start would use
+/// when nothing else shares the passes.
 pub const DEFAULT_BLOCK: usize = 256;
 
 /// How a prefix cache is set up.
@@ -182,6 +182,14 @@ impl PrefixCache {
     /// state is untouched).
     pub fn restore(&mut self, prompt: &[u32], state: &mut State, at_least: usize) -> usize {
         let keys = chain_keys(&self.root, prompt, self.shape.block, self.blocks_of(prompt));
+        let held = keys.iter().take_while(|k| self.has(k)).count();
+        if held * self.shape.block <= at_least {
+            // The sequence already holds as much: not a miss, and nothing read from disk.
+            if held == 0 {
+                self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            }
+            return 0;
+        }
         self.clock += 1;
         let now = self.clock;
         // Bring the chain's blocks into RAM, as far as they go.
