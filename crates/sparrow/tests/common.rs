@@ -22,6 +22,7 @@
 #![allow(dead_code)]
 
 use sparrow::attention::AttentionChoice;
+use sparrow::policy::quest::QuestSettings;
 use sparrow::policy::saap::{Layout, Router, SaapSettings};
 use sparrow::synthetic::synthetic_saap_index;
 use sparrow::{Logits, Model, State};
@@ -312,5 +313,16 @@ pub fn random_saap(
         window: 31,
         layout,
         ..Default::default()
+    })
+}
+
+/// Quest in pages of 16 reading 48 positions per step, layer 0 dense: sparse on the small
+/// synthetic models' contexts of a few hundred tokens.
+pub fn small_quest() -> AttentionChoice {
+    AttentionChoice::named("quest").with(QuestSettings {
+        page: 16,
+        budget: 48,
+        dense_layers: vec![0],
+        rerank: 0,
     })
 }

@@ -8,7 +8,6 @@ mod common;
 
 use sparrow::attention::{AttentionChoice, StreamingAttention};
 use sparrow::kv::{ColdTier, KvOptions, KvTypes};
-use sparrow::policy::quest::QuestSettings;
 use sparrow::policy::saap::Layout;
 use sparrow::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats, ScanReport};
 use sparrow::scheduler::{reply_channel, Config, Event, Job, Scheduler};
@@ -52,15 +51,6 @@ fn engine(seed: u64) -> Engine {
     Engine::load(&path).unwrap()
 }
 
-fn quest() -> AttentionChoice {
-    AttentionChoice::named("quest").with(QuestSettings {
-        page: 16,
-        budget: 48,
-        dense_layers: vec![0],
-        rerank: 0,
-    })
-}
-
 /// Full attention, and the decode and prefill policies that keep summaries of the rows
 /// (rebuilt from imported rows).
 fn choices(m: &Model) -> Vec<(&'static str, AttentionChoice)> {
@@ -68,7 +58,7 @@ fn choices(m: &Model) -> Vec<(&'static str, AttentionChoice)> {
         |layout| common::random_saap(m, &scratch("saap").join("random.saap"), (8, 2, 7), layout);
     vec![
         ("full", AttentionChoice::default()),
-        ("quest", quest()),
+        ("quest", common::small_quest()),
         (
             "streaming",
             AttentionChoice::named("streaming").with(StreamingAttention {
@@ -79,7 +69,7 @@ fn choices(m: &Model) -> Vec<(&'static str, AttentionChoice)> {
         ("saap", saap(Layout::Positions)),
         ("saap in bucket order", saap(Layout::Buckets)),
         ("xattention+quest", {
-            let mut c = quest();
+            let mut c = common::small_quest();
             c.prefill = Some("xattention".into());
             c
         }),
@@ -243,7 +233,7 @@ fn the_directory_outlives_the_cache_and_refuses_bad_files() {
     let e = engine(1);
     let m = &e.model;
     let (p1, p2) = prompts();
-    let choice = quest();
+    let choice = common::small_quest();
     let make = || sequence(m, &choice, KvType::F16.into(), false);
     let dir = scratch("disk");
     let mut first = Session::new(make());
@@ -509,14 +499,7 @@ fn gemma_sliding_layers_restore_from_their_rings() {
     };
     // Published after every pass, as the scheduler does: each block has every layer.
     let mut first = Session::new(make());
-    let (mut cache, _) = PrefixCache::open(
-        &cfg,
-        &m.config.fingerprint,
-        first.state(),
-        &choice,
-        Arc::new(PrefixCacheStats::default()),
-    )
-    .unwrap();
+    let (mut cache, _) = open(&cfg, m, first.state(), &choice);
     let mut done = 0;
     for chunk in p1.chunks(block) {
         first.feed(m, chunk, Logits::Last).unwrap();
@@ -539,14 +522,7 @@ fn gemma_sliding_layers_restore_from_their_rings() {
     // blocks make needs some of those (its last 1,024 positions): nothing is restored.
     let mut late = Session::new(make());
     feed(&mut late, &p1);
-    let (mut cache, _) = PrefixCache::open(
-        &cfg,
-        &m.config.fingerprint,
-        late.state(),
-        &choice,
-        Arc::new(PrefixCacheStats::default()),
-    )
-    .unwrap();
+    let (mut cache, _) = open(&cfg, m, late.state(), &choice);
     cache.publish(&p1, p1.len(), late.state());
     assert_eq!(cache.cached_len(&p2), 7 * block, "the blocks are there");
     let mut partial = Session::new(make());

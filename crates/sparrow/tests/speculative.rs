@@ -8,7 +8,6 @@ mod common;
 
 use sparrow::attention::{AttentionChoice, StreamingAttention};
 use sparrow::kv::{ColdTier, KvOptions};
-use sparrow::policy::quest::QuestSettings;
 use sparrow::policy::saap::Layout;
 use sparrow::policy::H2oSettings;
 use sparrow::speculative::{check_vocabularies, lookup};
@@ -51,15 +50,6 @@ fn engine(seed: u64) -> Engine {
     Engine::load(&path).unwrap()
 }
 
-fn quest() -> AttentionChoice {
-    AttentionChoice::named("quest").with(QuestSettings {
-        page: 16,
-        budget: 48,
-        dense_layers: vec![0],
-        rerank: 0,
-    })
-}
-
 fn saap(m: &Model, dir: &Path, layout: Layout) -> AttentionChoice {
     common::random_saap(m, &dir.join("random-speculative.saap"), (8, 2, 7), layout)
 }
@@ -68,7 +58,7 @@ fn saap(m: &Model, dir: &Path, layout: Layout) -> AttentionChoice {
 fn choices(m: &Model) -> Vec<(&'static str, AttentionChoice)> {
     vec![
         ("full", AttentionChoice::default()),
-        ("quest", quest()),
+        ("quest", common::small_quest()),
         (
             "streaming",
             AttentionChoice::named("streaming").with(StreamingAttention {
@@ -79,7 +69,7 @@ fn choices(m: &Model) -> Vec<(&'static str, AttentionChoice)> {
         ("saap", saap(m, &scratch(), Layout::Positions)),
         ("saap in bucket order", saap(m, &scratch(), Layout::Buckets)),
         ("xattention+quest", {
-            let mut c = quest();
+            let mut c = common::small_quest();
             c.prefill = Some("xattention".into());
             c
         }),
@@ -177,9 +167,9 @@ fn a_prefill_batch_is_not_decode_steps() {
     let vocab = m.config.vocab_size;
     let prompt = synthetic_tokens(150, 5);
     let steps = synthetic_tokens(8, 6);
-    let mut alone = sequence(m, &quest(), None);
+    let mut alone = sequence(m, &common::small_quest(), None);
     m.forward(&mut alone, &prompt, Logits::Last).unwrap();
-    let mut batched = sequence(m, &quest(), None);
+    let mut batched = sequence(m, &common::small_quest(), None);
     m.forward(&mut batched, &prompt, Logits::Last).unwrap();
     let rows = m
         .forward(&mut batched, &steps, Logits::All)
@@ -481,7 +471,7 @@ fn the_scheduler_speculates_per_slot_with_the_plain_output() {
             Ok(Speculation::new(Drafter::Model(Box::new(model)), 5, 0)?.always_draft_max())
         }))
     };
-    for choice in [AttentionChoice::default(), quest()] {
+    for choice in [AttentionChoice::default(), common::small_quest()] {
         for sampler in &samplers {
             let alone: Vec<Vec<u32>> = prompts
                 .iter()
@@ -674,14 +664,14 @@ fn a_lean_model_checks_long_drafts_in_pieces() {
     let vocab = e.model.config.vocab_size;
     let prompt = synthetic_tokens(40, 5);
     let steps = synthetic_tokens(80, 6);
-    let mut a = sequence(&e.model, &quest(), None);
+    let mut a = sequence(&e.model, &common::small_quest(), None);
     e.model.forward(&mut a, &prompt, Logits::Last).unwrap();
     let want = e
         .model
         .forward_steps(&mut a, &steps, Logits::All)
         .unwrap()
         .to_vec();
-    let mut b = sequence(&lean.model, &quest(), None);
+    let mut b = sequence(&lean.model, &common::small_quest(), None);
     lean.model.forward(&mut b, &prompt, Logits::Last).unwrap();
     let got = lean
         .model

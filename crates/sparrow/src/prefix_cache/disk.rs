@@ -34,6 +34,10 @@ pub const MAGIC: &[u8; 8] = b"SPRWPFX\n";
 pub const VERSION: u32 = 1;
 const FIXED: usize = 8 + 4 + 32 + 32 + 4 + 4 + 4 + 4 + 4;
 const EXTENSION: &str = "sprb";
+/// Extension of a block being written (after the writer's process id).
+const TMP: &str = "tmp";
+/// A file being written that is older than this was left by a process that died.
+const STALE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 fn type_code(t: KvType) -> u8 {
     match t {
@@ -107,7 +111,19 @@ impl DiskTier {
         let mut found = Vec::new();
         for item in listing.flatten() {
             let path = item.path();
-            if path.extension().and_then(|e| e.to_str()) != Some(EXTENSION) {
+            let extension = path.extension().and_then(|e| e.to_str());
+            if extension == Some(TMP) {
+                let age = item
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok());
+                if age.is_some_and(|a| a > STALE) {
+                    let _ = std::fs::remove_file(&path);
+                }
+                continue;
+            }
+            if extension != Some(EXTENSION) {
                 continue;
             }
             match tier.scan_one(&path) {
@@ -228,7 +244,8 @@ impl DiskTier {
         }
         self.make_room(bytes);
         let path = self.path(key);
-        let tmp = path.with_extension("tmp");
+        // Named for this process: two servers sharing the directory never write one file.
+        let tmp = path.with_extension(format!("{}.{TMP}", std::process::id()));
         let written = (|| -> std::io::Result<()> {
             let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
             let header = self.header(key, index, &block.present);
@@ -261,8 +278,7 @@ impl DiskTier {
     pub fn get(&mut self, key: &BlockKey, now: u64) -> Option<Block> {
         self.entries.get(key)?;
         let path = self.path(key);
-        let read = std::fs::read(&path);
-        let block = match &read {
+        let block = match std::fs::read(&path) {
             Ok(bytes) => self.check(key, bytes),
             Err(e) => Err(e.to_string()),
         };
@@ -284,7 +300,8 @@ impl DiskTier {
         }
     }
 
-    fn check(&self, key: &BlockKey, bytes: &[u8]) -> Result<Block, String> {
+    /// The block in a file's `bytes`, if they are a whole, intact block `key` of this cache.
+    fn check(&self, key: &BlockKey, mut bytes: Vec<u8>) -> Result<Block, String> {
         let n_layer = self.shape.n_layer;
         if bytes.len() < FIXED + n_layer + 32 {
             return Err("truncated".into());
@@ -298,7 +315,7 @@ impl DiskTier {
             .iter()
             .map(|&p| p == 1)
             .collect();
-        let index = u32_at(bytes, 76) as usize;
+        let index = u32_at(&bytes, 76) as usize;
         let expect = self.header(key, index, &present);
         if bytes[..FIXED + n_layer] != expect[..] {
             return Err("its header does not match this cache".into());
@@ -306,9 +323,12 @@ impl DiskTier {
         if bytes.len() as u64 != self.file_bytes(present.iter().filter(|&&p| p).count()) {
             return Err("wrong size".into());
         }
+        // The rows in place: the file's bytes without header and checksum.
+        bytes.truncate(body);
+        bytes.drain(..FIXED + n_layer);
         Ok(Block {
             present,
-            data: bytes[FIXED + n_layer..body].to_vec(),
+            data: bytes,
         })
     }
 
