@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 mode=${1:-smoke}
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-targets=(gguf_parse tokenizer prompt_cache json_grammar openai_request saap_index saap_record json_schema tool_calls)
+targets=(gguf_parse tokenizer prompt_cache json_grammar openai_request saap_index saap_record json_schema tool_calls prefix_block)
 cargo +nightly fuzz build -a
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

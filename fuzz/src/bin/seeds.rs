@@ -3,8 +3,8 @@
 //! them — the model's own metadata (its big arrays cut short), llama.cpp's reference
 //! strings, a prompt cache the engine saved — and from the synthetic model otherwise.
 
-use sparrow::prompt_cache;
 use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
+use sparrow::{prefix_cache, prompt_cache};
 use sparrow::{KvType, Logits};
 use sparrow_fuzz::{model_path, small_model, tokenizer};
 use sparrow_gguf::{GgufFile, GgufWriter, Value};
@@ -121,6 +121,39 @@ fn main() {
         );
     }
 
+    // Prefix cache blocks: a block the engine took, as its file and as the well-formed
+    // mode's body (presence flags, rows).
+    for (code, kv) in [(0u8, KvType::F16), (1, KvType::F32), (2, KvType::Q8_0)] {
+        let mut state = model.new_state(32, kv).unwrap();
+        model
+            .forward(&mut state, &[1u32, 5, 9, 200, 7], Logits::Last)
+            .unwrap();
+        let shape = prefix_cache::BlockShape::of(state.kv(), 4);
+        let format = prefix_cache::BlockFormat {
+            root: prefix_cache::root(
+                &model.config.fingerprint,
+                &shape,
+                &sparrow::attention::AttentionChoice::default(),
+            ),
+            shape,
+        };
+        let block = prefix_cache::Block::take(state.kv(), &format.shape, 0);
+        let mut file = Vec::new();
+        format.write(&[7u8; 32], 0, &block, &mut file).unwrap();
+        write(
+            "prefix_block",
+            &format!("taken-{code}"),
+            &with_mode(code << 1, &file),
+        );
+        let mut body: Vec<u8> = block.present.iter().map(|&p| p as u8).collect();
+        body.extend_from_slice(&block.data);
+        write(
+            "prefix_block",
+            &format!("body-{code}"),
+            &with_mode((code << 1) | 1, &body),
+        );
+    }
+
     // JSON grammar: tokenized JSON texts, ending with end-of-generation.
     let eos = tok.eog_ids().first().copied().unwrap_or(0) | 0x8000_0000;
     for (i, text) in [
@@ -213,13 +246,23 @@ fn saap_seeds() {
     let img = rec.encode();
     write("saap_record", "record", &with_mode(0, &img));
     let (meta, vectors) = split(&img);
-    write("saap_record", "record-body", &with_mode(1, &body(&meta, &vectors)));
+    write(
+        "saap_record",
+        "record-body",
+        &with_mode(1, &body(&meta, &vectors)),
+    );
 }
 
 /// One walk per schema of the JSON-schema target.
 fn schema_seeds() {
     for i in 0..sparrow_fuzz::schema_check::SCHEMAS.len() {
-        let words: Vec<u32> = (0..24u32).map(|j| j.wrapping_mul(2654435761) >> 4).collect();
-        write("json_schema", &format!("schema-{i}"), &with_mode(i as u8, &ids_bytes(&words)));
+        let words: Vec<u32> = (0..24u32)
+            .map(|j| j.wrapping_mul(2654435761) >> 4)
+            .collect();
+        write(
+            "json_schema",
+            &format!("schema-{i}"),
+            &with_mode(i as u8, &ids_bytes(&words)),
+        );
     }
 }

@@ -63,11 +63,91 @@ struct Entry {
     used: u64,
 }
 
+/// The file format of one cache's blocks: its root and block shape, which every file's
+/// header repeats.
+#[derive(Clone, Debug)]
+pub struct BlockFormat {
+    pub root: BlockKey,
+    pub shape: BlockShape,
+}
+
+impl BlockFormat {
+    /// The bytes a file of a block holding `present` layers takes.
+    fn file_bytes(&self, present: usize) -> u64 {
+        (FIXED + self.shape.n_layer + present * self.shape.layer_bytes() + 32) as u64
+    }
+
+    /// The header of block `index` named `key` holding the `present` layers.
+    fn header(&self, key: &BlockKey, index: usize, present: &[bool]) -> Vec<u8> {
+        let s = &self.shape;
+        let mut h = Vec::with_capacity(FIXED + s.n_layer);
+        h.extend_from_slice(MAGIC);
+        h.extend_from_slice(&VERSION.to_le_bytes());
+        h.extend_from_slice(&self.root);
+        h.extend_from_slice(key);
+        for v in [index, s.block, s.n_layer, s.kv_dim] {
+            h.extend_from_slice(&(v as u32).to_le_bytes());
+        }
+        h.extend_from_slice(&[type_code(s.types.k), type_code(s.types.v), 0, 0]);
+        h.extend(present.iter().map(|&p| p as u8));
+        h
+    }
+
+    /// Write the file of block `index` named `key` to `out`: header, rows, checksum.
+    pub fn write(
+        &self,
+        key: &BlockKey,
+        index: usize,
+        block: &Block,
+        out: &mut impl Write,
+    ) -> std::io::Result<()> {
+        let header = self.header(key, index, &block.present);
+        let mut hash = Sha256::new();
+        hash.update(&header);
+        hash.update(&block.data);
+        out.write_all(&header)?;
+        out.write_all(&block.data)?;
+        out.write_all(&hash.finalize())
+    }
+
+    /// The block in a file's `bytes`, if they are a whole, intact block `key` of this
+    /// cache; else what is wrong.
+    pub fn read(&self, key: &BlockKey, mut bytes: Vec<u8>) -> Result<Block, String> {
+        let n_layer = self.shape.n_layer;
+        if bytes.len() < FIXED + n_layer + 32 {
+            return Err("truncated".into());
+        }
+        let body = bytes.len() - 32;
+        let sum: [u8; 32] = Sha256::digest(&bytes[..body]).into();
+        if sum[..] != bytes[body..] {
+            return Err("checksum mismatch (corrupted)".into());
+        }
+        let present: Vec<bool> = bytes[FIXED..FIXED + n_layer]
+            .iter()
+            .map(|&p| p == 1)
+            .collect();
+        let index = u32_at(&bytes, 76) as usize;
+        let expect = self.header(key, index, &present);
+        if bytes[..FIXED + n_layer] != expect[..] {
+            return Err("its header does not match this cache".into());
+        }
+        if bytes.len() as u64 != self.file_bytes(present.iter().filter(|&&p| p).count()) {
+            return Err("wrong size".into());
+        }
+        // The rows in place: the file's bytes without header and checksum.
+        bytes.truncate(body);
+        bytes.drain(..FIXED + n_layer);
+        Ok(Block {
+            present,
+            data: bytes,
+        })
+    }
+}
+
 /// The files of one cache in a directory, and the budget they keep to.
 pub struct DiskTier {
     dir: PathBuf,
-    root: BlockKey,
-    shape: BlockShape,
+    format: BlockFormat,
     budget: u64,
     entries: HashMap<BlockKey, Entry>,
     used_bytes: u64,
@@ -99,8 +179,7 @@ impl DiskTier {
             .map_err(|e| format!("cannot create the cache directory {}: {e}", dir.display()))?;
         let mut tier = DiskTier {
             dir: dir.to_path_buf(),
-            root,
-            shape,
+            format: BlockFormat { root, shape },
             budget,
             entries: HashMap::new(),
             used_bytes: 0,
@@ -157,28 +236,6 @@ impl DiskTier {
         self.dir.join(format!("{}.{EXTENSION}", hex(key)))
     }
 
-    /// The bytes a file of a block holding `present` layers takes.
-    fn file_bytes(&self, present: usize) -> u64 {
-        (FIXED + self.shape.n_layer + present * self.shape.layer_bytes() + 32) as u64
-    }
-
-    /// The header this cache writes, up to the presence bytes (the block's own fields
-    /// filled in by the caller).
-    fn header(&self, key: &BlockKey, index: usize, present: &[bool]) -> Vec<u8> {
-        let s = &self.shape;
-        let mut h = Vec::with_capacity(FIXED + s.n_layer);
-        h.extend_from_slice(MAGIC);
-        h.extend_from_slice(&VERSION.to_le_bytes());
-        h.extend_from_slice(&self.root);
-        h.extend_from_slice(key);
-        for v in [index, s.block, s.n_layer, s.kv_dim] {
-            h.extend_from_slice(&(v as u32).to_le_bytes());
-        }
-        h.extend_from_slice(&[type_code(s.types.k), type_code(s.types.v), 0, 0]);
-        h.extend(present.iter().map(|&p| p as u8));
-        h
-    }
-
     fn scan_one(&self, path: &Path) -> Scanned {
         let Ok(mut file) = std::fs::File::open(path) else {
             return Scanned::Foreign;
@@ -188,20 +245,21 @@ impl DiskTier {
             // Too short to say whose it is; a name of ours could be a crash's leftover.
             return Scanned::Foreign;
         }
-        if &head[..8] != MAGIC || u32_at(&head, 8) != VERSION || head[12..44] != self.root {
+        let format = &self.format;
+        if &head[..8] != MAGIC || u32_at(&head, 8) != VERSION || head[12..44] != format.root {
             return Scanned::Foreign;
         }
         let mut key = [0u8; 32];
         key.copy_from_slice(&head[44..76]);
-        let expect = self.header(&key, u32_at(&head, 76) as usize, &[]);
-        let mut present = vec![0u8; self.shape.n_layer];
+        let expect = format.header(&key, u32_at(&head, 76) as usize, &[]);
+        let mut present = vec![0u8; format.shape.n_layer];
         let (Ok(meta), Ok(())) = (file.metadata(), file.read_exact(&mut present)) else {
             return Scanned::Broken;
         };
         let n_present = present.iter().filter(|&&p| p == 1).count();
         let sane = head[..FIXED] == expect[..FIXED]
             && present.iter().all(|&p| p <= 1)
-            && meta.len() == self.file_bytes(n_present)
+            && meta.len() == format.file_bytes(n_present)
             && path.file_stem().and_then(|s| s.to_str()) == Some(hex(&key).as_str());
         if !sane {
             return Scanned::Broken;
@@ -238,7 +296,7 @@ impl DiskTier {
             return;
         }
         let present = block.present.iter().filter(|&&p| p).count();
-        let bytes = self.file_bytes(present);
+        let bytes = self.format.file_bytes(present);
         if bytes > self.budget {
             return;
         }
@@ -248,13 +306,7 @@ impl DiskTier {
         let tmp = path.with_extension(format!("{}.{TMP}", std::process::id()));
         let written = (|| -> std::io::Result<()> {
             let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-            let header = self.header(key, index, &block.present);
-            let mut hash = Sha256::new();
-            hash.update(&header);
-            hash.update(&block.data);
-            out.write_all(&header)?;
-            out.write_all(&block.data)?;
-            out.write_all(&hash.finalize())?;
+            self.format.write(key, index, block, &mut out)?;
             out.into_inner().map_err(|e| e.into_error())?.sync_data()?;
             std::fs::rename(&tmp, &path)
         })();
@@ -279,7 +331,7 @@ impl DiskTier {
         self.entries.get(key)?;
         let path = self.path(key);
         let block = match std::fs::read(&path) {
-            Ok(bytes) => self.check(key, bytes),
+            Ok(bytes) => self.format.read(key, bytes),
             Err(e) => Err(e.to_string()),
         };
         match block {
@@ -298,38 +350,6 @@ impl DiskTier {
                 None
             }
         }
-    }
-
-    /// The block in a file's `bytes`, if they are a whole, intact block `key` of this cache.
-    fn check(&self, key: &BlockKey, mut bytes: Vec<u8>) -> Result<Block, String> {
-        let n_layer = self.shape.n_layer;
-        if bytes.len() < FIXED + n_layer + 32 {
-            return Err("truncated".into());
-        }
-        let body = bytes.len() - 32;
-        let sum: [u8; 32] = Sha256::digest(&bytes[..body]).into();
-        if sum[..] != bytes[body..] {
-            return Err("checksum mismatch (corrupted)".into());
-        }
-        let present: Vec<bool> = bytes[FIXED..FIXED + n_layer]
-            .iter()
-            .map(|&p| p == 1)
-            .collect();
-        let index = u32_at(&bytes, 76) as usize;
-        let expect = self.header(key, index, &present);
-        if bytes[..FIXED + n_layer] != expect[..] {
-            return Err("its header does not match this cache".into());
-        }
-        if bytes.len() as u64 != self.file_bytes(present.iter().filter(|&&p| p).count()) {
-            return Err("wrong size".into());
-        }
-        // The rows in place: the file's bytes without header and checksum.
-        bytes.truncate(body);
-        bytes.drain(..FIXED + n_layer);
-        Ok(Block {
-            present,
-            data: bytes,
-        })
     }
 
     fn remove(&mut self, key: &BlockKey) {

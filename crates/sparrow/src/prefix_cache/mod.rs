@@ -19,8 +19,8 @@
 mod block;
 mod disk;
 
-pub use block::{chain_keys, Block, BlockKey, BlockShape};
-pub use disk::{DiskTier, ScanReport};
+pub use block::{assemble, chain_keys, covers, Block, BlockKey, BlockShape};
+pub use disk::{BlockFormat, DiskTier, ScanReport};
 
 use crate::attention::AttentionChoice;
 use crate::model::State;
