@@ -25,7 +25,10 @@ pub mod types;
 pub use blocks::{BlockTable, DEFAULT_BLOCK};
 pub use options::{ColdTier, KvOptions};
 pub use ram::RamStore;
-pub use store::{export_prefix, prefix_bytes, write_prefix, KvStore, StoreLayer};
+pub use store::{
+    check_layer_import, export_prefix, layer_prefix_bytes, prefix_bytes, write_prefix, KvStore,
+    StoreLayer,
+};
 pub use tiered::{minimum_budget, ColdWrite, TieredStore};
 pub use types::{
     bytes_of, BlockQ8_0, KvRows, KvType, KvTypes, BLOCK_Q8_0_BYTES, KV_TYPE_NAMES, QK8_0,

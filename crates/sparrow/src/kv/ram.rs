@@ -555,6 +555,17 @@ impl KvStore for RamStore {
     fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
         RamStore::import_prefix(self, n, bytes)
     }
+    fn import_layer(
+        &mut self,
+        layer: usize,
+        n: usize,
+        keys: &[u8],
+        values: &[u8],
+    ) -> Result<(), String> {
+        super::store::check_layer_import(self, layer, n, keys, values)?;
+        RamStore::import_layer(self, layer, n, keys, values);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -69,7 +69,39 @@ pub trait KvStore: Send + Sync {
     }
     /// Overwrite positions `0..n` from bytes made by [`KvStore::export_prefix`] of a store
     /// with the same types and shape, or say why they do not fit.
-    fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String>;
+    fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
+        if n > self.n_ctx() {
+            return Err(format!(
+                "{n} cached positions do not fit a context of {}",
+                self.n_ctx()
+            ));
+        }
+        let want = prefix_bytes(self, n);
+        if bytes.len() != want {
+            return Err(format!(
+                "KV data has {} bytes, expected {want} for {n} positions",
+                bytes.len()
+            ));
+        }
+        let mut at = 0;
+        for l in 0..self.n_layer() {
+            let (kb, vb) = layer_prefix_bytes(self, l, n);
+            self.import_layer(l, n, &bytes[at..at + kb], &bytes[at + kb..at + kb + vb])?;
+            at += kb + vb;
+        }
+        Ok(())
+    }
+    /// Overwrite layer `layer`'s share of a prefix of `n` positions — the keys, then the
+    /// values, of the positions it keeps ([`layer_prefix_bytes`]), laid out as
+    /// [`KvStore::export_prefix`] lays them out — or say why they do not fit. A prefix is
+    /// imported a layer at a time this way without the whole of it in memory at once.
+    fn import_layer(
+        &mut self,
+        layer: usize,
+        n: usize,
+        keys: &[u8],
+        values: &[u8],
+    ) -> Result<(), String>;
 }
 
 /// One layer of a store, as the attention kernels read it.
@@ -98,6 +130,47 @@ impl<S: KvStore + ?Sized> KvSource for StoreLayer<'_, S> {
 /// The positions of `layer` a prefix of `n` keeps: all of them, or a ring's last rows.
 fn kept(store: &(impl KvStore + ?Sized), layer: usize, n: usize) -> std::ops::Range<usize> {
     n - n.min(store.layer_rows(layer))..n
+}
+
+/// Bytes of keys and of values `layer` contributes to a prefix of `n` positions of `store`.
+pub fn layer_prefix_bytes(
+    store: &(impl KvStore + ?Sized),
+    layer: usize,
+    n: usize,
+) -> (usize, usize) {
+    let t = store.types();
+    let kept = kept(store, layer, n).len();
+    (
+        kept * t.k.row_bytes(store.kv_dim()),
+        kept * t.v.row_bytes(store.kv_dim()),
+    )
+}
+
+/// Why `keys` and `values` cannot be layer `layer`'s share of a prefix of `n` positions of
+/// `store`, if they cannot.
+pub fn check_layer_import(
+    store: &(impl KvStore + ?Sized),
+    layer: usize,
+    n: usize,
+    keys: &[u8],
+    values: &[u8],
+) -> Result<(), String> {
+    if layer >= store.n_layer() || n > store.n_ctx() {
+        return Err(format!(
+            "layer {layer} positions 0..{n} are outside the cache ({} layers × {})",
+            store.n_layer(),
+            store.n_ctx()
+        ));
+    }
+    let (kb, vb) = layer_prefix_bytes(store, layer, n);
+    if (keys.len(), values.len()) != (kb, vb) {
+        return Err(format!(
+            "layer {layer}: {} + {} bytes of keys and values, expected {kb} + {vb} for {n} positions",
+            keys.len(),
+            values.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Bytes [`export_prefix`] makes for `n` positions of `store`.

@@ -238,6 +238,33 @@ impl State {
         self.set_n_past(n)
     }
 
+    /// Replace positions `0..n` a layer at a time: `layer(l, keys, values)` fills the two
+    /// buffers with layer `l`'s share ([`KvStore::import_layer`]), so only one layer's rows
+    /// are in memory beside the store at once. If a layer does not fit, the state is left
+    /// empty (its earlier layers were overwritten) and the error says why.
+    pub fn import_prefix_by_layer(
+        &mut self,
+        n: usize,
+        mut layer: impl FnMut(usize, &mut Vec<u8>, &mut Vec<u8>),
+    ) -> Result<()> {
+        if n > self.n_ctx() {
+            return Err(Error::ContextFull {
+                n_ctx: self.n_ctx(),
+            });
+        }
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for l in 0..self.kv.n_layer() {
+            keys.clear();
+            values.clear();
+            layer(l, &mut keys, &mut values);
+            if let Err(e) = self.kv.import_layer(l, n, &keys, &values) {
+                self.reset();
+                return Err(Error::Other(e));
+            }
+        }
+        self.set_n_past(n)
+    }
+
     /// Declare positions `0..n` of the cache filled (after importing them into `kv`).
     pub fn set_n_past(&mut self, n: usize) -> Result<()> {
         if n > self.n_ctx() {

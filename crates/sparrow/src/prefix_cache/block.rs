@@ -134,6 +134,35 @@ pub fn covers(blocks: &[&Block], shape: &BlockShape, layer_rows: &[usize]) -> bo
     })
 }
 
+/// Layer `layer`'s share of the prefix `blocks` make ([`KvStore::import_layer`]'s keys and
+/// values) for a store keeping `rows` positions of it, appended to `keys` and `values`;
+/// the blocks must [`covers`] it.
+pub fn assemble_layer(
+    blocks: &[&Block],
+    shape: &BlockShape,
+    layer: usize,
+    rows: usize,
+    keys: &mut Vec<u8>,
+    values: &mut Vec<u8>,
+) {
+    let n = blocks.len() * shape.block;
+    let kept = n - n.min(rows)..n;
+    let (krow, vrow) = shape.row_bytes();
+    for (out, row, want_keys) in [(keys, krow, true), (values, vrow, false)] {
+        out.reserve(kept.len() * row);
+        let mut pos = kept.start;
+        while pos < kept.end {
+            let b = pos / shape.block;
+            let (k, v) = blocks[b].layer(shape, layer).expect("covered");
+            let part = if want_keys { k } else { v };
+            let from = pos - b * shape.block;
+            let to = (kept.end - b * shape.block).min(shape.block);
+            out.extend_from_slice(&part[from * row..to * row]);
+            pos = b * shape.block + to;
+        }
+    }
+}
+
 /// The bytes [`KvStore::import_prefix`] takes for the prefix `blocks` make, for a store
 /// whose layers keep `layer_rows` positions (a ring keeps the prefix's last ones); `None`
 /// unless [`covers`].
@@ -141,27 +170,13 @@ pub fn assemble(blocks: &[&Block], shape: &BlockShape, layer_rows: &[usize]) -> 
     if !covers(blocks, shape, layer_rows) {
         return None;
     }
-    let n = blocks.len() * shape.block;
-    let (krow, vrow) = shape.row_bytes();
-    let total: usize = layer_rows.iter().map(|&r| n.min(r) * (krow + vrow)).sum();
-    let mut out = Vec::with_capacity(total);
+    let mut out = Vec::new();
     for (l, &rows) in layer_rows.iter().enumerate() {
-        let kept = n - n.min(rows)..n;
-        for keys in [true, false] {
-            let row = if keys { krow } else { vrow };
-            let mut pos = kept.start;
-            while pos < kept.end {
-                let b = pos / shape.block;
-                let (k, v) = blocks[b].layer(shape, l).expect("covered");
-                let part = if keys { k } else { v };
-                let from = pos - b * shape.block;
-                let to = (kept.end - b * shape.block).min(shape.block);
-                out.extend_from_slice(&part[from * row..to * row]);
-                pos = b * shape.block + to;
-            }
-        }
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        assemble_layer(blocks, shape, l, rows, &mut k, &mut v);
+        out.extend_from_slice(&k);
+        out.extend_from_slice(&v);
     }
-    debug_assert_eq!(out.len(), total);
     Some(out)
 }
 

@@ -7,7 +7,8 @@
 //! of a chain before its first ones), and, with a directory, on disk too: each block is
 //! written through when it is made, so a restart finds it again; the directory keeps to its
 //! own budget. Rows are copied, never shared: a sequence imports a prefix into its own KV
-//! store ([`crate::State::import_prefix`]) and its attention policy rebuilds its summaries
+//! store a layer at a time ([`crate::State::import_prefix_by_layer`]) and its attention
+//! policy rebuilds its summaries
 //! from them, so what follows is what the sequence would compute had it run the prefix
 //! itself in the same batches.
 //!
@@ -19,7 +20,7 @@
 mod block;
 mod disk;
 
-pub use block::{assemble, chain_keys, covers, Block, BlockKey, BlockShape};
+pub use block::{assemble, assemble_layer, chain_keys, covers, Block, BlockKey, BlockShape};
 pub use disk::{BlockFormat, DiskTier, ScanReport};
 
 use crate::attention::AttentionChoice;
@@ -214,16 +215,16 @@ impl PrefixCache {
                 break;
             }
             let blocks: Vec<&Block> = keys[..k].iter().map(|key| &self.ram[key].block).collect();
-            let Some(bytes) = block::assemble(&blocks, &self.shape, &layer_rows) else {
+            if !block::covers(&blocks, &self.shape, &layer_rows) {
                 continue;
-            };
+            }
             let n = k * self.shape.block;
-            match state.import_prefix(n, &bytes) {
+            let imported = state.import_prefix_by_layer(n, |l, keys, values| {
+                block::assemble_layer(&blocks, &self.shape, l, layer_rows[l], keys, values)
+            });
+            match imported {
                 Ok(()) => restored = n,
-                Err(e) => {
-                    eprintln!("warning: prefix cache: cannot restore {n} positions: {e}");
-                    state.reset();
-                }
+                Err(e) => eprintln!("warning: prefix cache: cannot restore {n} positions: {e}"),
             }
             break;
         }

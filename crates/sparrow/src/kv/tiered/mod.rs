@@ -30,7 +30,7 @@ mod residency;
 
 use super::options::ColdTier;
 use super::ram::RamStore;
-use super::store::{prefix_bytes, KvStore};
+use super::store::KvStore;
 use super::types::{bytes_of, KvRows, KvType, KvTypes};
 use memmap2::{Advice, Mmap, UncheckedAdvice};
 use residency::Residency;
@@ -637,47 +637,30 @@ impl KvStore for TieredStore {
             * self.hot.row_bytes()
     }
 
-    fn import_prefix(&mut self, n: usize, bytes: &[u8]) -> Result<(), String> {
-        let want = prefix_bytes(self, n);
-        if n > self.n_ctx {
-            return Err(format!(
-                "{n} cached positions do not fit a context of {}",
-                self.n_ctx
-            ));
-        }
-        if bytes.len() != want {
-            return Err(format!(
-                "KV data has {} bytes, expected {want} for {n} positions",
-                bytes.len()
-            ));
-        }
-        let mut at = 0;
-        for l in 0..self.n_layer() {
-            let (kb, vb) = self.hot.layer_prefix_bytes(l, n);
-            match self.global[l] {
-                None => {
-                    let (k, rest) = bytes[at..].split_at(kb);
-                    self.hot.import_layer(l, n, k, &rest[..vb]);
-                    at += kb + vb;
-                }
-                Some(gl) => {
-                    let (kb, vb) = (n * self.cold.k_row, n * self.cold.v_row);
-                    let what = || format!("layer {l} positions 0..{n}");
-                    self.cold
-                        .write(&bytes[at..at + kb], self.cold.k_at(gl, 0), what)?;
-                    self.cold
-                        .write(&bytes[at + kb..at + kb + vb], self.cold.v_at(gl, 0), what)?;
-                    self.cold
-                        .start_writeback(self.cold.k_at(gl, 0)..self.cold.k_at(gl, n));
-                    self.cold
-                        .start_writeback(self.cold.v_at(gl, 0)..self.cold.v_at(gl, n));
-                    at += kb + vb;
-                    self.resident.mark(gl, 0..n);
-                    self.high[l] = n;
-                    self.flushed_to[l] = n;
-                    self.hot_from[l] = n;
-                    self.sinks_valid[l] = 0;
-                }
+    fn import_layer(
+        &mut self,
+        layer: usize,
+        n: usize,
+        keys: &[u8],
+        values: &[u8],
+    ) -> Result<(), String> {
+        crate::kv::store::check_layer_import(self, layer, n, keys, values)?;
+        let l = layer;
+        match self.global[l] {
+            None => self.hot.import_layer(l, n, keys, values),
+            Some(gl) => {
+                let what = || format!("layer {l} positions 0..{n}");
+                self.cold.write(keys, self.cold.k_at(gl, 0), what)?;
+                self.cold.write(values, self.cold.v_at(gl, 0), what)?;
+                self.cold
+                    .start_writeback(self.cold.k_at(gl, 0)..self.cold.k_at(gl, n));
+                self.cold
+                    .start_writeback(self.cold.v_at(gl, 0)..self.cold.v_at(gl, n));
+                self.resident.mark(gl, 0..n);
+                self.high[l] = n;
+                self.flushed_to[l] = n;
+                self.hot_from[l] = n;
+                self.sinks_valid[l] = 0;
             }
         }
         Ok(())
