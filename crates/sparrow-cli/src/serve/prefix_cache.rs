@@ -47,7 +47,13 @@ pub fn parse_budget(text: &str) -> Result<u64, String> {
             .checked_mul(1 << 20)
             .ok_or_else(|| format!("size '{text}' is out of range"));
     }
-    sparrow::memory::parse_size(t).map(|b| b as u64)
+    sparrow::memory::parse_size(t)
+        .map(|b| b as u64)
+        .map_err(|_| {
+            format!(
+                "'{text}' is not a size (use e.g. 2G, 512M, 4096 for 4096 MiB, or -1 for no limit)"
+            )
+        })
 }
 
 impl PrefixCacheArgs {
