@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use sparrow::attention::AttentionChoice;
-use sparrow::prefix_cache::{self, Block, BlockFormat, BlockShape};
+use sparrow::prefix_cache::{self, Block, BlockFormat, BlockShape, Rows};
 use sparrow::{KvType, Logits};
 use sparrow_fuzz::small_model;
 
@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
         data.resize(want, 0);
         let mut file = Vec::new();
         format
-            .write(&key, 0, &Block { present, data }, &mut file)
+            .write(&key, 0, &Block { present, data: Rows::Owned(data) }, &mut file)
             .unwrap();
         file
     };

@@ -71,7 +71,28 @@ pub struct Block {
     /// Which layers the block holds.
     pub present: Vec<bool>,
     /// The present layers' bytes, in layer order.
-    pub data: Vec<u8>,
+    pub data: Rows,
+}
+
+/// A block's bytes: its own (taken from a store), or a range of a block file's read-only
+/// mapping (read from the directory: the OS's page cache holds them, not the process).
+#[derive(Debug)]
+pub enum Rows {
+    Owned(Vec<u8>),
+    Mapped {
+        map: memmap2::Mmap,
+        at: std::ops::Range<usize>,
+    },
+}
+
+impl std::ops::Deref for Rows {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Rows::Owned(v) => v,
+            Rows::Mapped { map, at } => &map[at.clone()],
+        }
+    }
 }
 
 impl Block {
@@ -103,7 +124,10 @@ impl Block {
                 }
             }
         }
-        Block { present, data }
+        Block {
+            present,
+            data: Rows::Owned(data),
+        }
     }
 
     /// Bytes held.

@@ -20,11 +20,12 @@
 //! The name is the key in hex. A scan reads headers only; the checksum is checked when a
 //! block is read for use, and a file that fails it is removed with a warning.
 
-use super::block::{Block, BlockKey, BlockShape};
+use super::block::{Block, BlockKey, BlockShape, Rows};
 use crate::kv::KvType;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -104,7 +105,7 @@ impl BlockFormat {
         let header = self.header(key, index, &block.present);
         let mut hash = Sha256::new();
         hash.update(&header);
-        hash.update(&block.data);
+        hash.update(&block.data[..]);
         out.write_all(&header)?;
         out.write_all(&block.data)?;
         out.write_all(&hash.finalize())
@@ -113,6 +114,28 @@ impl BlockFormat {
     /// The block in a file's `bytes`, if they are a whole, intact block `key` of this
     /// cache; else what is wrong.
     pub fn read(&self, key: &BlockKey, mut bytes: Vec<u8>) -> Result<Block, String> {
+        let (present, rows) = self.check(key, &bytes)?;
+        // The rows in place: the file's bytes without header and checksum.
+        bytes.truncate(rows.end);
+        bytes.drain(..rows.start);
+        Ok(Block {
+            present,
+            data: Rows::Owned(bytes),
+        })
+    }
+
+    /// [`BlockFormat::read`] over a mapping of the file: the block's rows stay in the map.
+    pub fn read_mapped(&self, key: &BlockKey, map: memmap2::Mmap) -> Result<Block, String> {
+        let (present, at) = self.check(key, &map)?;
+        Ok(Block {
+            present,
+            data: Rows::Mapped { map, at },
+        })
+    }
+
+    /// The layers a file's `bytes` hold and where their rows are, if the bytes are a whole,
+    /// intact block `key` of this cache.
+    fn check(&self, key: &BlockKey, bytes: &[u8]) -> Result<(Vec<bool>, Range<usize>), String> {
         let n_layer = self.shape.n_layer;
         if bytes.len() < FIXED + n_layer + 32 {
             return Err("truncated".into());
@@ -126,7 +149,7 @@ impl BlockFormat {
             .iter()
             .map(|&p| p == 1)
             .collect();
-        let index = u32_at(&bytes, 76) as usize;
+        let index = u32_at(bytes, 76) as usize;
         let expect = self.header(key, index, &present);
         if bytes[..FIXED + n_layer] != expect[..] {
             return Err("its header does not match this cache".into());
@@ -134,13 +157,7 @@ impl BlockFormat {
         if bytes.len() as u64 != self.file_bytes(present.iter().filter(|&&p| p).count()) {
             return Err("wrong size".into());
         }
-        // The rows in place: the file's bytes without header and checksum.
-        bytes.truncate(body);
-        bytes.drain(..FIXED + n_layer);
-        Ok(Block {
-            present,
-            data: bytes,
-        })
+        Ok((present, FIXED + n_layer..body))
     }
 }
 
@@ -330,10 +347,16 @@ impl DiskTier {
     pub fn get(&mut self, key: &BlockKey, now: u64) -> Option<Block> {
         self.entries.get(key)?;
         let path = self.path(key);
-        let block = match std::fs::read(&path) {
-            Ok(bytes) => self.format.read(key, bytes),
-            Err(e) => Err(e.to_string()),
-        };
+        let block = std::fs::File::open(&path)
+            .and_then(|file| {
+                // SAFETY: a read-only private mapping of a file this cache wrote; its bytes
+                // are checked (size, checksum) before use. Another process truncating the
+                // file while it is mapped would fault reads past the new end — the same
+                // contract as the model's mapping and prompt cache files.
+                unsafe { memmap2::Mmap::map(&file) }
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|map| self.format.read_mapped(key, map));
         match block {
             Ok(b) => {
                 if let Some(e) = self.entries.get_mut(key) {

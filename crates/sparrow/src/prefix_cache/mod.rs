@@ -6,7 +6,8 @@
 //! Blocks live in RAM within a byte budget (least recently used out first, the last blocks
 //! of a chain before its first ones), and, with a directory, on disk too: each block is
 //! written through when it is made, so a restart finds it again; the directory keeps to its
-//! own budget. Rows are copied, never shared: a sequence imports a prefix into its own KV
+//! own budget. A block read back from the directory is mapped, checked and imported, never
+//! copied into RAM: the page cache holds it. Rows are copied, never shared: a sequence imports a prefix into its own KV
 //! store a layer at a time ([`crate::State::import_prefix_by_layer`]) and its attention
 //! policy rebuilds its summaries
 //! from them, so what follows is what the sequence would compute had it run the prefix
@@ -20,7 +21,7 @@
 mod block;
 mod disk;
 
-pub use block::{assemble, assemble_layer, chain_keys, covers, Block, BlockKey, BlockShape};
+pub use block::{assemble, assemble_layer, chain_keys, covers, Block, BlockKey, BlockShape, Rows};
 pub use disk::{BlockFormat, DiskTier, ScanReport};
 
 use crate::attention::AttentionChoice;
@@ -193,18 +194,31 @@ impl PrefixCache {
         }
         self.clock += 1;
         let now = self.clock;
-        // Bring the chain's blocks into RAM, as far as they go.
+        // The chain's blocks as far as they go: in RAM, or mapped from their files (read for
+        // this restore only: the page cache keeps them, outside --cache-ram).
+        let mut mapped: Vec<Block> = Vec::new();
         let mut found = 0;
         for key in &keys {
             if !self.ram.contains_key(key) {
-                let Some(block) = self.disk.as_mut().and_then(|d| d.get(key, now)) else {
-                    break;
-                };
-                self.ram_bytes += block.bytes() as u64;
-                self.ram.insert(*key, Held { block, used: now });
+                match self.disk.as_mut().and_then(|d| d.get(key, now)) {
+                    Some(block) => mapped.push(block),
+                    None => break,
+                }
             }
             found += 1;
         }
+        let blocks: Vec<&Block> = {
+            let mut from_disk = mapped.iter();
+            keys[..found]
+                .iter()
+                .map(|key| match self.ram.get(key) {
+                    Some(h) => &h.block,
+                    None => from_disk
+                        .next()
+                        .expect("one mapped block per key not in RAM"),
+                })
+                .collect()
+        };
         let layer_rows: Vec<usize> = (0..self.shape.n_layer)
             .map(|l| state.kv().layer_rows(l))
             .collect();
@@ -214,13 +228,12 @@ impl PrefixCache {
             if k * self.shape.block <= at_least {
                 break;
             }
-            let blocks: Vec<&Block> = keys[..k].iter().map(|key| &self.ram[key].block).collect();
-            if !block::covers(&blocks, &self.shape, &layer_rows) {
+            if !block::covers(&blocks[..k], &self.shape, &layer_rows) {
                 continue;
             }
             let n = k * self.shape.block;
             let imported = state.import_prefix_by_layer(n, |l, keys, values| {
-                block::assemble_layer(&blocks, &self.shape, l, layer_rows[l], keys, values)
+                block::assemble_layer(&blocks[..k], &self.shape, l, layer_rows[l], keys, values)
             });
             match imported {
                 Ok(()) => restored = n,
@@ -228,6 +241,7 @@ impl PrefixCache {
             }
             break;
         }
+        drop(blocks);
         // The chain was used: its first blocks are the last to go.
         for (i, key) in keys[..found].iter().enumerate().rev() {
             if let Some(h) = self.ram.get_mut(key) {
