@@ -45,7 +45,15 @@ fuzz_target!(|data: &[u8]| {
         data.resize(want, 0);
         let mut file = Vec::new();
         format
-            .write(&key, 0, &Block { present, data: Rows::Owned(data) }, &mut file)
+            .write(
+                &key,
+                0,
+                &Block {
+                    present,
+                    data: Rows::Owned(data),
+                },
+                &mut file,
+            )
             .unwrap();
         file
     };
