@@ -326,3 +326,28 @@ pub fn small_quest() -> AttentionChoice {
         rerank: 0,
     })
 }
+
+/// Full attention and every policy that keeps per-sequence summaries or reads less than
+/// everything, on a small synthetic model `m` (Saap over a random index written into
+/// `dir`): Quest, streaming, Saap in both layouts, and an XAttention prefill before Quest.
+pub fn small_policies(m: &Model, dir: &Path) -> Vec<(&'static str, AttentionChoice)> {
+    let saap = |layout| random_saap(m, &dir.join("random-small.saap"), (8, 2, 7), layout);
+    vec![
+        ("full", AttentionChoice::default()),
+        ("quest", small_quest()),
+        (
+            "streaming",
+            AttentionChoice::named("streaming").with(sparrow::attention::StreamingAttention {
+                sinks: 2,
+                window: 24,
+            }),
+        ),
+        ("saap", saap(Layout::Positions)),
+        ("saap in bucket order", saap(Layout::Buckets)),
+        ("xattention+quest", {
+            let mut c = small_quest();
+            c.prefill = Some("xattention".into());
+            c
+        }),
+    ]
+}

@@ -6,9 +6,8 @@
 
 mod common;
 
-use sparrow::attention::{AttentionChoice, StreamingAttention};
+use sparrow::attention::AttentionChoice;
 use sparrow::kv::{ColdTier, KvOptions, KvTypes};
-use sparrow::policy::saap::Layout;
 use sparrow::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats, ScanReport};
 use sparrow::scheduler::{reply_channel, Config, Event, Job, Scheduler};
 use sparrow::synthetic::{synthetic_gguf, synthetic_tokens, SyntheticSpec};
@@ -54,26 +53,7 @@ fn engine(seed: u64) -> Engine {
 /// Full attention, and the decode and prefill policies that keep summaries of the rows
 /// (rebuilt from imported rows).
 fn choices(m: &Model) -> Vec<(&'static str, AttentionChoice)> {
-    let saap =
-        |layout| common::random_saap(m, &scratch("saap").join("random.saap"), (8, 2, 7), layout);
-    vec![
-        ("full", AttentionChoice::default()),
-        ("quest", common::small_quest()),
-        (
-            "streaming",
-            AttentionChoice::named("streaming").with(StreamingAttention {
-                sinks: 2,
-                window: 24,
-            }),
-        ),
-        ("saap", saap(Layout::Positions)),
-        ("saap in bucket order", saap(Layout::Buckets)),
-        ("xattention+quest", {
-            let mut c = common::small_quest();
-            c.prefill = Some("xattention".into());
-            c
-        }),
-    ]
+    common::small_policies(m, &scratch("saap"))
 }
 
 /// A sequence; `cold`: under a RAM budget of a few blocks (plus what Saap's copy in bucket

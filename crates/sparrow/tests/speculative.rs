@@ -6,9 +6,8 @@
 
 mod common;
 
-use sparrow::attention::{AttentionChoice, StreamingAttention};
+use sparrow::attention::AttentionChoice;
 use sparrow::kv::{ColdTier, KvOptions};
-use sparrow::policy::saap::Layout;
 use sparrow::policy::H2oSettings;
 use sparrow::speculative::{check_vocabularies, lookup};
 use sparrow::synthetic::{synthetic_gguf, synthetic_tokens, SyntheticSpec};
@@ -16,7 +15,7 @@ use sparrow::{
     collect_text, DraftModel, Drafter, Engine, Generation, KvType, Logits, Model, PromptLookup,
     Sampler, SamplerConfig, Session, Speculation, State, StopReason,
 };
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -50,30 +49,9 @@ fn engine(seed: u64) -> Engine {
     Engine::load(&path).unwrap()
 }
 
-fn saap(m: &Model, dir: &Path, layout: Layout) -> AttentionChoice {
-    common::random_saap(m, &dir.join("random-speculative.saap"), (8, 2, 7), layout)
-}
-
 /// Every decode policy that reads less than everything (or keeps per-step state), and full.
 fn choices(m: &Model) -> Vec<(&'static str, AttentionChoice)> {
-    vec![
-        ("full", AttentionChoice::default()),
-        ("quest", common::small_quest()),
-        (
-            "streaming",
-            AttentionChoice::named("streaming").with(StreamingAttention {
-                sinks: 2,
-                window: 24,
-            }),
-        ),
-        ("saap", saap(m, &scratch(), Layout::Positions)),
-        ("saap in bucket order", saap(m, &scratch(), Layout::Buckets)),
-        ("xattention+quest", {
-            let mut c = common::small_quest();
-            c.prefill = Some("xattention".into());
-            c
-        }),
-    ]
+    common::small_policies(m, &scratch())
 }
 
 /// H2O: its scores accumulate what every query attended to.
