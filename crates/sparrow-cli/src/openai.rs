@@ -995,11 +995,14 @@ mod tests {
         assert!(ok.json && ok.stream && ok.sampler.seed == 5 && ok.stop == ["a"]);
     }
 
-    fn with_format(rf: &str) -> Result<Request, ApiError> {
-        let body = format!(
-            r#"{{"messages": [{{"role": "user", "content": "x"}}], "response_format": {rf}}}"#
-        );
+    /// A one-message chat request with `extra` fields after its messages.
+    fn chat_with(extra: &str) -> Result<Request, ApiError> {
+        let body = format!(r#"{{"messages": [{{"role": "user", "content": "x"}}]{extra}}}"#);
         parse_request(body.as_bytes(), true, 100)
+    }
+
+    fn with_format(rf: &str) -> Result<Request, ApiError> {
+        chat_with(&format!(r#", "response_format": {rf}"#))
     }
 
     #[test]
@@ -1076,10 +1079,7 @@ mod tests {
                        "required": ["zeta", "city"], "additionalProperties": false}}}"#;
 
     fn with_tools(extra: &str) -> Result<Request, ApiError> {
-        let body = format!(
-            r#"{{"messages": [{{"role": "user", "content": "x"}}], "tools": [{TOOL}]{extra}}}"#
-        );
-        parse_request(body.as_bytes(), true, 100)
+        chat_with(&format!(r#", "tools": [{TOOL}]{extra}"#))
     }
 
     #[test]

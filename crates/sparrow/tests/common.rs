@@ -351,3 +351,17 @@ pub fn small_policies(m: &Model, dir: &Path) -> Vec<(&'static str, AttentionChoi
         }),
     ]
 }
+
+/// The small synthetic model of `seed` with heads of 32 (so Q8_0 caches fit) and a context
+/// of `n_ctx`: 3 layers, 4 query heads, 2 KV heads.
+pub fn small_spec(seed: u64, n_ctx: usize) -> sparrow::synthetic::SyntheticSpec {
+    sparrow::synthetic::SyntheticSpec {
+        n_layer: 3,
+        n_embd: 128,
+        n_head: 4,
+        n_head_kv: 2,
+        context_length: n_ctx,
+        seed,
+        ..Default::default()
+    }
+}

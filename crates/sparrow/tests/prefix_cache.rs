@@ -10,7 +10,7 @@ use sparrow::attention::AttentionChoice;
 use sparrow::kv::{ColdTier, KvOptions, KvTypes};
 use sparrow::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixCacheStats, ScanReport};
 use sparrow::scheduler::{reply_channel, Config, Event, Job, Scheduler};
-use sparrow::synthetic::{synthetic_gguf, synthetic_tokens, SyntheticSpec};
+use sparrow::synthetic::{synthetic_gguf, synthetic_tokens};
 use sparrow::{Engine, Generation, KvType, Logits, Model, Sampler, SamplerConfig, Session, State};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,19 +34,7 @@ fn scratch(name: &str) -> PathBuf {
 
 fn engine(seed: u64) -> Engine {
     let path = scratch("model").join("synthetic.gguf");
-    std::fs::write(
-        &path,
-        synthetic_gguf(&SyntheticSpec {
-            n_layer: 3,
-            n_embd: 128,
-            n_head: 4,
-            n_head_kv: 2,
-            context_length: N_CTX,
-            seed,
-            ..Default::default()
-        }),
-    )
-    .unwrap();
+    std::fs::write(&path, synthetic_gguf(&common::small_spec(seed, N_CTX))).unwrap();
     Engine::load(&path).unwrap()
 }
 

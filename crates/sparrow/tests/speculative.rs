@@ -22,15 +22,7 @@ use std::sync::Arc;
 const N_CTX: usize = 512;
 
 fn spec(seed: u64) -> SyntheticSpec {
-    SyntheticSpec {
-        n_layer: 3,
-        n_embd: 128,
-        n_head: 4,
-        n_head_kv: 2,
-        context_length: N_CTX,
-        seed,
-        ..Default::default()
-    }
+    common::small_spec(seed, N_CTX)
 }
 
 /// A scratch directory of this test process.

@@ -266,29 +266,45 @@ impl PrefixCache {
         restored
     }
 
+    /// The names of `prompt`'s whole blocks, for [`PrefixCache::publish_chain`].
+    pub fn chain(&self, prompt: &[u32]) -> Vec<BlockKey> {
+        let blocks = prompt.len() / self.shape.block;
+        chain_keys(&self.root, prompt, self.shape.block, blocks)
+    }
+
     /// Take the whole blocks of `prompt` that `state` now holds (its first `held`
     /// positions, computed as a prompt) and the cache lacks.
     pub fn publish(&mut self, prompt: &[u32], held: usize, state: &State) {
-        let held = held.min(state.n_past()).min(prompt.len());
-        let blocks = held / self.shape.block;
+        let chain = self.chain(prompt);
+        self.publish_chain(&chain, held, state);
+    }
+
+    /// [`PrefixCache::publish`] for a prompt whose block names are `chain` (a prompt read
+    /// over several passes names its blocks once).
+    pub fn publish_chain(&mut self, chain: &[BlockKey], held: usize, state: &State) {
+        let held = held.min(state.n_past());
+        let blocks = (held / self.shape.block).min(chain.len());
         if blocks == 0 || self.ram_budget == 0 && self.disk.is_none() {
             return;
         }
-        let keys = chain_keys(&self.root, prompt, self.shape.block, blocks);
         self.clock += 1;
         let now = self.clock;
         let mut changed = false;
-        for (i, key) in keys.iter().enumerate() {
-            let in_ram = self.ram.contains_key(key);
-            let on_disk = self.disk.as_ref().is_some_and(|d| d.contains(key));
-            if in_ram && (on_disk || self.disk.is_none()) {
+        for (i, key) in chain[..blocks].iter().enumerate() {
+            if let Some(held) = self.ram.get(key) {
+                // Written through when it was taken, unless the directory has since dropped it.
+                if let Some(d) = self.disk.as_mut().filter(|d| !d.contains(key)) {
+                    d.put(key, i, &held.block, now);
+                    changed = true;
+                }
                 continue;
             }
             let block = Block::take(state.kv(), &self.shape, i);
             if let Some(d) = self.disk.as_mut() {
+                // A block already on disk is only marked used.
                 d.put(key, i, &block, now);
             }
-            if !in_ram && (block.bytes() as u64) <= self.ram_budget {
+            if (block.bytes() as u64) <= self.ram_budget {
                 self.ram_bytes += block.bytes() as u64;
                 let used = (now << 24) + (blocks - i) as u64;
                 self.ram.insert(*key, Held { block, used });

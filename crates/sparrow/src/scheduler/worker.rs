@@ -7,7 +7,7 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::generate::{Generation, Next, StopReason, TokenLogprob, TokenSink};
 use crate::model::{Logits, Model, Workspace};
-use crate::prefix_cache::{PrefixCache, ScanReport};
+use crate::prefix_cache::{BlockKey, PrefixCache, ScanReport};
 use crate::sampler::Sampler;
 use crate::session::{common_prefix, Session, SessionStep};
 use crate::speculative::{judge_drafts, Check};
@@ -41,6 +41,9 @@ struct Active {
     logits: Vec<f32>,
     /// A token already sampled (while checking drafts) and still to be fed.
     pending: Option<u32>,
+    /// The names of the prompt's whole blocks in the prefix cache (empty without one),
+    /// hashed once for the prompt's every publication.
+    chain: Vec<BlockKey>,
     t_prompt: Instant,
     t_gen: Instant,
 }
@@ -372,7 +375,7 @@ impl Worker {
         if a.reading_prompt() {
             a.pos += w.tokens.len();
             if let Some(cache) = &mut self.cache {
-                cache.publish(&a.prompt, a.pos, session.state());
+                cache.publish_chain(&a.chain, a.pos, session.state());
             }
             if !a.reading_prompt() {
                 self.stats
@@ -538,6 +541,7 @@ impl Worker {
             reply,
         } = job;
         sampler.accept(&prompt);
+        let chain = self.cache.as_ref().map_or(Vec::new(), |c| c.chain(&prompt));
         self.stats
             .prompt_tokens_cached
             .fetch_add(shared as u64, Ordering::Relaxed);
@@ -551,6 +555,7 @@ impl Worker {
             reply,
             logits: Vec::new(),
             pending: None,
+            chain,
             t_prompt: Instant::now(),
             t_gen: Instant::now(),
         }
