@@ -656,10 +656,12 @@ fn probabilities<S: KvSource + ?Sized>(
         for range in keys {
             let mut start = range.start;
             while start < range.end {
-                let n = src.run_len(start, TILE.min(range.end - start)).max(1);
-                let rows = src.key_rows(start, n);
-                let off = src.head_offset(g, hd);
-                let (k, stride) = head_rows(level, rows, off, src.kv_dim(), hd, n, &mut buf);
+                let n = src
+                    .head_run_len(g, start, TILE.min(range.end - start))
+                    .max(1);
+                let run = src.head_keys(g, hd, start, n);
+                let (k, stride) =
+                    head_rows(level, run.rows, run.offset, run.stride, hd, n, &mut buf);
                 scores(level, Tile::new(k, stride, n, hd), &qt, rw, scale, &mut s);
                 for (t, pt) in p[at..at + n].iter_mut().enumerate() {
                     *pt += lse

@@ -412,9 +412,15 @@ pub fn evaluate_queries(
     let mut keys = vec![0.0f32; n * shape.kv_dim()];
     let mut layers = Vec::with_capacity(cap.config.n_layer);
     for layer in 0..cap.config.n_layer {
-        blocks.seal(shape, kv, layer, n, backend);
+        blocks.seal_in_place(shape, kv, layer, n, backend);
         let heads: Vec<HeadStats> = if phase == Phase::Decode {
-            read_f32(&StoreLayer { store: kv, layer }, false, 0, &mut keys);
+            read_f32(
+                &StoreLayer { store: kv, layer },
+                false,
+                shape.head_dim,
+                0,
+                &mut keys,
+            );
             let mut heads = Vec::with_capacity(rows.len() * shape.n_head);
             for &r in &rows {
                 let (q, pos) = (&cap.queries[layer][r * q_dim..(r + 1) * q_dim], first + r);
@@ -567,8 +573,14 @@ pub fn evaluate_steps(
     let mut blocks = BlockTable::new(block_size, cap.config.n_layer);
     let mut keys = vec![0.0f32; n * shape.kv_dim()];
     for layer in 0..cap.config.n_layer {
-        blocks.seal(shape, kv, layer, n, backend);
-        read_f32(&StoreLayer { store: kv, layer }, false, 0, &mut keys);
+        blocks.seal_in_place(shape, kv, layer, n, backend);
+        read_f32(
+            &StoreLayer { store: kv, layer },
+            false,
+            shape.head_dim,
+            0,
+            &mut keys,
+        );
         for (r, step) in steps.iter_mut().enumerate() {
             let pos = step.pos;
             let seen = pos + 1;

@@ -132,6 +132,7 @@ pub fn collect_context(
                 layer,
             },
             false,
+            c.head_dim,
             0,
             &mut k,
         );
@@ -266,6 +267,7 @@ mod tests {
                     layer,
                 },
                 false,
+                c.head_dim,
                 0,
                 &mut cached,
             );

@@ -121,7 +121,7 @@ pub fn read_set(
         q: &q[..shape.q_dim()],
         store: &store,
     };
-    policy.plan(&ctx).store_reads(shape.n_head_kv, 0)
+    policy.plan(&ctx).store_reads(&store, shape.n_head_kv, 0)
 }
 
 /// A test policy: every token reads the given key ranges of each KV head.

@@ -295,8 +295,8 @@ pub fn assert_close_with(
 /// `seed`), saved at `index`, visiting `probes` buckets through the hedged router with a
 /// 1 + 31 dense part: it selects scattered positions through the store as a trained index
 /// does, so the read path is exercised without one (none is trained in CI). `layout` says
-/// whether the chosen buckets are read from the store (`Positions`) or from the policy's
-/// copy (`Buckets`, a summary as large as the sparse layers' KV, charged to a RAM budget).
+/// whether the store keeps the sparse layers by position (`Positions`: scattered reads) or
+/// grouped by bucket (`Buckets`: a bucket read as runs of the store's slots).
 pub fn random_saap(
     m: &Model,
     index: &Path,

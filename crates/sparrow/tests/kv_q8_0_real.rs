@@ -80,10 +80,16 @@ impl SparsePolicy for Emulated {
         let w = ctx.store.kv_dim();
         self.k.resize(n * w, 0.0);
         self.v.resize(n * w, 0.0);
-        read_f32(ctx.store, false, 0, &mut self.k);
+        read_f32(ctx.store, false, ctx.shape.head_dim, 0, &mut self.k);
         // Value row `t` holds position `t - value_lag`'s values (a deliberate error).
         let lag = self.value_lag.min(n);
-        read_f32(ctx.store, true, 0, &mut self.v[lag * w..]);
+        read_f32(
+            ctx.store,
+            true,
+            ctx.shape.head_dim,
+            0,
+            &mut self.v[lag * w..],
+        );
         for t in 0..lag {
             self.v.copy_within(lag * w..(lag + 1) * w, t * w);
         }

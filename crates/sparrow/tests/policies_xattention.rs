@@ -201,7 +201,7 @@ fn attention_over_the_plan_matches_an_f64_reference() {
             let mut worst = 0.0f32;
             for t in 0..n {
                 let visible: Vec<Vec<usize>> = plan
-                    .store_reads(shape.n_head_kv, t)
+                    .store_reads(&layer, shape.n_head_kv, t)
                     .into_iter()
                     .map(|rs| rs.into_iter().flatten().collect())
                     .collect();

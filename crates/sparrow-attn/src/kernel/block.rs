@@ -13,7 +13,7 @@
 use super::level::Level;
 #[cfg(feature = "fp16")]
 use super::rows::QK8_0;
-use super::rows::{for_each_run, prefetch_head_rows, KvRows, KvSource};
+use super::rows::{prefetch_head_rows, HeadRun, KvRows, KvSource};
 #[cfg(feature = "fp16")]
 use super::tile::{convert_tile, dequant_q8_0_tile};
 use super::tile::{pv, scores, softmax_tile, Tile};
@@ -103,8 +103,7 @@ pub fn attend_block<S: KvSource + ?Sized>(
     let hd = shape.head_dim;
     let group = shape.group();
     let q_dim = shape.q_dim();
-    let kv_dim = src.kv_dim();
-    let head_off = src.head_offset(unit.kv_head, hd);
+    let kv_head = unit.kv_head;
     let scale = 1.0 / (hd as f32).sqrt();
     let rows = unit.tokens.len() * group;
     let rw = rows.div_ceil(8) * 8;
@@ -141,7 +140,9 @@ pub fn attend_block<S: KvSource + ?Sized>(
         let (mut np, mut n) = (0, 0);
         while n < TILE {
             let Some((start, end)) = cur else { break };
-            let len = src.run_len(start, (TILE - n).min(end - start)).max(1);
+            let len = src
+                .head_run_len(kv_head, start, (TILE - n).min(end - start))
+                .max(1);
             pieces[np] = (start, len);
             np += 1;
             n += len;
@@ -157,26 +158,26 @@ pub fn attend_block<S: KvSource + ?Sized>(
         let pieces = &pieces[..np];
         let s = &mut s[..n * rw];
         let (k, k_stride) = match pieces {
-            &[(start, n)] => head_rows(
+            &[(start, n)] => head_run(
                 level,
-                src.key_rows(start, n),
-                head_off,
-                kv_dim,
+                src.head_keys(kv_head, hd, start, n),
                 hd,
                 n,
                 &mut ktile,
             ),
             _ => {
                 for &(start, len) in pieces {
-                    prefetch_head_rows(src.key_rows(start, len), head_off, kv_dim, hd, len);
-                    prefetch_head_rows(src.value_rows(start, len), head_off, kv_dim, hd, len);
+                    for run in [
+                        src.head_keys(kv_head, hd, start, len),
+                        src.head_values(kv_head, hd, start, len),
+                    ] {
+                        prefetch_head_rows(run.rows, run.offset, run.stride, hd, len);
+                    }
                 }
                 gather_rows(
                     level,
                     pieces,
-                    |a, b| src.key_rows(a, b),
-                    head_off,
-                    kv_dim,
+                    |a, b| src.head_keys(kv_head, hd, a, b),
                     hd,
                     &mut ktile,
                 )
@@ -202,11 +203,9 @@ pub fn attend_block<S: KvSource + ?Sized>(
             }
         }
         let (v, v_stride) = match pieces {
-            &[(start, n)] => head_rows(
+            &[(start, n)] => head_run(
                 level,
-                src.value_rows(start, n),
-                head_off,
-                kv_dim,
+                src.head_values(kv_head, hd, start, n),
                 hd,
                 n,
                 &mut vtile,
@@ -214,9 +213,7 @@ pub fn attend_block<S: KvSource + ?Sized>(
             _ => gather_rows(
                 level,
                 pieces,
-                |a, b| src.value_rows(a, b),
-                head_off,
-                kv_dim,
+                |a, b| src.head_values(kv_head, hd, a, b),
                 hd,
                 &mut vtile,
             ),
@@ -258,6 +255,17 @@ pub fn head_rows<'a>(
             (&buf[..n * hd], hd)
         }
     }
+}
+
+/// [`head_rows`] of a [`HeadRun`].
+fn head_run<'a>(
+    level: Level,
+    run: HeadRun<'a>,
+    hd: usize,
+    n: usize,
+    buf: &'a mut Vec<f32>,
+) -> (&'a [f32], usize) {
+    head_rows(level, run.rows, run.offset, run.stride, hd, n, buf)
 }
 
 /// One kv head's `n` rows as f32, written densely (`hd` apart) to `dst[..n * hd]`: copied
@@ -307,12 +315,19 @@ pub fn read_head_f32<S: KvSource + ?Sized>(
     start: usize,
     dst: &mut [f32],
 ) {
-    let (head_off, kv_dim) = (src.head_offset(kv_head, hd), src.kv_dim());
     let n = dst.len() / hd.max(1);
-    for_each_run(src, values, start, n, |rows, done, run| {
+    let mut done = 0;
+    while done < n {
+        let run = src.head_run_len(kv_head, start + done, n - done).max(1);
+        let rows = if values {
+            src.head_values(kv_head, hd, start + done, run)
+        } else {
+            src.head_keys(kv_head, hd, start + done, run)
+        };
         let d = &mut dst[done * hd..(done + run) * hd];
-        head_rows_into(level, rows, head_off, kv_dim, hd, run, d);
-    });
+        head_rows_into(level, rows.rows, rows.offset, rows.stride, hd, run, d);
+        done += run;
+    }
 }
 
 /// A gathered tile: the head rows of every piece `(start, n)` (rows `rows(start, n)`, in
@@ -320,9 +335,7 @@ pub fn read_head_f32<S: KvSource + ?Sized>(
 fn gather_rows<'s, 'b>(
     level: Level,
     pieces: &[(usize, usize)],
-    rows: impl Fn(usize, usize) -> KvRows<'s>,
-    head_off: usize,
-    kv_dim: usize,
+    rows: impl Fn(usize, usize) -> HeadRun<'s>,
     hd: usize,
     buf: &'b mut Vec<f32>,
 ) -> (&'b [f32], usize) {
@@ -333,7 +346,8 @@ fn gather_rows<'s, 'b>(
     let mut at = 0;
     for &(start, len) in pieces {
         let dst = &mut buf[at * hd..(at + len) * hd];
-        head_rows_into(level, rows(start, len), head_off, kv_dim, hd, len, dst);
+        let run = rows(start, len);
+        head_rows_into(level, run.rows, run.offset, run.stride, hd, len, dst);
         at += len;
     }
     (&buf[..n * hd], hd)

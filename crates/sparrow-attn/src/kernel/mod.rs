@@ -35,4 +35,4 @@ pub use block::{
 pub use level::Level;
 #[cfg(feature = "fp16")]
 pub use rows::BlockQ8_0;
-pub use rows::{read_f32, F32Rows, KvRows, KvSource, BLOCK_Q8_0_BYTES, QK8_0};
+pub use rows::{read_f32, F32Rows, HeadRun, KvRows, KvSource, SlotView, BLOCK_Q8_0_BYTES, QK8_0};

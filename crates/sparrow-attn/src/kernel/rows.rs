@@ -4,6 +4,7 @@
 
 #[cfg(feature = "fp16")]
 use half::f16;
+use std::ops::Range;
 
 /// Values per Q8_0 block.
 pub const QK8_0: usize = 32;
@@ -69,7 +70,18 @@ pub enum KvRows<'a> {
     Q8_0(&'a [BlockQ8_0]),
 }
 
-impl KvRows<'_> {
+impl<'a> KvRows<'a> {
+    /// Values `start..start + len` (for Q8_0 both multiples of 32).
+    pub fn slice(&self, start: usize, len: usize) -> KvRows<'a> {
+        match *self {
+            KvRows::F32(x) => KvRows::F32(&x[start..start + len]),
+            #[cfg(feature = "fp16")]
+            KvRows::F16(x) => KvRows::F16(&x[start..start + len]),
+            #[cfg(feature = "fp16")]
+            KvRows::Q8_0(x) => KvRows::Q8_0(&x[start / QK8_0..(start + len) / QK8_0]),
+        }
+    }
+
     /// The first `dst.len()` values as f32 (whole rows; for Q8_0, whole 32-value blocks).
     pub fn to_f32(&self, dst: &mut [f32]) {
         match self {
@@ -109,6 +121,103 @@ pub trait KvSource: Sync {
     /// `kv_head × head_dim`.
     fn head_offset(&self, kv_head: usize, head_dim: usize) -> usize {
         kv_head * head_dim
+    }
+
+    // One KV head's rows. The kernels read through these, so a source may keep each head's
+    // rows apart (a store that arranges a layer's rows by bucket, per head).
+
+    /// How many of KV head `kv_head`'s rows of positions `start..start + max` can be read as
+    /// one run (≥ 1 when `max ≥ 1`). Default: [`Self::run_len`].
+    fn head_run_len(&self, _kv_head: usize, start: usize, max: usize) -> usize {
+        self.run_len(start, max)
+    }
+    /// KV head `kv_head`'s keys (head size `hd`) of positions `start..start + n`, a run as
+    /// [`Self::head_run_len`] gives. Default: that head's part of [`Self::key_rows`].
+    fn head_keys(&self, kv_head: usize, hd: usize, start: usize, n: usize) -> HeadRun<'_> {
+        HeadRun {
+            rows: self.key_rows(start, n),
+            stride: self.kv_dim(),
+            offset: self.head_offset(kv_head, hd),
+        }
+    }
+    /// KV head `kv_head`'s values of positions `start..start + n` (as [`Self::head_keys`]).
+    fn head_values(&self, kv_head: usize, hd: usize, start: usize, n: usize) -> HeadRun<'_> {
+        HeadRun {
+            rows: self.value_rows(start, n),
+            stride: self.kv_dim(),
+            offset: self.head_offset(kv_head, hd),
+        }
+    }
+
+    // Slots: the rows in the order the source keeps them. A source that arranges a head's
+    // rows by bin (Saap's buckets) serves a bin's rows as a few runs of slots; by default
+    // the slots are the positions.
+
+    /// How many of KV head `kv_head`'s slots `start..start + max` can be read as one run.
+    fn slot_run_len(&self, kv_head: usize, start: usize, max: usize) -> usize {
+        self.head_run_len(kv_head, start, max)
+    }
+    /// KV head `kv_head`'s keys in slots `start..start + n`.
+    fn slot_keys(&self, kv_head: usize, hd: usize, start: usize, n: usize) -> HeadRun<'_> {
+        self.head_keys(kv_head, hd, start, n)
+    }
+    /// KV head `kv_head`'s values in slots `start..start + n`.
+    fn slot_values(&self, kv_head: usize, hd: usize, start: usize, n: usize) -> HeadRun<'_> {
+        self.head_values(kv_head, hd, start, n)
+    }
+    /// The position whose rows KV head `kv_head`'s slot `slot` holds.
+    fn slot_position(&self, _kv_head: usize, slot: usize) -> usize {
+        slot
+    }
+    /// Appends to `out` the slots of entries `entries` of bin `bin` of KV head `kv_head` (a
+    /// bin lists its positions in ascending order), as runs; false (nothing appended) when
+    /// the source keeps this head's rows by position, not in bins.
+    fn bin_slots(
+        &self,
+        _kv_head: usize,
+        _bin: usize,
+        _entries: Range<usize>,
+        _out: &mut Vec<Range<usize>>,
+    ) -> bool {
+        false
+    }
+}
+
+/// One KV head's part of a run of rows, as the kernels read it: `rows` (in the source's
+/// element type), row `t`'s head values `offset..offset + hd` of its `stride` values from
+/// `t × stride` (for Q8_0, `stride` and `offset` are values too, multiples of 32).
+#[derive(Clone, Copy, Debug)]
+pub struct HeadRun<'a> {
+    /// The rows.
+    pub rows: KvRows<'a>,
+    /// Values from one row's start to the next's.
+    pub stride: usize,
+    /// Where the head's values start in a row.
+    pub offset: usize,
+}
+
+/// A source read through its slots: its `head_*` reads are the source's `slot_*` reads, so
+/// the kernels walk slot ranges as they walk position ranges.
+pub struct SlotView<'a, S: KvSource + ?Sized>(pub &'a S);
+
+impl<S: KvSource + ?Sized> KvSource for SlotView<'_, S> {
+    fn kv_dim(&self) -> usize {
+        self.0.kv_dim()
+    }
+    fn key_rows(&self, _start: usize, _n: usize) -> KvRows<'_> {
+        unreachable!("slots are read a KV head at a time")
+    }
+    fn value_rows(&self, _start: usize, _n: usize) -> KvRows<'_> {
+        unreachable!("slots are read a KV head at a time")
+    }
+    fn head_run_len(&self, kv_head: usize, start: usize, max: usize) -> usize {
+        self.0.slot_run_len(kv_head, start, max)
+    }
+    fn head_keys(&self, kv_head: usize, hd: usize, start: usize, n: usize) -> HeadRun<'_> {
+        self.0.slot_keys(kv_head, hd, start, n)
+    }
+    fn head_values(&self, kv_head: usize, hd: usize, start: usize, n: usize) -> HeadRun<'_> {
+        self.0.slot_values(kv_head, hd, start, n)
     }
 }
 
@@ -167,35 +276,38 @@ pub fn prefetch_head_rows(rows: KvRows<'_>, head_off: usize, kv_dim: usize, hd: 
     }
 }
 
-/// The keys (or, with `values`, values) of positions `start..start + n` of `src`, in the
-/// runs the source hands them out: `f(rows, done, run)` for rows `start + done..` of each.
-pub(crate) fn for_each_run<S: KvSource + ?Sized>(
+/// Keys (or, with `values`, values) of positions `start..start + dst.len() / kv_dim` of `src`
+/// as f32 rows `kv_dim` wide, KV head by KV head (heads `hd` values each), in runs as the
+/// source hands them out.
+pub fn read_f32<S: KvSource + ?Sized>(
     src: &S,
     values: bool,
+    hd: usize,
     start: usize,
-    n: usize,
-    mut f: impl FnMut(KvRows<'_>, usize, usize),
+    dst: &mut [f32],
 ) {
-    let mut done = 0;
-    while done < n {
-        let run = src.run_len(start + done, n - done).max(1);
-        let rows = if values {
-            src.value_rows(start + done, run)
-        } else {
-            src.key_rows(start + done, run)
-        };
-        f(rows, done, run);
-        done += run;
-    }
-}
-
-/// Keys (or, with `values`, values) of positions `start..start + dst.len() / kv_dim` of `src`
-/// as f32, in runs as the source hands them out.
-pub fn read_f32<S: KvSource + ?Sized>(src: &S, values: bool, start: usize, dst: &mut [f32]) {
     let kv_dim = src.kv_dim().max(1);
-    for_each_run(src, values, start, dst.len() / kv_dim, |rows, done, run| {
-        rows.to_f32(&mut dst[done * kv_dim..(done + run) * kv_dim]);
-    });
+    let hd = hd.clamp(1, kv_dim);
+    let n = dst.len() / kv_dim;
+    let mut row = vec![0.0f32; hd];
+    for h in 0..kv_dim / hd {
+        let mut done = 0;
+        while done < n {
+            let run = src.head_run_len(h, start + done, n - done).max(1);
+            let rows = if values {
+                src.head_values(h, hd, start + done, run)
+            } else {
+                src.head_keys(h, hd, start + done, run)
+            };
+            for t in 0..run {
+                rows.rows
+                    .slice(t * rows.stride + rows.offset, hd)
+                    .to_f32(&mut row);
+                dst[(done + t) * kv_dim + h * hd..][..hd].copy_from_slice(&row);
+            }
+            done += run;
+        }
+    }
 }
 
 /// f32 keys and values held in two row-major buffers (`rows × kv_dim` each): a policy's side

@@ -108,6 +108,20 @@ pub trait SparsePolicy: Send {
     /// sealed again.
     fn on_block_sealed(&mut self, _layer: usize, _block: BlockId, _keys: KeysView<'_>) {}
 
+    /// How many bins the policy partitions `layer`'s keys into, per KV head, if it does
+    /// (Saap's buckets): a store may then keep the layer's sealed rows grouped by bin, one
+    /// copy in the order the policy reads them ([`Self::placement`] says where each goes).
+    fn bins(&self, _layer: usize) -> Option<usize> {
+        None
+    }
+
+    /// The bin of each row of the block [`Self::on_block_sealed`] was last given, per KV head
+    /// (`bins[h * rows + r]`), when the policy partitions that layer: what the store is told
+    /// right after sealing.
+    fn placement(&self) -> Option<&[u32]> {
+        None
+    }
+
     /// Positions from `pos` on are about to be rewritten (a rewind, a restored prefix):
     /// forget what is known about them.
     fn forget_from(&mut self, _pos: usize) {}

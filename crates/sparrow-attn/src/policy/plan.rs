@@ -12,8 +12,8 @@
 //! token's position.
 
 use crate::kernel::{
-    split_keys, union, write_merged, AttnShape, BlockPartial, F32Rows, KvSource, Level, Unit,
-    BLOCK_ROWS, MIN_PIECE,
+    split_keys, union, write_merged, AttnShape, BlockPartial, F32Rows, KvSource, Level, SlotView,
+    Unit, BLOCK_ROWS, MIN_PIECE,
 };
 use std::ops::Range;
 
@@ -22,6 +22,10 @@ use std::ops::Range;
 pub enum Source {
     /// The layer's KV store (positions).
     Store,
+    /// The layer's KV store read through its slots ([`KvSource::slot_keys`]): the ranges
+    /// are slots of each entry KV head's arrangement (a store that keeps a head's rows by
+    /// bucket serves a bucket as a few runs of slots).
+    Slots,
     /// Side table `i` of the plan ([`ReadPlan::side`]; rows, not positions).
     Side(usize),
 }
@@ -133,7 +137,12 @@ impl<'p> ReadPlan<'p> {
     /// Store positions the plan reads for batch token `token`, per KV head (sorted union of
     /// the store entries and of side rows that copy store positions): the read set a policy
     /// is evaluated by. Summaries (landmarks) are not positions and are not listed.
-    pub fn store_reads(&self, n_head_kv: usize, token: usize) -> Vec<Vec<Range<usize>>> {
+    pub fn store_reads(
+        &self,
+        store: &dyn KvSource,
+        n_head_kv: usize,
+        token: usize,
+    ) -> Vec<Vec<Range<usize>>> {
         (0..n_head_kv)
             .map(|h| {
                 let mut all = Vec::new();
@@ -143,6 +152,12 @@ impl<'p> ReadPlan<'p> {
                     };
                     match e.source {
                         Source::Store => all.extend(vis.iter().cloned()),
+                        Source::Slots => all.extend(vis.iter().flat_map(|r| {
+                            r.clone().map(|s| {
+                                let p = store.slot_position(h, s);
+                                p..p + 1
+                            })
+                        })),
                         Source::Side(i) => {
                             if let Some(pos) = self.side.get(i).and_then(|t| t.positions) {
                                 all.extend(
@@ -162,7 +177,7 @@ impl<'p> ReadPlan<'p> {
     pub fn store_keys_read(&self) -> usize {
         self.entries
             .iter()
-            .filter(|e| e.source == Source::Store)
+            .filter(|e| matches!(e.source, Source::Store | Source::Slots))
             .map(|e| {
                 let per: usize = e.visible.iter().flatten().map(|r| r.len()).sum();
                 per * e.kv_heads.len()
@@ -245,6 +260,9 @@ pub fn execute<S: KvSource + ?Sized>(
         let e = &plan.entries[*ei];
         match e.source {
             Source::Store => crate::kernel::attend_block(level, shape, store, q, u, &e.visible),
+            Source::Slots => {
+                crate::kernel::attend_block(level, shape, &SlotView(store), q, u, &e.visible)
+            }
             Source::Side(i) => crate::kernel::attend_block(
                 level,
                 shape,

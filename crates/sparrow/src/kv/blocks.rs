@@ -60,8 +60,30 @@ impl BlockTable {
     }
 
     /// Positions `0..filled` of `layer` are written: seal every block now complete, in order,
-    /// telling `policy` about each.
+    /// telling `policy` about each, and `cache` where the policy places its rows
+    /// ([`KvStore::arrange`]) when it partitions the layer.
     pub fn seal(
+        &mut self,
+        shape: AttnShape,
+        cache: &mut dyn KvStore,
+        layer: usize,
+        filled: usize,
+        policy: &mut dyn SparsePolicy,
+    ) -> Result<(), String> {
+        for block in self.complete(cache, layer, filled) {
+            self.seal_block(shape, cache, layer, block, policy);
+            if let Some(bins) = policy.placement() {
+                cache.arrange(layer, block * self.size, bins)?;
+            }
+            self.sealed[layer] = block + 1;
+        }
+        Ok(())
+    }
+
+    /// [`Self::seal`] for a store read only: the policy's placements are not passed on
+    /// (the store keeps rows by position; evaluation replays policies over a finished
+    /// state this way).
+    pub fn seal_in_place(
         &mut self,
         shape: AttnShape,
         cache: &dyn KvStore,
@@ -69,28 +91,46 @@ impl BlockTable {
         filled: usize,
         policy: &mut dyn SparsePolicy,
     ) {
-        let Some(sealed) = self.sealed.get(layer).copied() else {
-            return;
-        };
-        let complete = filled.min(cache.n_ctx()) / self.size;
-        if complete <= sealed {
-            return;
+        for block in self.complete(cache, layer, filled) {
+            self.seal_block(shape, cache, layer, block, policy);
+            self.sealed[layer] = block + 1;
         }
+    }
+
+    /// The blocks of `layer` complete at `filled` positions and not sealed yet.
+    fn complete(&self, cache: &dyn KvStore, layer: usize, filled: usize) -> std::ops::Range<usize> {
+        let Some(sealed) = self.sealed.get(layer).copied() else {
+            return 0..0;
+        };
+        sealed..(filled.min(cache.n_ctx()) / self.size).max(sealed)
+    }
+
+    /// Hand block `block` of `layer`'s keys to `policy`.
+    fn seal_block(
+        &mut self,
+        shape: AttnShape,
+        cache: &dyn KvStore,
+        layer: usize,
+        block: usize,
+        policy: &mut dyn SparsePolicy,
+    ) {
         let kv_dim = shape.n_head_kv * shape.head_dim;
         debug_assert_eq!(kv_dim, cache.kv_dim());
         self.keys.resize(self.size * kv_dim, 0.0);
-        for block in sealed..complete {
-            let rows = StoreLayer {
-                store: cache,
-                layer,
-            };
-            read_f32(&rows, false, block * self.size, &mut self.keys);
-            if let Ok(view) = KeysView::new(&self.keys, self.size, shape.n_head_kv, shape.head_dim)
-            {
-                policy.on_block_sealed(layer, block, view);
-            }
+        let rows = StoreLayer {
+            store: cache,
+            layer,
+        };
+        read_f32(
+            &rows,
+            false,
+            shape.head_dim,
+            block * self.size,
+            &mut self.keys,
+        );
+        if let Ok(view) = KeysView::new(&self.keys, self.size, shape.n_head_kv, shape.head_dim) {
+            policy.on_block_sealed(layer, block, view);
         }
-        self.sealed[layer] = complete;
     }
 }
 
@@ -148,11 +188,11 @@ mod tests {
             seen: Vec::new(),
         };
         let mut t = BlockTable::new(8, 2);
-        t.seal(SHAPE, &c, 1, 7, &mut r);
+        t.seal_in_place(SHAPE, &c, 1, 7, &mut r);
         assert!(r.seen.is_empty(), "no block is complete yet");
-        t.seal(SHAPE, &c, 1, 17, &mut r);
-        t.seal(SHAPE, &c, 1, 17, &mut r);
-        t.seal(SHAPE, &c, 1, 24, &mut r);
+        t.seal_in_place(SHAPE, &c, 1, 17, &mut r);
+        t.seal_in_place(SHAPE, &c, 1, 17, &mut r);
+        t.seal_in_place(SHAPE, &c, 1, 24, &mut r);
         assert_eq!(r.seen, vec![(1, 0, 1000.0), (1, 1, 1008.0), (1, 2, 1016.0)]);
         assert_eq!((t.sealed(0), t.sealed(1)), (0, 3));
     }
@@ -165,16 +205,16 @@ mod tests {
             seen: Vec::new(),
         };
         let mut t = BlockTable::new(8, 2);
-        t.seal(SHAPE, &c, 0, 32, &mut r);
+        t.seal_in_place(SHAPE, &c, 0, 32, &mut r);
         t.forget_from(20); // block 2 (16..24) holds position 20
         assert_eq!(t.sealed(0), 2);
         r.seen.clear();
-        t.seal(SHAPE, &c, 0, 32, &mut r);
+        t.seal_in_place(SHAPE, &c, 0, 32, &mut r);
         assert_eq!(r.seen, vec![(0, 2, 16.0), (0, 3, 24.0)]);
         t.forget_layer_from(0, 0);
         assert_eq!(t.sealed(0), 0);
         // Beyond the cache's capacity nothing is sealed.
-        t.seal(SHAPE, &c, 0, 1000, &mut r);
+        t.seal_in_place(SHAPE, &c, 0, 1000, &mut r);
         assert_eq!(t.sealed(0), 5);
     }
 }

@@ -9,19 +9,23 @@
 //! * [`store`](KvStore) — the trait, one layer as a kernel source, prefix export (prompt caches);
 //! * [`ram`] — [`RamStore`], every row in anonymous memory;
 //! * [`tiered`] — [`TieredStore`], a RAM budget and the rest in a file (`--kv-ram-budget`);
+//! * [`arranged`] — [`ArrangedStore`], a partitioning policy's layers kept by bin;
 //! * [`blocks`] — which blocks of positions are sealed, so policies build their summaries.
 //!
 //! Arrows run one way: `mod.rs` → `ram`, `tiered` → `store`, `options` → `types`.
 //! Adding a tier: a file (or folder) beside `ram.rs` implementing [`KvStore`], a field in
 //! [`KvOptions`] that asks for it, and one arm in [`open`].
 
+pub mod arranged;
 pub mod blocks;
+mod elements;
 mod options;
 pub mod ram;
 mod store;
 pub mod tiered;
 pub mod types;
 
+pub use arranged::ArrangedStore;
 pub use blocks::{BlockTable, DEFAULT_BLOCK};
 pub use options::{ColdTier, KvOptions};
 pub use ram::RamStore;
@@ -49,9 +53,16 @@ pub struct KvShape {
 }
 
 /// The store `options` ask for, of `shape`: in RAM, or under a RAM budget with a cold file.
-/// An impossible request (a Q8_0 type the head size does not allow, a budget too small for
-/// the policy's summaries, an unwritable directory) is an error naming it.
-pub fn open(options: &KvOptions, shape: &KvShape) -> crate::Result<Box<dyn KvStore>> {
+/// Layers `bins` gives a count for (a partitioning policy's, `SparsePolicy::bins`) keep
+/// their sealed rows grouped by bin ([`ArrangedStore`]; in RAM only for now: under a cold
+/// tier they stay by position). An impossible request (a Q8_0 type the head size does not
+/// allow, a budget too small for the policy's summaries, an unwritable directory) is an
+/// error naming it.
+pub fn open(
+    options: &KvOptions,
+    shape: &KvShape,
+    bins: &[Option<usize>],
+) -> crate::Result<Box<dyn KvStore>> {
     let KvShape {
         n_ctx,
         kv_dim,
@@ -71,9 +82,16 @@ pub fn open(options: &KvOptions, shape: &KvShape) -> crate::Result<Box<dyn KvSto
             )
             .map_err(crate::Error::KvTier)?,
         ),
-        None => Box::new(
-            RamStore::with_rings(options.types, rings, n_ctx, kv_dim, head_dim)
-                .map_err(crate::Error::Other)?,
-        ),
+        None => {
+            let ram = Box::new(
+                RamStore::with_rings(options.types, rings, n_ctx, kv_dim, head_dim)
+                    .map_err(crate::Error::Other)?,
+            );
+            if bins.iter().any(Option::is_some) {
+                Box::new(ArrangedStore::new(ram, bins, head_dim).map_err(crate::Error::Other)?)
+            } else {
+                ram
+            }
+        }
     })
 }

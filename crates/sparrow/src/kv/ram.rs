@@ -8,130 +8,9 @@
 //! The buffers are zero-initialised allocations: the OS backs them lazily, so a large
 //! `-c` costs memory only as positions are actually written.
 
+use super::elements::Elements;
 use super::store::{export_prefix, KvStore, StoreLayer};
-use super::types::{BlockQ8_0, KvRows, KvType, KvTypes, BLOCK_Q8_0_BYTES, QK8_0};
-use half::f16;
-use half::slice::HalfFloatSliceExt;
-
-fn block_from_bytes(b: &[u8]) -> BlockQ8_0 {
-    let mut qs = [0i8; QK8_0];
-    for (q, &x) in qs.iter_mut().zip(&b[2..BLOCK_Q8_0_BYTES]) {
-        *q = x as i8;
-    }
-    BlockQ8_0 {
-        d: f16::from_le_bytes([b[0], b[1]]),
-        qs,
-    }
-}
-
-enum Store {
-    F16(Vec<f16>),
-    F32(Vec<f32>),
-    Q8_0(Vec<BlockQ8_0>),
-}
-
-impl Store {
-    /// `len` elements (a multiple of 32 for Q8_0), zeroed by the allocator
-    /// (`alloc_zeroed`): the OS maps zero pages lazily, so nothing is committed until a
-    /// position is written. (`vec![f16::ZERO; n]` would write every element: `-c 32768`
-    /// committed 384 MiB at start.)
-    fn new(ty: KvType, len: usize) -> Self {
-        match ty {
-            KvType::F16 => Store::F16(bytemuck::zeroed_vec(len)),
-            KvType::F32 => Store::F32(bytemuck::zeroed_vec(len)),
-            KvType::Q8_0 => Store::Q8_0(bytemuck::zeroed_vec(len / QK8_0)),
-        }
-    }
-
-    // Element offsets `at` and lengths are whole rows, so for Q8_0 they are multiples of 32.
-
-    fn write(&mut self, at: usize, src: &[f32]) {
-        match self {
-            Store::F16(v) => v[at..at + src.len()].convert_from_f32_slice(src),
-            Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
-            Store::Q8_0(v) => {
-                debug_assert!(at.is_multiple_of(QK8_0) && src.len().is_multiple_of(QK8_0));
-                let b = at / QK8_0;
-                for (blk, x) in v[b..b + src.len() / QK8_0]
-                    .iter_mut()
-                    .zip(src.chunks_exact(QK8_0))
-                {
-                    *blk = BlockQ8_0::quantize(x);
-                }
-            }
-        }
-    }
-
-    fn rows(&self, r: std::ops::Range<usize>) -> KvRows<'_> {
-        match self {
-            Store::F16(v) => KvRows::F16(&v[r]),
-            Store::F32(v) => KvRows::F32(&v[r]),
-            Store::Q8_0(v) => KvRows::Q8_0(&v[r.start / QK8_0..r.end / QK8_0]),
-        }
-    }
-
-    fn read(&self, at: usize, dst: &mut [f32]) {
-        match self {
-            Store::F16(v) => v[at..at + dst.len()].convert_to_f32_slice(dst),
-            Store::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
-            Store::Q8_0(v) => {
-                debug_assert!(at.is_multiple_of(QK8_0) && dst.len().is_multiple_of(QK8_0));
-                let b = at / QK8_0;
-                for (blk, d) in v[b..b + dst.len() / QK8_0]
-                    .iter()
-                    .zip(dst.chunks_exact_mut(QK8_0))
-                {
-                    blk.dequantize(d);
-                }
-            }
-        }
-    }
-
-    /// Overwrite elements `r` from their raw little-endian bytes (exactly their size).
-    fn import(&mut self, r: std::ops::Range<usize>, src: &[u8]) {
-        match self {
-            Store::F16(v) => {
-                for (d, c) in v[r].iter_mut().zip(src.chunks_exact(2)) {
-                    *d = f16::from_le_bytes([c[0], c[1]]);
-                }
-            }
-            Store::F32(v) => {
-                for (d, c) in v[r].iter_mut().zip(src.chunks_exact(4)) {
-                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-            Store::Q8_0(v) => {
-                for (d, c) in v[r.start / QK8_0..r.end / QK8_0]
-                    .iter_mut()
-                    .zip(src.chunks_exact(BLOCK_Q8_0_BYTES))
-                {
-                    *d = block_from_bytes(c);
-                }
-            }
-        }
-    }
-
-    /// Copy elements `src_r` of `other` (same type) to `dst_at..`.
-    fn copy_from(
-        &mut self,
-        dst_at: usize,
-        other: &Store,
-        src_r: std::ops::Range<usize>,
-    ) -> Result<(), String> {
-        let len = src_r.len();
-        match (self, other) {
-            (Store::F16(d), Store::F16(s)) => d[dst_at..dst_at + len].copy_from_slice(&s[src_r]),
-            (Store::F32(d), Store::F32(s)) => d[dst_at..dst_at + len].copy_from_slice(&s[src_r]),
-            (Store::Q8_0(d), Store::Q8_0(s)) => {
-                let (a, b) = (dst_at / QK8_0, src_r.start / QK8_0);
-                let nb = len / QK8_0;
-                d[a..a + nb].copy_from_slice(&s[b..b + nb]);
-            }
-            _ => return Err("KV caches of different types".into()),
-        }
-        Ok(())
-    }
-}
+use super::types::{KvRows, KvType, KvTypes, QK8_0};
 
 /// Keys and values for `n_layer` layers and up to `n_ctx` positions.
 pub struct RamStore {
@@ -149,8 +28,8 @@ pub struct RamStore {
     /// Per layer, the lowest position whose row has not been overwritten by a later one
     /// (0 for a layer that is not a ring): what a rewind may keep.
     intact_from: Vec<usize>,
-    k: Store,
-    v: Store,
+    k: Elements,
+    v: Elements,
 }
 
 impl RamStore {
@@ -235,8 +114,8 @@ impl RamStore {
             rows,
             base,
             intact_from: vec![0; n_layer],
-            k: Store::new(types.k, len),
-            v: Store::new(types.v, len),
+            k: Elements::zeroed(types.k, len),
+            v: Elements::zeroed(types.v, len),
         })
     }
 
@@ -571,6 +450,7 @@ impl KvStore for RamStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::types::BlockQ8_0;
 
     use sparrow_attn::kernel::reference::uniform as rng;
 

@@ -7,8 +7,9 @@
 //! no-op) and [`super::TieredStore`] (a RAM budget, the rest in a file).
 
 use super::types::{bytes_of, KvRows, KvTypes};
-use sparrow_attn::kernel::KvSource;
+use sparrow_attn::kernel::{HeadRun, KvSource};
 use sparrow_attn::policy::ReadPlan;
+use std::ops::Range;
 
 /// Keys and values of one sequence, per layer × position.
 pub trait KvStore: Send + Sync {
@@ -43,6 +44,115 @@ pub trait KvStore: Send + Sync {
     /// what it needs only if the positions it reads before `n` are at or above this.
     fn intact_from(&self, _layer: usize) -> usize {
         0
+    }
+    /// KV head `kv_head`'s rows of positions `start..start + max` of `layer` that can be
+    /// read as one run. Default: [`KvStore::run_len`] (every head's rows side by side).
+    fn head_run_len(&self, layer: usize, _kv_head: usize, start: usize, max: usize) -> usize {
+        self.run_len(layer, start, max)
+    }
+    /// KV head `kv_head`'s keys of positions `start..start + n` of `layer`, one run.
+    fn head_keys(
+        &self,
+        layer: usize,
+        kv_head: usize,
+        hd: usize,
+        start: usize,
+        n: usize,
+    ) -> HeadRun<'_> {
+        HeadRun {
+            rows: self.key_rows(layer, start, n),
+            stride: self.kv_dim(),
+            offset: kv_head * hd,
+        }
+    }
+    /// KV head `kv_head`'s values of positions `start..start + n` of `layer`, one run.
+    fn head_values(
+        &self,
+        layer: usize,
+        kv_head: usize,
+        hd: usize,
+        start: usize,
+        n: usize,
+    ) -> HeadRun<'_> {
+        HeadRun {
+            rows: self.value_rows(layer, start, n),
+            stride: self.kv_dim(),
+            offset: kv_head * hd,
+        }
+    }
+    /// The block of positions `start..start + rows` of `layer` has been sealed, and its
+    /// policy keeps each KV head's rows in bins (Saap's buckets): `bins[h * rows + r]` is
+    /// head `h`'s bin for row `r`. A store that arranges the layer moves the rows into their
+    /// bins ([`KvStore::bin_slots`] then names them); by default rows stay by position.
+    fn arrange(&mut self, _layer: usize, _start: usize, _bins: &[u32]) -> Result<(), String> {
+        Ok(())
+    }
+    /// Slots (see `sparrow_attn::kernel::KvSource`): KV head `kv_head`'s rows of `layer` in
+    /// the order the store keeps them. By default the slots are the positions.
+    fn slot_run_len(&self, layer: usize, kv_head: usize, start: usize, max: usize) -> usize {
+        self.head_run_len(layer, kv_head, start, max)
+    }
+    /// KV head `kv_head`'s keys in slots `start..start + n` of `layer`.
+    fn slot_keys(
+        &self,
+        layer: usize,
+        kv_head: usize,
+        hd: usize,
+        start: usize,
+        n: usize,
+    ) -> HeadRun<'_> {
+        self.head_keys(layer, kv_head, hd, start, n)
+    }
+    /// KV head `kv_head`'s values in slots `start..start + n` of `layer`.
+    fn slot_values(
+        &self,
+        layer: usize,
+        kv_head: usize,
+        hd: usize,
+        start: usize,
+        n: usize,
+    ) -> HeadRun<'_> {
+        self.head_values(layer, kv_head, hd, start, n)
+    }
+    /// The position KV head `kv_head`'s slot `slot` of `layer` holds.
+    fn slot_position(&self, _layer: usize, _kv_head: usize, slot: usize) -> usize {
+        slot
+    }
+    /// Appends to `out` the slots of entries `entries` of bin `bin` of KV head `kv_head` of
+    /// `layer`, as runs; false when the layer is kept by position.
+    fn bin_slots(
+        &self,
+        _layer: usize,
+        _kv_head: usize,
+        _bin: usize,
+        _entries: Range<usize>,
+        _out: &mut Vec<Range<usize>>,
+    ) -> bool {
+        false
+    }
+    /// The raw bytes (as [`KvStore::export_prefix`] writes them) of the keys, or with
+    /// `values` the values, of positions `start..start + n` of `layer`, in position order,
+    /// to `out`.
+    fn write_rows(
+        &self,
+        layer: usize,
+        values: bool,
+        start: usize,
+        n: usize,
+        out: &mut dyn std::io::Write,
+    ) -> std::io::Result<()> {
+        let mut at = start;
+        while at < start + n {
+            let len = self.run_len(layer, at, start + n - at);
+            let rows = if values {
+                self.value_rows(layer, at, len)
+            } else {
+                self.key_rows(layer, at, len)
+            };
+            out.write_all(bytes_of(&rows))?;
+            at += len;
+        }
+        Ok(())
     }
     /// `plan` is about to be executed over `layer`: make what it reads available.
     fn prefetch(&self, _layer: usize, _plan: &ReadPlan<'_>) {}
@@ -125,6 +235,36 @@ impl<S: KvStore + ?Sized> KvSource for StoreLayer<'_, S> {
     fn run_len(&self, start: usize, max: usize) -> usize {
         self.store.run_len(self.layer, start, max)
     }
+    fn head_run_len(&self, kv_head: usize, start: usize, max: usize) -> usize {
+        self.store.head_run_len(self.layer, kv_head, start, max)
+    }
+    fn head_keys(&self, kv_head: usize, hd: usize, start: usize, n: usize) -> HeadRun<'_> {
+        self.store.head_keys(self.layer, kv_head, hd, start, n)
+    }
+    fn head_values(&self, kv_head: usize, hd: usize, start: usize, n: usize) -> HeadRun<'_> {
+        self.store.head_values(self.layer, kv_head, hd, start, n)
+    }
+    fn slot_run_len(&self, kv_head: usize, start: usize, max: usize) -> usize {
+        self.store.slot_run_len(self.layer, kv_head, start, max)
+    }
+    fn slot_keys(&self, kv_head: usize, hd: usize, start: usize, n: usize) -> HeadRun<'_> {
+        self.store.slot_keys(self.layer, kv_head, hd, start, n)
+    }
+    fn slot_values(&self, kv_head: usize, hd: usize, start: usize, n: usize) -> HeadRun<'_> {
+        self.store.slot_values(self.layer, kv_head, hd, start, n)
+    }
+    fn slot_position(&self, kv_head: usize, slot: usize) -> usize {
+        self.store.slot_position(self.layer, kv_head, slot)
+    }
+    fn bin_slots(
+        &self,
+        kv_head: usize,
+        bin: usize,
+        entries: Range<usize>,
+        out: &mut Vec<Range<usize>>,
+    ) -> bool {
+        self.store.bin_slots(self.layer, kv_head, bin, entries, out)
+    }
 }
 
 /// The positions of `layer` a prefix of `n` keeps: all of them, or a ring's last rows.
@@ -198,19 +338,9 @@ pub fn write_prefix(
 ) -> std::io::Result<()> {
     assert!(n <= store.n_ctx(), "export beyond the cache");
     for l in 0..store.n_layer() {
-        for keys in [true, false] {
-            let kept = kept(store, l, n);
-            let mut at = kept.start;
-            while at < kept.end {
-                let len = store.run_len(l, at, kept.end - at);
-                let rows = if keys {
-                    store.key_rows(l, at, len)
-                } else {
-                    store.value_rows(l, at, len)
-                };
-                out.write_all(bytes_of(&rows))?;
-                at += len;
-            }
+        let kept = kept(store, l, n);
+        for values in [false, true] {
+            store.write_rows(l, values, kept.start, kept.len(), out)?;
         }
     }
     Ok(())

@@ -329,7 +329,9 @@ impl Model {
                         let pos = pos0 + i;
                         append(kv, i..i + 1)?;
                         blocks.forget_layer_from(l, pos);
-                        blocks.seal(shape, kv.as_ref(), l, pos + 1, attention.as_mut());
+                        blocks
+                            .seal(shape, kv.as_mut(), l, pos + 1, attention.as_mut())
+                            .map_err(Error::KvTier)?;
                         let rows = i..i + 1;
                         attend(
                             attention.as_mut(),
@@ -347,7 +349,9 @@ impl Model {
                     // Positions below `pos0` may have been rewritten since their block was
                     // sealed (a forward pass that failed midway): reseal from there.
                     blocks.forget_layer_from(l, pos0);
-                    blocks.seal(shape, kv.as_ref(), l, pos0 + m, attention.as_mut());
+                    blocks
+                        .seal(shape, kv.as_mut(), l, pos0 + m, attention.as_mut())
+                        .map_err(Error::KvTier)?;
                     attend(attention.as_mut(), shape, kv.as_ref(), l, q, pos0, att);
                 }
                 LayerAttention::Sliding { window } => {

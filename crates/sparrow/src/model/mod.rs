@@ -373,7 +373,7 @@ impl Model {
     /// tier: a RAM budget, the rest in a file). A Q8_0 cache the model's head size does not
     /// suit is an error, as is a budget too small for the store's fixed part.
     pub fn new_state(&self, n_ctx: usize, kv: impl Into<KvOptions>) -> Result<State> {
-        self.new_state_with(n_ctx, kv.into(), true)
+        self.new_state_with(n_ctx, kv.into(), true, &[])
     }
 
     /// A fresh state running the attention `choice`: [`Model::new_state`] with the policy
@@ -385,12 +385,24 @@ impl Model {
         kv: impl Into<KvOptions>,
         choice: &crate::attention::AttentionChoice,
     ) -> Result<State> {
-        let mut kv = kv.into();
         let policy = choice.build(&self.config).map_err(Error::Other)?;
+        self.new_sequence_with(n_ctx, kv, policy)
+    }
+
+    /// [`Model::new_sequence`] for a policy already built (one of a library user's own):
+    /// its summaries charged, its partition (`SparsePolicy::bins`) given to the store.
+    pub fn new_sequence_with(
+        &self,
+        n_ctx: usize,
+        kv: impl Into<KvOptions>,
+        policy: Box<dyn SparsePolicy>,
+    ) -> Result<State> {
+        let mut kv = kv.into();
         // Under a cold tier the summaries come off the RAM budget; either way they must fit
-        // the machine with the cache (Saap's bucket copy is as big as the sparse layers' KV).
+        // the machine with the cache.
         kv.reserved += policy.summary_bytes(n_ctx, self.config.kv_dim());
-        let mut state = self.new_state(n_ctx, kv)?;
+        let bins: Vec<Option<usize>> = (0..self.config.n_layer).map(|l| policy.bins(l)).collect();
+        let mut state = self.new_state_with(n_ctx, kv, true, &bins)?;
         state.set_attention(policy);
         Ok(state)
     }
@@ -403,10 +415,16 @@ impl Model {
         n_ctx: usize,
         kv_type: impl Into<KvTypes>,
     ) -> Result<State> {
-        self.new_state_with(n_ctx, KvOptions::from(kv_type.into()), false)
+        self.new_state_with(n_ctx, KvOptions::from(kv_type.into()), false, &[])
     }
 
-    fn new_state_with(&self, n_ctx: usize, kv: KvOptions, rings: bool) -> Result<State> {
+    fn new_state_with(
+        &self,
+        n_ctx: usize,
+        kv: KvOptions,
+        rings: bool,
+        bins: &[Option<usize>],
+    ) -> Result<State> {
         if n_ctx == 0 {
             return Err(Error::BadHyperParameter("context size 0".into()));
         }
@@ -434,6 +452,7 @@ impl Model {
                 head_dim: c.head_dim,
                 rings,
             },
+            bins,
         )?;
         Ok(State {
             kv: store,

@@ -311,8 +311,8 @@ impl SparsePolicy for H2oAttention {
             let kv_dim = shape.kv_dim();
             let mut kb = vec![0f32; (n - st.n) * kv_dim];
             let mut vb = vec![0f32; kb.len()];
-            read_f32(ctx.store, false, st.n, &mut kb);
-            read_f32(ctx.store, true, st.n, &mut vb);
+            read_f32(ctx.store, false, hd, st.n, &mut kb);
+            read_f32(ctx.store, true, hd, st.n, &mut vb);
             for (h, head) in st.heads.iter_mut().enumerate() {
                 head.pos.extend(st.n..n);
                 head.score.resize(head.pos.len(), 0.0);

@@ -228,7 +228,7 @@ impl LadderAttention {
 
     /// Make rows `0..need` of `lm` hold (mean key, mean value): key means not recorded at
     /// seal time are computed from the store, value means always are.
-    fn prepare(&self, lm: &mut LayerLandmarks, store: &dyn KvSource, need: usize) {
+    fn prepare(&self, lm: &mut LayerLandmarks, store: &dyn KvSource, hd: usize, need: usize) {
         let bs = self.settings.block;
         let kv_dim = store.kv_dim();
         lm.keyed = lm.keyed.min(lm.key_means.len() / kv_dim.max(1));
@@ -238,7 +238,7 @@ impl LadderAttention {
         let mut fill = |values: bool, from: usize, means: &mut Vec<f32>| {
             means.resize(need * kv_dim, 0.0);
             for b in from..need {
-                read_f32(store, values, b * bs, &mut rows);
+                read_f32(store, values, hd, b * bs, &mut rows);
                 mean_rows(&rows, kv_dim, &mut means[b * kv_dim..(b + 1) * kv_dim]);
             }
         };
@@ -280,7 +280,7 @@ impl SparsePolicy for LadderAttention {
             })
             .collect();
         let mut lm = std::mem::take(&mut self.layers[layer]);
-        self.prepare(&mut lm, ctx.store, need);
+        self.prepare(&mut lm, ctx.store, ctx.shape.head_dim, need);
         self.layers[layer] = lm;
         let lm = &self.layers[layer];
         let kv_dim = ctx.shape.kv_dim();

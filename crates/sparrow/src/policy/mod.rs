@@ -421,6 +421,16 @@ impl SparsePolicy for PhasedAttention {
         self.prefill.on_block_sealed(layer, block, keys);
         self.decode.on_block_sealed(layer, block, keys);
     }
+
+    /// The decode policy's partition (Saap's): the store is arranged for the phase that
+    /// reads it sparsely, and every prefill policy reads the store by position.
+    fn bins(&self, layer: usize) -> Option<usize> {
+        self.decode.bins(layer)
+    }
+
+    fn placement(&self) -> Option<&[u32]> {
+        self.decode.placement()
+    }
 }
 
 /// A model of `n_layer` layers (its shapes are all a policy's build looks at).

@@ -147,7 +147,7 @@ impl SparsePolicy for OracleAttention {
         let kv_dim = shape.kv_dim();
         let mut keys = std::mem::take(&mut self.keys);
         keys.resize(n * kv_dim, 0.0);
-        read_f32(ctx.store, false, 0, &mut keys);
+        read_f32(ctx.store, false, shape.head_dim, 0, &mut keys);
         let entries = (0..shape.n_head_kv)
             .map(|h| PlanEntry {
                 kv_heads: h..h + 1,

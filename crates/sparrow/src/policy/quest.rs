@@ -166,7 +166,7 @@ impl QuestAttention {
     /// Record the bounds of every page of `pages` that is complete within `0..filled` and
     /// not yet summarised, reading its keys from `store` (a catch-up: pages are normally
     /// summarised when sealed).
-    fn seal_pages(&self, pages: &mut LayerPages, store: &dyn KvSource, filled: usize) {
+    fn seal_pages(&self, pages: &mut LayerPages, store: &dyn KvSource, hd: usize, filled: usize) {
         let (page, kv_dim) = (self.settings.page, store.kv_dim());
         let complete = filled / page;
         if pages.pages >= complete {
@@ -174,7 +174,7 @@ impl QuestAttention {
         }
         let mut keys = vec![0f32; page * kv_dim];
         for p in pages.pages..complete {
-            read_f32(store, false, p * page, &mut keys);
+            read_f32(store, false, hd, p * page, &mut keys);
             pages.record(p, &keys, kv_dim);
         }
     }
@@ -285,6 +285,7 @@ fn rerank(
         read_f32(
             store,
             false,
+            hd,
             p * page,
             &mut keys[i * page * kv_dim..(i + 1) * page * kv_dim],
         );
@@ -347,7 +348,7 @@ impl SparsePolicy for QuestAttention {
             // midway, which no rewind announces): their pages are stale.
             pages.pages = ctx.pos0 / self.settings.page;
         }
-        self.seal_pages(&mut pages, ctx.store, ctx.pos0 + 1);
+        self.seal_pages(&mut pages, ctx.store, ctx.shape.head_dim, ctx.pos0 + 1);
         // Scoring every page is the plan's whole cost at depth (1,000 pages per KV head per
         // layer at 16K): the KV heads select in parallel.
         let entries = (0..ctx.shape.n_head_kv)
@@ -460,7 +461,7 @@ mod tests {
         )
         .unwrap();
         let mut pages = LayerPages::default();
-        quest.seal_pages(&mut pages, &cache.layer(0), 70);
+        quest.seal_pages(&mut pages, &cache.layer(0), cache.kv_dim(), 70);
         assert_eq!(pages.pages, 17);
         let q = [1.0, 0.2, 0.0, 0.0, 0.9, -0.1, 0.0, 0.0];
         let ranges = quest.select(&cache.layer(0), &pages, shape, 0, &q, 70);
@@ -491,7 +492,7 @@ mod tests {
         )
         .unwrap();
         let mut pages = LayerPages::default();
-        quest.seal_pages(&mut pages, &cache.layer(0), 33);
+        quest.seal_pages(&mut pages, &cache.layer(0), cache.kv_dim(), 33);
         assert_eq!(
             quest.select(&cache.layer(0), &pages, shape, 0, &[1.0, 0.0], 33),
             vec![0..33]
@@ -515,7 +516,7 @@ mod tests {
         let keys: Vec<Vec<f32>> = (0..20).map(|i| vec![i as f32]).collect();
         let cache = cache_with(&keys, 1);
         let mut p = std::mem::take(&mut quest.layers[0]);
-        quest.seal_pages(&mut p, &cache.layer(0), 20);
+        quest.seal_pages(&mut p, &cache.layer(0), cache.kv_dim(), 20);
         assert_eq!(p.pages, 5);
         quest.layers[0] = p;
         quest.forget_from(9);
@@ -548,7 +549,7 @@ mod tests {
         )
         .unwrap();
         let mut pages = LayerPages::default();
-        quest.seal_pages(&mut pages, &cache.layer(0), 64);
+        quest.seal_pages(&mut pages, &cache.layer(0), cache.kv_dim(), 64);
         // 64 positions: 8 complete pages, no tail; 16 positions kept.
         let ranges = quest.select(&cache.layer(0), &pages, shape, 0, &q, 64);
         let got: Vec<usize> = ranges.into_iter().flatten().collect();
@@ -591,7 +592,7 @@ mod tests {
             )
             .unwrap();
             let mut pages = LayerPages::default();
-            quest.seal_pages(&mut pages, &cache.layer(0), 20);
+            quest.seal_pages(&mut pages, &cache.layer(0), cache.kv_dim(), 20);
             quest.select(&cache.layer(0), &pages, shape, 0, &q, 20)
         };
         // 20 positions: 5 complete pages, no tail; one page (4 positions) of budget.

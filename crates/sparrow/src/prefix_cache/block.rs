@@ -110,18 +110,10 @@ impl Block {
                 continue;
             }
             data.reserve(shape.layer_bytes());
-            for keys in [true, false] {
-                let mut at = start;
-                while at < end {
-                    let len = store.run_len(l, at, end - at);
-                    let rows = if keys {
-                        store.key_rows(l, at, len)
-                    } else {
-                        store.value_rows(l, at, len)
-                    };
-                    data.extend_from_slice(crate::kv::bytes_of(&rows));
-                    at += len;
-                }
+            for values in [false, true] {
+                store
+                    .write_rows(l, values, start, end - start, &mut data)
+                    .expect("writing to a Vec cannot fail");
             }
         }
         Block {

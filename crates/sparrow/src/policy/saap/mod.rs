@@ -25,11 +25,15 @@
 //! group's summed query — direction from the partition, locality from the segments. The
 //! Q-model routers above remain (`--saap-router hedged` or `qmodel`).
 //!
+//! With `--saap-layout buckets` (the default) the store keeps each sparse layer's rows
+//! grouped by bucket: the policy names the bucket of every sealed row
+//! ([`SparsePolicy::placement`]) and reads a chosen bucket's entries as runs of the
+//! store's slots — one copy of the KV (`crate::kv::ArrangedStore`).
+//!
 //! Files: [`settings`] (flags, checks, the index they name), [`lists`] (the inverted lists
-//! kept as blocks seal), [`routing`] (one step's choice per KV head), [`buckets`] (rows
-//! grouped by bucket), [`cells`] (positional cells), [`kmeans`] (the baseline policy).
+//! kept as blocks seal), [`routing`] (one step's choice per KV head), [`cells`] (positional
+//! cells), [`kmeans`] (the baseline policy).
 
-pub mod buckets;
 pub mod cells;
 pub mod kmeans;
 mod lists;
@@ -43,7 +47,6 @@ use super::{PolicyEntry, SettingsType};
 use crate::model::rope::Rope;
 use crate::saap::index::{RouterCopy, Scratch};
 use crate::saap::SaapIndex;
-use buckets::BucketRows;
 use cells::CellStats;
 use lists::{LayerLists, Lists};
 use rayon::prelude::*;
@@ -51,9 +54,7 @@ use routing::{router_weights, HeadReads, HeadWork, Step};
 use settings::{load_index, settings, SINKS};
 pub use settings::{Layout, Router, RouterPrecision, SaapSettings, KEYS_PER_CELL};
 use sparrow_attn::kernel::{read_f32, Level};
-use sparrow_attn::policy::{
-    KeysView, PlanContext, PlanEntry, ReadPlan, SideRows, SideTable, Source, SparsePolicy,
-};
+use sparrow_attn::policy::{KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
 use std::sync::Arc;
 
 /// The registry's entry: a decode policy.
@@ -91,6 +92,9 @@ pub struct SaapAttention {
     work: Vec<HeadWork>,
     /// Keys read to fold into the cells.
     fold_buf: Vec<f32>,
+    /// The buckets of the block last sealed, per KV head (head-major), when its layer is
+    /// placed by bucket ([`SparsePolicy::placement`]); empty otherwise.
+    placed: Vec<u32>,
 }
 
 impl SaapAttention {
@@ -98,16 +102,12 @@ impl SaapAttention {
     pub fn new(settings: SaapSettings, index: Arc<SaapIndex>, rope: Rope) -> Result<Self, String> {
         settings.validate()?;
         let m = &index.meta;
-        let copy = settings.layout == Layout::Buckets;
         let cells = settings.router == Router::Cells;
         let layers = (0..m.n_layer)
             .map(|l| LayerLists {
                 heads: vec![
                     Lists {
                         buckets: vec![Vec::new(); m.clusters],
-                        rows: (copy && !settings.dense_layers.contains(&l))
-                            .then(|| BucketRows::new(m.clusters, m.head_dim)),
-                        unfiled: Vec::new(),
                         bucket_of: Vec::new(),
                         cells: (cells && !settings.dense_layers.contains(&l)).then(|| {
                             CellStats::new(settings.segment_for(m.clusters), m.clusters, m.head_dim)
@@ -116,7 +116,6 @@ impl SaapAttention {
                     m.n_head_kv
                 ],
                 assigned: 0,
-                filed: 0,
             })
             .collect();
         let work = vec![HeadWork::default(); m.n_head_kv];
@@ -137,6 +136,7 @@ impl SaapAttention {
             scratch: Scratch::default(),
             work,
             fold_buf: Vec::new(),
+            placed: Vec::new(),
         })
     }
 
@@ -174,7 +174,17 @@ impl SparsePolicy for SaapAttention {
         Some(self.settings.block)
     }
 
+    fn bins(&self, layer: usize) -> Option<usize> {
+        (self.settings.layout == Layout::Buckets && !self.is_dense(layer))
+            .then_some(self.index.meta.clusters)
+    }
+
+    fn placement(&self) -> Option<&[u32]> {
+        (!self.placed.is_empty()).then_some(&self.placed[..])
+    }
+
     fn on_block_sealed(&mut self, layer: usize, block: usize, keys: KeysView<'_>) {
+        self.placed.clear();
         if self.is_dense(layer) {
             return;
         }
@@ -215,8 +225,8 @@ impl SparsePolicy for SaapAttention {
             if head.cells.is_some() {
                 head.bucket_of.extend_from_slice(&self.buckets);
             }
-            if head.rows.is_some() {
-                head.unfiled.extend_from_slice(&self.buckets);
+            if self.settings.layout == Layout::Buckets {
+                self.placed.extend_from_slice(&self.buckets);
             }
         }
         self.layers[layer].assigned = start + keys.rows();
@@ -230,20 +240,15 @@ impl SparsePolicy for SaapAttention {
                 continue;
             }
             for head in &mut layer.heads {
-                for (b, list) in head.buckets.iter_mut().enumerate() {
+                for list in head.buckets.iter_mut() {
                     let keep = list.partition_point(|&p| (p as usize) < from);
                     list.truncate(keep);
-                    if let Some(rows) = head.rows.as_mut() {
-                        rows.truncate(b, keep);
-                    }
                 }
-                head.unfiled.truncate(from.saturating_sub(layer.filed));
                 head.bucket_of.truncate(from);
                 if let Some(cells) = head.cells.as_mut() {
                     cells.forget_from(from);
                 }
             }
-            layer.filed = layer.filed.min(from);
             layer.assigned = from;
         }
     }
@@ -254,9 +259,8 @@ impl SparsePolicy for SaapAttention {
             return ReadPlan::causal(shape, ctx.pos0, ctx.n_tokens());
         }
         let hd = shape.head_dim;
-        // Rows are copied while prefill plans too, so the first decode step does not copy
-        // the whole prompt's.
-        self.layers[ctx.layer].file_rows(ctx.store, hd);
+        // Cells fold while prefill plans too, so the first decode step does not fold the
+        // whole prompt.
         self.layers[ctx.layer].fold_cells(ctx.store, hd, &mut self.fold_buf);
         let window_start = n.saturating_sub(self.settings.window);
         if ctx.n_tokens() != 1 || window_start <= SINKS {
@@ -276,7 +280,7 @@ impl SparsePolicy for SaapAttention {
         } = self;
         if settings.oracle {
             all_keys.resize(n * shape.kv_dim(), 0.0);
-            read_f32(ctx.store, false, 0, all_keys);
+            read_f32(ctx.store, false, hd, 0, all_keys);
         }
         let all_keys: &[f32] = all_keys;
         let lists: &'p LayerLists = &layers[ctx.layer];
@@ -313,6 +317,8 @@ impl SparsePolicy for SaapAttention {
                     lists: &lists.heads[h],
                     end: window_start,
                     n,
+                    store: ctx.store,
+                    kv_head: h,
                 })
             })
             .collect();
@@ -323,15 +329,11 @@ impl SparsePolicy for SaapAttention {
                 source: Source::Store,
                 visible: vec![r.store],
             });
-            if let (Some(rows), false) = (&lists.heads[h].rows, r.rows.is_empty()) {
+            if !r.slots.is_empty() {
                 plan.entries.push(PlanEntry {
                     kv_heads: h..h + 1,
-                    source: Source::Side(plan.side.len()),
-                    visible: vec![r.rows],
-                });
-                plan.side.push(SideTable {
-                    rows: SideRows::Source(rows),
-                    positions: Some(rows.positions()),
+                    source: Source::Slots,
+                    visible: vec![r.slots],
                 });
             }
         }
@@ -339,15 +341,15 @@ impl SparsePolicy for SaapAttention {
     }
 
     /// The bucket lists (4 bytes per position, KV head and sparse layer), with
-    /// [`Layout::Buckets`] the copied rows (estimated at f16: keys and values, 2 bytes a
-    /// value, and each row's 8-byte position), and with [`Router::Cells`] the cells.
-    fn summary_bytes(&self, n_ctx: usize, kv_dim: usize) -> usize {
+    /// [`Layout::Buckets`] the store's slot maps (a slot per position and a position per
+    /// slot, 4 bytes each), and with [`Router::Cells`] the cells.
+    fn summary_bytes(&self, n_ctx: usize, _kv_dim: usize) -> usize {
         let sparse = (0..self.layers.len())
             .filter(|&l| !self.is_dense(l))
             .count();
         let heads = self.index.meta.n_head_kv;
         let rows = match self.settings.layout {
-            Layout::Buckets => kv_dim * 2 * 2 + 8 * heads,
+            Layout::Buckets => 8 * heads,
             Layout::Positions => 0,
         };
         // Cells: per head, a bucket id per position; per segment, C cells of two 8-bit rows

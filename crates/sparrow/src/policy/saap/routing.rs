@@ -4,9 +4,9 @@
 
 use super::cells::CellStats;
 use super::lists::Lists;
-use super::settings::{SaapSettings, MIN_RANKED_CELLS, RANKED, SINKS};
+use super::settings::{Layout, SaapSettings, MIN_RANKED_CELLS, RANKED, SINKS};
 use crate::saap::index::{prior_scale, HeadModel, RouterCopy, RouterWeights, Scratch};
-use sparrow_attn::kernel::{runs, union, Level};
+use sparrow_attn::kernel::{runs, union, KvSource, Level};
 use std::ops::Range;
 
 /// Scratch of one KV head's routing, kept between calls.
@@ -21,6 +21,10 @@ pub(super) struct Step<'a> {
     pub(super) lists: &'a Lists,
     pub(super) end: usize,
     pub(super) n: usize,
+    /// The layer's store and this KV head: a store that keeps the layer by bucket serves the
+    /// chosen entries as runs of its slots.
+    pub(super) store: &'a dyn KvSource,
+    pub(super) kv_head: usize,
 }
 
 #[derive(Clone, Default)]
@@ -50,12 +54,11 @@ pub(super) struct HeadWork {
     pub(super) marks: Vec<u64>,
 }
 
-/// What a KV head's group reads: ascending disjoint ranges of store positions, and of
-/// rows of its [`BucketRows`](super::buckets::BucketRows) (empty with
-/// [`Layout::Positions`](super::Layout::Positions)).
+/// What a KV head's group reads: ascending disjoint ranges of store positions, and of the
+/// store's slots where it keeps the layer by bucket (empty otherwise).
 pub(super) struct HeadReads {
     pub(super) store: Vec<Range<usize>>,
-    pub(super) rows: Vec<Range<usize>>,
+    pub(super) slots: Vec<Range<usize>>,
 }
 
 impl HeadWork {
@@ -65,42 +68,49 @@ impl HeadWork {
     /// `lists`) and the window. Where every bucket is chosen, everything is read from the
     /// store in order (exactly full attention).
     pub(super) fn reads(&mut self, step: &Step<'_>) -> HeadReads {
-        let Step { lists, end, n, .. } = *step;
+        let Step {
+            settings,
+            lists,
+            end,
+            n,
+            store,
+            kv_head,
+            ..
+        } = *step;
         let chosen = self.choose(step);
         let buckets = &lists.buckets;
         if chosen == end.saturating_sub(SINKS) {
             return HeadReads {
                 store: std::iter::once(0..n).collect(),
-                rows: Vec::new(),
+                slots: Vec::new(),
             };
         }
         let dense = || (0..SINKS.min(n)).chain(end..n);
-        match &lists.rows {
-            Some(rows) => {
-                let mut read = Vec::new();
-                for (b, entries) in &self.picks {
-                    rows.rows_of(*b as usize, entries.clone(), &mut read);
-                }
-                HeadReads {
-                    store: runs(dense()),
-                    rows: union(read),
-                }
-            }
-            None => {
-                self.marks.clear();
-                self.marks.resize(n.div_ceil(64), 0);
-                let mut mark = |p: usize| self.marks[p / 64] |= 1 << (p % 64);
-                for (b, entries) in &self.picks {
-                    buckets[*b as usize][entries.clone()]
-                        .iter()
-                        .for_each(|&p| mark(p as usize));
-                }
-                dense().for_each(&mut mark);
-                HeadReads {
-                    store: runs(set_bits(&self.marks)),
-                    rows: Vec::new(),
-                }
-            }
+        // The store's buckets, when it keeps them (their entries are this policy's lists:
+        // the store filed each block where the policy placed it).
+        let mut slots = Vec::new();
+        let in_store = settings.layout == Layout::Buckets
+            && self.picks.iter().all(|(b, entries)| {
+                store.bin_slots(kv_head, *b as usize, entries.clone(), &mut slots)
+            });
+        if in_store {
+            return HeadReads {
+                store: runs(dense()),
+                slots: union(slots),
+            };
+        }
+        self.marks.clear();
+        self.marks.resize(n.div_ceil(64), 0);
+        let mut mark = |p: usize| self.marks[p / 64] |= 1 << (p % 64);
+        for (b, entries) in &self.picks {
+            buckets[*b as usize][entries.clone()]
+                .iter()
+                .for_each(|&p| mark(p as usize));
+        }
+        dense().for_each(&mut mark);
+        HeadReads {
+            store: runs(set_bits(&self.marks)),
+            slots: Vec::new(),
         }
     }
 
@@ -198,6 +208,7 @@ impl HeadWork {
             lists,
             end,
             n,
+            ..
         } = *step;
         let c = model.clusters();
         self.mass.clear();

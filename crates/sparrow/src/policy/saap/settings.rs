@@ -22,11 +22,11 @@ pub enum RouterPrecision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Layout {
-    /// A copy of every sparse layer's keys and values grouped by bucket (the paper's
-    /// inverted file): a bucket is read as a few contiguous runs. Costs a second copy of the
-    /// sparse layers' KV rows in RAM.
+    /// The store keeps every sparse layer's sealed keys and values grouped by bucket (the
+    /// paper's inverted file, as the only copy): a bucket is read as a few contiguous runs.
+    /// Under `--kv-ram-budget` the store keeps rows by position, and Saap reads them so.
     Buckets,
-    /// The store's rows where they lie, one scattered row per position: no extra memory.
+    /// The store keeps rows by position: a bucket is one scattered row per position.
     Positions,
 }
 
@@ -70,8 +70,8 @@ pub struct SaapSettings {
     /// budget. A measurement (`eval attention`), not a policy: it reads every key.
     #[cfg_attr(feature = "cli", arg(id = "SAAP_ORACLE", long = "saap-oracle", help_heading = crate::policy::HELP_HEADING))]
     pub oracle: bool,
-    /// Saap: where the chosen buckets' rows are read from: a copy grouped by bucket
-    /// (contiguous reads, the sparse layers' KV held twice) or the store's scattered rows.
+    /// Saap: how the store keeps the sparse layers' rows: grouped by bucket (one copy,
+    /// contiguous reads) or by position (scattered reads).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_LAYOUT", long = "saap-layout", value_enum, default_value_t = SaapSettings::default().layout, help_heading = crate::policy::HELP_HEADING))]
     pub layout: Layout,
     /// Saap: positions per segment of `--saap-router cells` (each bucket is split into one

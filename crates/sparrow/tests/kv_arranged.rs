@@ -1,0 +1,192 @@
+//! A store that keeps layers grouped by bin (`ArrangedStore`) reads as a store kept by
+//! position, bit for bit, for every policy — through prefill batches, decode steps,
+//! rewinds, prompt-cache exports and imports — and Saap in bucket order keeps one copy of
+//! the KV.
+
+mod common;
+
+use common::{small_policies, small_spec};
+use sparrow::attention::{KeysView, PlanContext, ReadPlan, SparsePolicy};
+use sparrow::kv::{KvOptions, KvType, KvTypes};
+use sparrow::synthetic::{synthetic_model, synthetic_tokens};
+use sparrow::{Logits, Model, State};
+
+const N_CTX: usize = 512;
+
+/// `inner`, its sealed rows placed in `bins` pseudo-random bins per KV head on every layer
+/// but the first: any placement must read back as the positions it came from.
+struct Placed {
+    inner: Box<dyn SparsePolicy>,
+    bins: usize,
+    placed: Vec<u32>,
+}
+
+impl SparsePolicy for Placed {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn supports_prefill(&self) -> bool {
+        self.inner.supports_prefill()
+    }
+    fn block_size(&self) -> Option<usize> {
+        self.inner.block_size()
+    }
+    fn requires_block_selection(&self) -> bool {
+        self.inner.requires_block_selection()
+    }
+    fn on_block_sealed(&mut self, layer: usize, block: usize, keys: KeysView<'_>) {
+        self.inner.on_block_sealed(layer, block, keys);
+        self.placed.clear();
+        if layer > 0 {
+            for h in 0..keys.kv_heads() {
+                for r in 0..keys.rows() {
+                    let x = (layer * 7919 + (block * keys.rows() + r) * 104_729 + h * 31) as u64;
+                    let mixed = x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+                    self.placed.push((mixed % self.bins as u64) as u32);
+                }
+            }
+        }
+    }
+    fn bins(&self, layer: usize) -> Option<usize> {
+        (layer > 0).then_some(self.bins)
+    }
+    fn placement(&self) -> Option<&[u32]> {
+        (!self.placed.is_empty()).then_some(&self.placed[..])
+    }
+    fn forget_from(&mut self, pos: usize) {
+        self.inner.forget_from(pos)
+    }
+    fn rewinds_exactly(&self) -> bool {
+        self.inner.rewinds_exactly()
+    }
+    fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+        self.inner.plan(ctx)
+    }
+    fn wants_lse(&self) -> bool {
+        self.inner.wants_lse()
+    }
+    fn after_attend(&mut self, ctx: &PlanContext<'_>, lse: &[f32]) {
+        self.inner.after_attend(ctx, lse)
+    }
+}
+
+/// Prefill `prompt` in batches of `batch`, then decode `steps`; every logit produced.
+fn run(m: &Model, s: &mut State, prompt: &[u32], batch: usize, steps: &[u32]) -> Vec<f32> {
+    let mut out = Vec::new();
+    for chunk in prompt.chunks(batch) {
+        out.extend_from_slice(m.forward(s, chunk, Logits::Last).unwrap());
+    }
+    for &t in steps {
+        out.extend_from_slice(m.forward(s, &[t], Logits::Last).unwrap());
+    }
+    out
+}
+
+#[test]
+fn every_policy_reads_an_arranged_store_as_the_store_by_position() {
+    let m = synthetic_model(&small_spec(5, N_CTX)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = synthetic_tokens(300, 1);
+    let types: [KvTypes; 3] = [
+        KvType::F16.into(),
+        KvType::F32.into(),
+        KvTypes::new(KvType::Q8_0, KvType::F16),
+    ];
+    for (name, choice) in small_policies(&m, dir.path()) {
+        // Saap in bucket order reads the store's own buckets: another placement would
+        // hand it other rows (its own arrangement is tested below).
+        if name == "saap in bucket order" {
+            continue;
+        }
+        for types in types {
+            let kv = KvOptions::from(types);
+            let mut by_position = m.new_state(N_CTX, kv.clone()).unwrap();
+            by_position.set_attention(choice.build(&m.config).unwrap());
+            let placed = Placed {
+                inner: choice.build(&m.config).unwrap(),
+                bins: 5,
+                placed: Vec::new(),
+            };
+            let mut arranged = m
+                .new_sequence_with(N_CTX, kv.clone(), Box::new(placed))
+                .unwrap();
+            let steps = synthetic_tokens(12, 2);
+            let a = run(&m, &mut by_position, &prompt, 64, &steps);
+            let b = run(&m, &mut arranged, &prompt, 64, &steps);
+            assert!(a == b, "{name} {types}: logits differ");
+            // Rewinds into the arranged rows, and past them, with other tokens.
+            for keep in [150, 17, 80] {
+                assert_eq!(by_position.truncate(keep), keep);
+                assert_eq!(arranged.truncate(keep), keep);
+                let more = synthetic_tokens(70, keep as u32);
+                let a = run(&m, &mut by_position, &more, 40, &synthetic_tokens(5, 3));
+                let b = run(&m, &mut arranged, &more, 40, &synthetic_tokens(5, 3));
+                assert!(a == b, "{name} {types}: after a rewind to {keep}");
+            }
+            // Prompt-cache bytes are the same, and import into an arranged store.
+            let n = by_position.n_past();
+            let bytes = by_position.kv().export_prefix(n);
+            assert!(
+                arranged.kv().export_prefix(n) == bytes,
+                "{name} {types}: export"
+            );
+            let placed = Placed {
+                inner: choice.build(&m.config).unwrap(),
+                bins: 5,
+                placed: Vec::new(),
+            };
+            let mut restored = m.new_sequence_with(N_CTX, kv, Box::new(placed)).unwrap();
+            restored.import_prefix(n, &bytes).unwrap();
+            let steps = synthetic_tokens(6, 4);
+            let a = run(&m, &mut by_position, &[], 1, &steps);
+            let b = run(&m, &mut restored, &[], 1, &steps);
+            assert!(a == b, "{name} {types}: after importing a prefix");
+        }
+    }
+}
+
+/// Saap in bucket order keeps one copy of the KV (the store's, arranged), and its reads
+/// do not depend on the rewinds that led to the store's contents: a sequence rewound and
+/// refilled gives the logits of one filled afresh, bit for bit.
+#[test]
+fn saap_in_bucket_order_keeps_one_copy_and_rewinds_exactly() {
+    let m = synthetic_model(&small_spec(6, N_CTX)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let policies = small_policies(&m, dir.path());
+    let choice = |name: &str| policies.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+    let (buckets, positions) = (choice("saap in bucket order"), choice("saap"));
+    let kv = KvOptions::from(KvType::F16);
+    let prompt = synthetic_tokens(400, 7);
+    let mut arranged = m.new_sequence(N_CTX, kv.clone(), &buckets).unwrap();
+    let mut scattered = m.new_sequence(N_CTX, kv.clone(), &positions).unwrap();
+    let steps = synthetic_tokens(20, 8);
+    let a = run(&m, &mut arranged, &prompt, 100, &steps);
+    let b = run(&m, &mut scattered, &prompt, 100, &steps);
+    // The same keys are read in another order: equal to rounding.
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-3, "bucket order moved a logit by {worst}");
+    let (one, other) = (
+        arranged.kv().bytes_resident(),
+        scattered.kv().bytes_resident(),
+    );
+    assert!(
+        (one as f64) < 1.25 * other as f64,
+        "{one} bytes in bucket order against {other} by position: a second copy?"
+    );
+    // Rewound and refilled against filled afresh.
+    assert_eq!(arranged.truncate(123), 123);
+    let tail: Vec<u32> = prompt[123..].to_vec();
+    let again = run(&m, &mut arranged, &tail, 50, &steps);
+    let mut fresh = m.new_sequence(N_CTX, kv, &buckets).unwrap();
+    let want = run(&m, &mut fresh, &prompt, 100, &steps);
+    let n = steps.len();
+    assert!(
+        again[again.len() - n * m.config.vocab_size..]
+            == want[want.len() - n * m.config.vocab_size..],
+        "a rewound store reads in another order than a fresh one"
+    );
+}
