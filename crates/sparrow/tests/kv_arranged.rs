@@ -7,6 +7,7 @@ mod common;
 
 use common::{small_policies, small_spec};
 use sparrow::attention::{KeysView, PlanContext, ReadPlan, SparsePolicy};
+use sparrow::kv::Partition;
 use sparrow::kv::{KvOptions, KvType, KvTypes};
 use sparrow::synthetic::{synthetic_model, synthetic_tokens};
 use sparrow::{Logits, Model, State};
@@ -14,11 +15,24 @@ use sparrow::{Logits, Model, State};
 const N_CTX: usize = 512;
 
 /// `inner`, its sealed rows placed in `bins` pseudo-random bins per KV head on every layer
-/// but the first: any placement must read back as the positions it came from.
+/// but the first, in segments of `segment` positions: any placement must read back as the
+/// positions it came from.
 struct Placed {
     inner: Box<dyn SparsePolicy>,
     bins: usize,
+    segment: usize,
     placed: Vec<u32>,
+}
+
+impl Placed {
+    fn new(inner: Box<dyn SparsePolicy>, segment: usize) -> Box<Placed> {
+        Box::new(Placed {
+            inner,
+            bins: 5,
+            segment,
+            placed: Vec::new(),
+        })
+    }
 }
 
 impl SparsePolicy for Placed {
@@ -47,8 +61,11 @@ impl SparsePolicy for Placed {
             }
         }
     }
-    fn bins(&self, layer: usize) -> Option<usize> {
-        (layer > 0).then_some(self.bins)
+    fn partition(&self, layer: usize) -> Option<Partition> {
+        (layer > 0).then_some(Partition {
+            bins: self.bins,
+            segment: self.segment,
+        })
     }
     fn placement(&self) -> Option<&[u32]> {
         (!self.placed.is_empty()).then_some(&self.placed[..])
@@ -98,18 +115,13 @@ fn every_policy_reads_an_arranged_store_as_the_store_by_position() {
         if name == "saap in bucket order" {
             continue;
         }
-        for types in types {
+        // Segments of whole blocks, and segments that end inside a block.
+        for (types, segment) in types.into_iter().zip([48, 40, 64]) {
             let kv = KvOptions::from(types);
             let mut by_position = m.new_state(N_CTX, kv.clone()).unwrap();
             by_position.set_attention(choice.build(&m.config).unwrap());
-            let placed = Placed {
-                inner: choice.build(&m.config).unwrap(),
-                bins: 5,
-                placed: Vec::new(),
-            };
-            let mut arranged = m
-                .new_sequence_with(N_CTX, kv.clone(), Box::new(placed))
-                .unwrap();
+            let placed = Placed::new(choice.build(&m.config).unwrap(), segment);
+            let mut arranged = m.new_sequence_with(N_CTX, kv.clone(), placed).unwrap();
             let steps = synthetic_tokens(12, 2);
             let a = run(&m, &mut by_position, &prompt, 64, &steps);
             let b = run(&m, &mut arranged, &prompt, 64, &steps);
@@ -130,12 +142,8 @@ fn every_policy_reads_an_arranged_store_as_the_store_by_position() {
                 arranged.kv().export_prefix(n) == bytes,
                 "{name} {types}: export"
             );
-            let placed = Placed {
-                inner: choice.build(&m.config).unwrap(),
-                bins: 5,
-                placed: Vec::new(),
-            };
-            let mut restored = m.new_sequence_with(N_CTX, kv, Box::new(placed)).unwrap();
+            let placed = Placed::new(choice.build(&m.config).unwrap(), segment);
+            let mut restored = m.new_sequence_with(N_CTX, kv, placed).unwrap();
             restored.import_prefix(n, &bytes).unwrap();
             let steps = synthetic_tokens(6, 4);
             let a = run(&m, &mut by_position, &[], 1, &steps);

@@ -169,17 +169,18 @@ pub trait KvSource: Sync {
     fn slot_position(&self, _kv_head: usize, slot: usize) -> usize {
         slot
     }
-    /// Appends to `out` the slots of entries `entries` of bin `bin` of KV head `kv_head` (a
-    /// bin lists its positions in ascending order), as runs; false (nothing appended) when
-    /// the source keeps this head's rows by position, not in bins.
+    /// Appends to `out`, as runs, the slots of entries `entries` of bin `bin` of KV head
+    /// `kv_head` (a bin lists its positions in ascending order) that the source keeps by
+    /// bin; returns how many entries, from the first, that is (0 when the source keeps this
+    /// head's rows by position; the rest are read by position).
     fn bin_slots(
         &self,
         _kv_head: usize,
         _bin: usize,
         _entries: Range<usize>,
         _out: &mut Vec<Range<usize>>,
-    ) -> bool {
-        false
+    ) -> usize {
+        0
     }
 }
 

@@ -108,10 +108,10 @@ pub trait SparsePolicy: Send {
     /// sealed again.
     fn on_block_sealed(&mut self, _layer: usize, _block: BlockId, _keys: KeysView<'_>) {}
 
-    /// How many bins the policy partitions `layer`'s keys into, per KV head, if it does
-    /// (Saap's buckets): a store may then keep the layer's sealed rows grouped by bin, one
-    /// copy in the order the policy reads them ([`Self::placement`] says where each goes).
-    fn bins(&self, _layer: usize) -> Option<usize> {
+    /// How the policy partitions `layer`'s keys, per KV head, if it does (Saap's buckets):
+    /// a store may then keep the layer's rows grouped by bin, segment by segment — one copy
+    /// in the order the policy reads them ([`Self::placement`] says where each goes).
+    fn partition(&self, _layer: usize) -> Option<Partition> {
         None
     }
 
@@ -159,6 +159,16 @@ pub trait SparsePolicy: Send {
     fn summary_bytes(&self, _n_ctx: usize, _kv_dim: usize) -> usize {
         0
     }
+}
+
+/// A policy's partition of a layer's keys ([`SparsePolicy::partition`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Partition {
+    /// Bins per KV head.
+    pub bins: usize,
+    /// Positions per segment: a store sorts each complete segment's rows by bin, so a bin's
+    /// rows within one segment are one run (Saap's cells are bins within segments).
+    pub segment: usize,
 }
 
 /// Keys of one sealed block: `rows × kv_heads × head_dim`, row-major.

@@ -165,13 +165,12 @@ impl Elements {
         }
     }
 
-    /// Keep the first `len` elements, giving memory back when most of it is unused.
+    /// Keep the first `len` elements and give the memory past them back (every element
+    /// was written when it was made room for, so all of it is resident until then).
     pub(super) fn shrink(&mut self, len: usize) {
         fn cut<T>(v: &mut Vec<T>, len: usize) {
             v.truncate(len);
-            if v.capacity() > 2 * len.max(4096) {
-                v.shrink_to(len.max(4096));
-            }
+            v.shrink_to_fit();
         }
         match self {
             Elements::F16(v) => cut(v, len),

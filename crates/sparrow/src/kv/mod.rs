@@ -29,6 +29,7 @@ pub use arranged::ArrangedStore;
 pub use blocks::{BlockTable, DEFAULT_BLOCK};
 pub use options::{ColdTier, KvOptions};
 pub use ram::RamStore;
+pub use sparrow_attn::policy::Partition;
 pub use store::{
     check_layer_import, export_prefix, layer_prefix_bytes, prefix_bytes, write_prefix, KvStore,
     StoreLayer,
@@ -53,15 +54,15 @@ pub struct KvShape {
 }
 
 /// The store `options` ask for, of `shape`: in RAM, or under a RAM budget with a cold file.
-/// Layers `bins` gives a count for (a partitioning policy's, `SparsePolicy::bins`) keep
-/// their sealed rows grouped by bin ([`ArrangedStore`]; in RAM only for now: under a cold
+/// Layers `partitions` gives a partition for (a partitioning policy's,
+/// `SparsePolicy::partition`) keep their rows grouped by bin, segment by segment ([`ArrangedStore`]; in RAM only for now: under a cold
 /// tier they stay by position). An impossible request (a Q8_0 type the head size does not
 /// allow, a budget too small for the policy's summaries, an unwritable directory) is an
 /// error naming it.
 pub fn open(
     options: &KvOptions,
     shape: &KvShape,
-    bins: &[Option<usize>],
+    partitions: &[Option<Partition>],
 ) -> crate::Result<Box<dyn KvStore>> {
     let KvShape {
         n_ctx,
@@ -87,8 +88,10 @@ pub fn open(
                 RamStore::with_rings(options.types, rings, n_ctx, kv_dim, head_dim)
                     .map_err(crate::Error::Other)?,
             );
-            if bins.iter().any(Option::is_some) {
-                Box::new(ArrangedStore::new(ram, bins, head_dim).map_err(crate::Error::Other)?)
+            if partitions.iter().any(Option::is_some) {
+                Box::new(
+                    ArrangedStore::new(ram, partitions, head_dim).map_err(crate::Error::Other)?,
+                )
             } else {
                 ram
             }

@@ -118,8 +118,9 @@ pub trait KvStore: Send + Sync {
     fn slot_position(&self, _layer: usize, _kv_head: usize, slot: usize) -> usize {
         slot
     }
-    /// Appends to `out` the slots of entries `entries` of bin `bin` of KV head `kv_head` of
-    /// `layer`, as runs; false when the layer is kept by position.
+    /// Appends to `out` the slots of the entries `entries` of bin `bin` of KV head
+    /// `kv_head` of `layer` kept by bin, as runs; how many entries, from the first, that is
+    /// (0 when the layer is kept by position).
     fn bin_slots(
         &self,
         _layer: usize,
@@ -127,8 +128,8 @@ pub trait KvStore: Send + Sync {
         _bin: usize,
         _entries: Range<usize>,
         _out: &mut Vec<Range<usize>>,
-    ) -> bool {
-        false
+    ) -> usize {
+        0
     }
     /// The raw bytes (as [`KvStore::export_prefix`] writes them) of the keys, or with
     /// `values` the values, of positions `start..start + n` of `layer`, in position order,
@@ -262,7 +263,7 @@ impl<S: KvStore + ?Sized> KvSource for StoreLayer<'_, S> {
         bin: usize,
         entries: Range<usize>,
         out: &mut Vec<Range<usize>>,
-    ) -> bool {
+    ) -> usize {
         self.store.bin_slots(self.layer, kv_head, bin, entries, out)
     }
 }

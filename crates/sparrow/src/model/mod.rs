@@ -390,7 +390,7 @@ impl Model {
     }
 
     /// [`Model::new_sequence`] for a policy already built (one of a library user's own):
-    /// its summaries charged, its partition (`SparsePolicy::bins`) given to the store.
+    /// its summaries charged, its partition (`SparsePolicy::partition`) given to the store.
     pub fn new_sequence_with(
         &self,
         n_ctx: usize,
@@ -401,8 +401,10 @@ impl Model {
         // Under a cold tier the summaries come off the RAM budget; either way they must fit
         // the machine with the cache.
         kv.reserved += policy.summary_bytes(n_ctx, self.config.kv_dim());
-        let bins: Vec<Option<usize>> = (0..self.config.n_layer).map(|l| policy.bins(l)).collect();
-        let mut state = self.new_state_with(n_ctx, kv, true, &bins)?;
+        let partitions: Vec<_> = (0..self.config.n_layer)
+            .map(|l| policy.partition(l))
+            .collect();
+        let mut state = self.new_state_with(n_ctx, kv, true, &partitions)?;
         state.set_attention(policy);
         Ok(state)
     }
@@ -423,7 +425,7 @@ impl Model {
         n_ctx: usize,
         kv: KvOptions,
         rings: bool,
-        bins: &[Option<usize>],
+        partitions: &[Option<crate::kv::Partition>],
     ) -> Result<State> {
         if n_ctx == 0 {
             return Err(Error::BadHyperParameter("context size 0".into()));
@@ -452,7 +454,7 @@ impl Model {
                 head_dim: c.head_dim,
                 rings,
             },
-            bins,
+            partitions,
         )?;
         Ok(State {
             kv: store,

@@ -424,8 +424,8 @@ impl SparsePolicy for PhasedAttention {
 
     /// The decode policy's partition (Saap's): the store is arranged for the phase that
     /// reads it sparsely, and every prefill policy reads the store by position.
-    fn bins(&self, layer: usize) -> Option<usize> {
-        self.decode.bins(layer)
+    fn partition(&self, layer: usize) -> Option<sparrow_attn::policy::Partition> {
+        self.decode.partition(layer)
     }
 
     fn placement(&self) -> Option<&[u32]> {

@@ -1,11 +1,12 @@
-//! One arranged layer: its sealed rows per KV head in bins ([`HeadBins`]), the positions
-//! after them (written, not yet sealed and arranged) in a tail kept by position. Every
-//! position reads as in a store kept by position, a KV head at a time: through the tail, or
-//! through the head's slot map.
+//! One arranged layer: per KV head its complete segments sorted by bin ([`HeadSegments`]),
+//! and the positions after them — the open segment, sealed or not — in a tail kept by
+//! position. A segment is sorted when its last block is placed; every position reads as in
+//! a store kept by position, a KV head at a time: through the tail, or through the head's
+//! slot map.
 
 use super::super::elements::Elements;
 use super::super::types::{bytes_of, KvTypes};
-use super::bins::HeadBins;
+use super::segments::HeadSegments;
 use sparrow_attn::kernel::HeadRun;
 use std::ops::Range;
 
@@ -13,44 +14,61 @@ use std::ops::Range;
 pub(super) struct ArrangedLayer {
     kv_dim: usize,
     head_dim: usize,
-    /// Per KV head: positions `0..filed` in bins (every head has filed the same).
-    heads: Vec<HeadBins>,
-    /// Positions `filed..filed + tail_len`, row `tail_first + i` holding position
-    /// `filed + i` (rows before `tail_first` were arranged and await compaction).
+    bins: usize,
+    segment: usize,
+    types: KvTypes,
+    /// Per KV head: positions `0..sorted` in sorted segments (every head has the same).
+    heads: Vec<HeadSegments>,
+    /// Per KV head: the bins of positions `sorted..sorted + placed`, placed but waiting for
+    /// their segment to complete.
+    pending: Vec<Vec<u32>>,
+    /// Positions `sorted..sorted + tail_len`, row `tail_first + i` holding position
+    /// `sorted + i` (rows before `tail_first` were sorted and await compaction).
     tail_k: Elements,
     tail_v: Elements,
     tail_first: usize,
     tail_len: usize,
-    bins: usize,
-    types: KvTypes,
 }
 
 impl ArrangedLayer {
-    pub(super) fn new(bins: usize, kv_dim: usize, head_dim: usize, types: KvTypes) -> Self {
-        let heads = (0..kv_dim / head_dim)
-            .map(|_| HeadBins::new(bins, head_dim, types.k, types.v))
-            .collect();
+    pub(super) fn new(
+        bins: usize,
+        segment: usize,
+        kv_dim: usize,
+        head_dim: usize,
+        types: KvTypes,
+    ) -> Self {
+        let n_heads = kv_dim / head_dim;
         ArrangedLayer {
             kv_dim,
             head_dim,
-            heads,
+            bins,
+            segment,
+            types,
+            heads: (0..n_heads)
+                .map(|_| HeadSegments::new(bins, segment, head_dim, types.k, types.v))
+                .collect(),
+            pending: vec![Vec::new(); n_heads],
             tail_k: Elements::zeroed(types.k, 0),
             tail_v: Elements::zeroed(types.v, 0),
             tail_first: 0,
             tail_len: 0,
-            bins,
-            types,
         }
     }
 
-    /// Positions in bins.
-    fn filed(&self) -> usize {
-        self.heads[0].filed()
+    /// Positions in sorted segments.
+    fn sorted(&self) -> usize {
+        self.heads[0].sorted()
+    }
+
+    /// One past the last position placed in a bin.
+    fn placed(&self) -> usize {
+        self.sorted() + self.pending[0].len()
     }
 
     /// One past the last position held.
     fn end(&self) -> usize {
-        self.filed() + self.tail_len
+        self.sorted() + self.tail_len
     }
 
     /// Element offset of tail row `row`.
@@ -61,8 +79,8 @@ impl ArrangedLayer {
     /// Store position `pos`'s rows (positions are appended in order; an earlier one starts
     /// a rewind: positions from there on are forgotten first).
     pub(super) fn append(&mut self, pos: usize, k: &[f32], v: &[f32]) -> Result<(), String> {
-        if pos < self.filed() {
-            self.unarrange_from(pos);
+        if pos < self.sorted() {
+            self.unsort_from(pos);
         }
         if pos > self.end() {
             return Err(format!(
@@ -70,7 +88,8 @@ impl ArrangedLayer {
                 self.end()
             ));
         }
-        let row = pos - self.filed();
+        let row = pos - self.sorted();
+        self.pending.iter_mut().for_each(|p| p.truncate(row));
         self.tail_len = row + 1;
         let at = self.tail_at(row);
         self.tail_k.grow(at + self.kv_dim);
@@ -80,10 +99,10 @@ impl ArrangedLayer {
         Ok(())
     }
 
-    /// Move the sealed block `start..start + bins.len() / heads` into its bins (`bins`
-    /// head-major). A block before the bins' end is a rewind's: positions from `start` go
-    /// back to the tail first. A block past what the tail holds, or beyond a gap, is left
-    /// where it is (the policy then reads by position: its bins have fewer entries).
+    /// Place the sealed block `start..start + bins.len() / heads` in its bins (`bins`
+    /// head-major), sorting every segment that completes. A block before what is placed is
+    /// a rewind's: placements from `start` are forgotten first. A block beyond a gap, or past
+    /// what the tail holds, is not placed (its entries are then read by position).
     pub(super) fn arrange(&mut self, start: usize, bins: &[u32]) -> Result<(), String> {
         let heads = self.heads.len();
         let rows = bins.len() / heads;
@@ -94,44 +113,59 @@ impl ArrangedLayer {
                 self.bins
             ));
         }
-        if start < self.filed() {
-            self.unarrange_from(start);
+        if start < self.sorted() {
+            self.unsort_from(start);
         }
-        if start != self.filed() || start + rows > self.end() {
+        if start < self.placed() {
+            let keep = start - self.sorted();
+            self.pending.iter_mut().for_each(|p| p.truncate(keep));
+        }
+        if start != self.placed() || start + rows > self.end() {
             return Ok(());
         }
-        let hd = self.head_dim;
-        for r in 0..rows {
-            let at = self.tail_at(r);
-            for (h, head) in self.heads.iter_mut().enumerate() {
-                let bin = bins[h * rows + r] as usize;
-                head.file(bin, &self.tail_k, &self.tail_v, at + h * hd);
-            }
+        for (h, p) in self.pending.iter_mut().enumerate() {
+            p.extend_from_slice(&bins[h * rows..(h + 1) * rows]);
         }
-        self.tail_first += rows;
-        self.tail_len -= rows;
-        // Compact once the arranged rows outnumber the waiting ones: each row moves O(1)
-        // times on average.
-        if self.tail_first > self.tail_len.max(64) {
-            let live = self.tail_at(0)..self.tail_at(self.tail_len);
-            let keep = live.len();
-            self.tail_k.copy_within(live.clone(), 0);
-            self.tail_v.copy_within(live, 0);
-            self.tail_k.shrink(keep);
-            self.tail_v.shrink(keep);
-            self.tail_first = 0;
+        while self.pending[0].len() >= self.segment {
+            self.sort_segment();
         }
         Ok(())
     }
 
-    /// Positions `from..filed` back to the tail, ahead of it, and out of the bins.
-    fn unarrange_from(&mut self, from: usize) {
-        let filed = self.filed();
-        if from >= filed {
+    /// Sort the first `segment` pending positions into each head's segments and drop them
+    /// from the tail.
+    fn sort_segment(&mut self) {
+        let (s, hd, kv_dim, first) = (self.segment, self.head_dim, self.kv_dim, self.tail_first);
+        for (h, head) in self.heads.iter_mut().enumerate() {
+            let at = |i: usize| (first + i) * kv_dim + h * hd;
+            head.sort_segment(&self.pending[h][..s], &self.tail_k, &self.tail_v, at);
+            self.pending[h].drain(..s);
+        }
+        self.tail_first += s;
+        self.tail_len -= s;
+        // The rows still waiting move to the front at once (fewer than a segment and a
+        // batch, each moved at most once per segment): the tail's memory, every byte of
+        // which has been written, stays one segment and a batch instead of growing by a
+        // segment before each compaction.
+        let live = self.tail_at(0)..self.tail_at(self.tail_len);
+        let keep = live.len();
+        self.tail_k.copy_within(live.clone(), 0);
+        self.tail_v.copy_within(live, 0);
+        self.tail_k.shrink(keep);
+        self.tail_v.shrink(keep);
+        self.tail_first = 0;
+    }
+
+    /// Undo the sorting of the segment holding `pos` and every later one: their rows go back
+    /// to the tail, ahead of it, and their bins back to the pending ones.
+    fn unsort_from(&mut self, pos: usize) {
+        let sorted = self.sorted();
+        let g = pos / self.segment;
+        let from = g * self.segment;
+        if from >= sorted {
             return;
         }
-        let (moved, hd, kv_dim) = (filed - from, self.head_dim, self.kv_dim);
-        // Room before the tail: its rows move back by `moved` (or the tail starts earlier).
+        let (moved, hd, kv_dim) = (sorted - from, self.head_dim, self.kv_dim);
         if self.tail_first >= moved {
             self.tail_first -= moved;
         } else {
@@ -144,7 +178,7 @@ impl ArrangedLayer {
             self.tail_first = 0;
         }
         self.tail_len += moved;
-        for p in from..filed {
+        for p in from..sorted {
             let at = self.tail_at(p - from);
             for (h, head) in self.heads.iter().enumerate() {
                 let s = head.slot_of(p);
@@ -152,14 +186,25 @@ impl ArrangedLayer {
                 self.tail_v.put(at + h * hd, &head.rows(true, s..s + 1));
             }
         }
-        self.heads.iter_mut().for_each(|h| h.truncate(from));
+        let segments = sorted / self.segment;
+        for (head, pending) in self.heads.iter_mut().zip(&mut self.pending) {
+            let mut back: Vec<u32> = (g..segments).flat_map(|g| head.bins_of(g)).collect();
+            back.append(pending);
+            *pending = back;
+            head.truncate_segments(g);
+        }
     }
 
     /// Replace everything with positions `0..n` from raw rows (as a prompt cache holds them):
-    /// they wait in the tail until their blocks are sealed again.
+    /// they wait in the tail until their blocks are placed again.
     pub(super) fn import(&mut self, n: usize, keys: &[u8], values: &[u8]) {
-        let fresh = ArrangedLayer::new(self.bins, self.kv_dim, self.head_dim, self.types);
-        *self = fresh;
+        *self = ArrangedLayer::new(
+            self.bins,
+            self.segment,
+            self.kv_dim,
+            self.head_dim,
+            self.types,
+        );
         self.tail_k.grow(n * self.kv_dim);
         self.tail_v.grow(n * self.kv_dim);
         self.tail_k.import(0..n * self.kv_dim, keys);
@@ -169,13 +214,13 @@ impl ArrangedLayer {
 
     /// KV head `h`'s rows from position `start` (at most `max`) that lie in one run.
     pub(super) fn head_run_len(&self, h: usize, start: usize, max: usize) -> usize {
-        let filed = self.filed();
-        if start >= filed {
+        let sorted = self.sorted();
+        if start >= sorted {
             return max.min(self.end().saturating_sub(start)).max(1);
         }
         let head = &self.heads[h];
         let first = head.slot_of(start);
-        let limit = max.min(filed - start);
+        let limit = max.min(sorted - start);
         (1..limit)
             .find(|&i| head.slot_of(start + i) != first + i)
             .unwrap_or(limit)
@@ -184,9 +229,9 @@ impl ArrangedLayer {
 
     /// KV head `h`'s keys (or values) of positions `start..start + n`, one run.
     pub(super) fn head_rows(&self, values: bool, h: usize, start: usize, n: usize) -> HeadRun<'_> {
-        let filed = self.filed();
-        if start >= filed {
-            let at = self.tail_at(start - filed);
+        let sorted = self.sorted();
+        if start >= sorted {
+            let at = self.tail_at(start - sorted);
             let tail = if values { &self.tail_v } else { &self.tail_k };
             return HeadRun {
                 rows: tail.rows(at..at + n * self.kv_dim),
@@ -212,17 +257,18 @@ impl ArrangedLayer {
         self.heads[h].position_of(slot)
     }
 
-    /// Appends the slots of entries `entries` of `bin` of head `h` to `out`.
+    /// Appends the slots of the sorted ones among entries `entries` of `bin` of head `h` to
+    /// `out`; how many entries, from the first, that is.
     pub(super) fn bin_slots(
         &self,
         h: usize,
         bin: usize,
         entries: Range<usize>,
         out: &mut Vec<Range<usize>>,
-    ) -> bool {
+    ) -> usize {
         self.heads
             .get(h)
-            .is_some_and(|head| head.slots_of(bin, entries, out))
+            .map_or(0, |head| head.slots_of(bin, entries, out))
     }
 
     /// Keys (or values) of positions `start..start + n` as raw rows, in position order.
@@ -247,9 +293,10 @@ impl ArrangedLayer {
         self.end()
     }
 
-    /// Bytes held: the bins, their maps and the tail.
+    /// Bytes held: the sorted segments and their maps, the pending bins and the tail.
     pub(super) fn bytes(&self) -> usize {
-        self.heads.iter().map(HeadBins::bytes).sum::<usize>()
+        self.heads.iter().map(HeadSegments::bytes).sum::<usize>()
+            + self.pending.iter().map(|p| p.capacity() * 4).sum::<usize>()
             + self.tail_k.bytes()
             + self.tail_v.bytes()
     }

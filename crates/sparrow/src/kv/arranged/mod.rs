@@ -9,19 +9,17 @@
 //! [`ArrangedStore`] wraps the store of the other layers (a [`super::RamStore`]; the
 //! arranged layers' share of it is never written, so never backed by memory).
 //!
-//! Files: [`bins`] (one KV head's rows by bin, and the slot maps), [`layer`] (a layer: bins
-//! per head and the tail of positions not sealed yet).
+//! Files: [`segments`] (one KV head's complete segments sorted by bin, and the slot maps),
+//! [`layer`] (a layer: sorted segments per head and the tail of the open segment).
 
-mod bins;
 mod layer;
-
-pub use bins::CHUNK;
+mod segments;
 
 use super::store::KvStore;
 use super::types::{KvRows, KvTypes};
 use layer::ArrangedLayer;
 use sparrow_attn::kernel::HeadRun;
-use sparrow_attn::policy::ReadPlan;
+use sparrow_attn::policy::{Partition, ReadPlan};
 use std::ops::Range;
 
 /// A store whose layers with bins are arranged, the others kept by `inner`.
@@ -31,12 +29,12 @@ pub struct ArrangedStore {
 }
 
 impl ArrangedStore {
-    /// Arrange the layers `bins` gives a count for (`bins[l]`: the bins of layer `l`, per KV
-    /// head; `None` keeps it in `inner`); heads are `head_dim` values. A layer `inner` keeps
-    /// as a ring (a sliding window) is not arranged.
+    /// Arrange the layers `partitions` gives a partition for (`None` keeps a layer in
+    /// `inner`); heads are `head_dim` values. A layer `inner` keeps as a ring (a sliding
+    /// window), or one whose segments are longer than 65,536 positions, is not arranged.
     pub fn new(
         inner: Box<dyn KvStore>,
-        bins: &[Option<usize>],
+        partitions: &[Option<Partition>],
         head_dim: usize,
     ) -> Result<Self, String> {
         let (kv_dim, types) = (inner.kv_dim(), inner.types());
@@ -46,9 +44,15 @@ impl ArrangedStore {
             ));
         }
         let layers = (0..inner.n_layer())
-            .map(|l| match bins.get(l).copied().flatten() {
-                Some(b) if b > 0 && inner.layer_rows(l) == inner.n_ctx() => {
-                    Some(ArrangedLayer::new(b, kv_dim, head_dim, types))
+            .map(|l| match partitions.get(l).copied().flatten() {
+                Some(p)
+                    if p.bins > 0
+                        && (1..=segments::MAX_SEGMENT).contains(&p.segment)
+                        && inner.layer_rows(l) == inner.n_ctx() =>
+                {
+                    Some(ArrangedLayer::new(
+                        p.bins, p.segment, kv_dim, head_dim, types,
+                    ))
                 }
                 _ => None,
             })
@@ -196,9 +200,9 @@ impl KvStore for ArrangedStore {
         bin: usize,
         entries: Range<usize>,
         out: &mut Vec<Range<usize>>,
-    ) -> bool {
+    ) -> usize {
         self.arranged(layer)
-            .is_some_and(|a| a.bin_slots(kv_head, bin, entries, out))
+            .map_or(0, |a| a.bin_slots(kv_head, bin, entries, out))
     }
     fn write_rows(
         &self,

@@ -91,6 +91,11 @@ impl CellStats {
         self.upto
     }
 
+    /// The first position of the segment keys fold into next.
+    pub fn open_start(&self) -> usize {
+        self.upto / self.segment * self.segment
+    }
+
     /// Segments holding room (some may be empty).
     pub fn segments(&self) -> usize {
         self.counts.len() / self.clusters.max(1)

@@ -54,7 +54,9 @@ use routing::{router_weights, HeadReads, HeadWork, Step};
 use settings::{load_index, settings, SINKS};
 pub use settings::{Layout, Router, RouterPrecision, SaapSettings, KEYS_PER_CELL};
 use sparrow_attn::kernel::{read_f32, Level};
-use sparrow_attn::policy::{KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
+use sparrow_attn::policy::{
+    KeysView, Partition, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
+};
 use std::sync::Arc;
 
 /// The registry's entry: a decode policy.
@@ -109,6 +111,7 @@ impl SaapAttention {
                     Lists {
                         buckets: vec![Vec::new(); m.clusters],
                         bucket_of: Vec::new(),
+                        bucket_of_from: 0,
                         cells: (cells && !settings.dense_layers.contains(&l)).then(|| {
                             CellStats::new(settings.segment_for(m.clusters), m.clusters, m.head_dim)
                         }),
@@ -174,9 +177,14 @@ impl SparsePolicy for SaapAttention {
         Some(self.settings.block)
     }
 
-    fn bins(&self, layer: usize) -> Option<usize> {
-        (self.settings.layout == Layout::Buckets && !self.is_dense(layer))
-            .then_some(self.index.meta.clusters)
+    /// With [`Layout::Buckets`], the store sorts each segment of the cells' length by
+    /// bucket: a cell is one run of slots.
+    fn partition(&self, layer: usize) -> Option<Partition> {
+        let c = self.index.meta.clusters;
+        (self.settings.layout == Layout::Buckets && !self.is_dense(layer)).then(|| Partition {
+            bins: c,
+            segment: self.settings.segment_for(c),
+        })
     }
 
     fn placement(&self) -> Option<&[u32]> {
@@ -240,14 +248,14 @@ impl SparsePolicy for SaapAttention {
                 continue;
             }
             for head in &mut layer.heads {
-                for list in head.buckets.iter_mut() {
-                    let keep = list.partition_point(|&p| (p as usize) < from);
-                    list.truncate(keep);
-                }
-                head.bucket_of.truncate(from);
-                if let Some(cells) = head.cells.as_mut() {
-                    cells.forget_from(from);
-                }
+                let refold = match head.cells.as_mut() {
+                    Some(cells) => {
+                        cells.forget_from(from);
+                        cells.upto()
+                    }
+                    None => from,
+                };
+                head.forget_from(from, refold);
             }
             layer.assigned = from;
         }
@@ -342,24 +350,25 @@ impl SparsePolicy for SaapAttention {
 
     /// The bucket lists (4 bytes per position, KV head and sparse layer), with
     /// [`Layout::Buckets`] the store's slot maps (a slot per position and a position per
-    /// slot, 4 bytes each), and with [`Router::Cells`] the cells.
+    /// slot, 2 bytes each), and with [`Router::Cells`] the cells.
     fn summary_bytes(&self, n_ctx: usize, _kv_dim: usize) -> usize {
         let sparse = (0..self.layers.len())
             .filter(|&l| !self.is_dense(l))
             .count();
         let heads = self.index.meta.n_head_kv;
         let rows = match self.settings.layout {
-            Layout::Buckets => 8 * heads,
+            Layout::Buckets => 4 * heads,
             Layout::Positions => 0,
         };
-        // Cells: per head, a bucket id per position; per segment, C cells of two 8-bit rows
-        // (the longest key, the others' mean) with their scales, a count and a logarithm;
-        // and the open segment's C f32 sums and lengths.
+        // Cells: per head, a bucket id per position of the open segment; per segment, C
+        // cells of two 8-bit rows (the longest key, the others' mean) with their scales, a
+        // count and a logarithm; and the open segment's C f32 sums and lengths.
         let cells = match self.settings.router {
             Router::Cells => {
                 let (c, d) = (self.index.meta.clusters, self.index.meta.head_dim);
-                let segments = n_ctx.div_ceil(self.settings.segment_for(c));
-                heads * (4 * n_ctx + segments * c * (2 * d + 16) + c * (4 * d + 4))
+                let segment = self.settings.segment_for(c);
+                let segments = n_ctx.div_ceil(segment);
+                heads * (4 * segment.min(n_ctx) + segments * c * (2 * d + 16) + c * (4 * d + 4))
             }
             _ => 0,
         };

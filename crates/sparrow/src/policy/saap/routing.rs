@@ -86,31 +86,28 @@ impl HeadWork {
             };
         }
         let dense = || (0..SINKS.min(n)).chain(end..n);
-        // The store's buckets, when it keeps them (their entries are this policy's lists:
-        // the store filed each block where the policy placed it).
+        // The entries the store keeps by bucket are read as its slots (they are this
+        // policy's lists: the store placed each block where the policy said); the rest —
+        // the open segment's, or all under a store kept by position — by position.
         let mut slots = Vec::new();
-        let in_store = settings.layout == Layout::Buckets
-            && self.picks.iter().all(|(b, entries)| {
-                store.bin_slots(kv_head, *b as usize, entries.clone(), &mut slots)
-            });
-        if in_store {
-            return HeadReads {
-                store: runs(dense()),
-                slots: union(slots),
-            };
-        }
         self.marks.clear();
         self.marks.resize(n.div_ceil(64), 0);
         let mut mark = |p: usize| self.marks[p / 64] |= 1 << (p % 64);
         for (b, entries) in &self.picks {
-            buckets[*b as usize][entries.clone()]
+            let served = match settings.layout {
+                Layout::Buckets => {
+                    store.bin_slots(kv_head, *b as usize, entries.clone(), &mut slots)
+                }
+                Layout::Positions => 0,
+            };
+            buckets[*b as usize][entries.start + served..entries.end]
                 .iter()
                 .for_each(|&p| mark(p as usize));
         }
         dense().for_each(&mut mark);
         HeadReads {
             store: runs(set_bits(&self.marks)),
-            slots: Vec::new(),
+            slots: union(slots),
         }
     }
 

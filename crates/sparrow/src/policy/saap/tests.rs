@@ -337,9 +337,9 @@ fn arranged(
     c: &RamStore,
     n: usize,
 ) -> ArrangedStore {
-    let bins: Vec<Option<usize>> = (0..m.n_layer).map(|l| p.bins(l)).collect();
+    let partitions: Vec<_> = (0..m.n_layer).map(|l| p.partition(l)).collect();
     let inner = Box::new(RamStore::new(KvType::F32, m.n_layer, n, m.kv_dim()));
-    let mut a = ArrangedStore::new(inner, &bins, m.head_dim).unwrap();
+    let mut a = ArrangedStore::new(inner, &partitions, m.head_dim).unwrap();
     assert_eq!(a.arranged_layers(), m.n_layer - 1, "layer 0 is dense");
     let mut blocks = BlockTable::new(p.settings.block, m.n_layer);
     let (mut k, mut v) = (vec![0f32; m.kv_dim()], vec![0f32; m.kv_dim()]);
