@@ -55,24 +55,6 @@ fn full() -> AttentionChoice {
     AttentionChoice::default()
 }
 
-/// The choice whose all-in-RAM reads a cold-tier sequence of `choice` makes: under a RAM
-/// budget the store keeps rows by position, so Saap in bucket order reads as Saap by
-/// position (`by_position`) does.
-fn read_as_under_a_budget<'a>(
-    choice: &'a AttentionChoice,
-    by_position: &'a AttentionChoice,
-) -> &'a AttentionChoice {
-    let buckets = choice
-        .settings::<sparrow::policy::saap::SaapSettings>()
-        .layout
-        == Layout::Buckets;
-    if choice.name == "saap" && buckets {
-        by_position
-    } else {
-        choice
-    }
-}
-
 fn tier(budget: usize) -> Option<ColdTier> {
     Some(ColdTier {
         ram_budget: budget,
@@ -97,12 +79,19 @@ fn sequence(m: &Model, types: KvTypes, cold: Option<ColdTier>, choice: &Attentio
     m.new_sequence(N_CTX, kv, choice).unwrap()
 }
 
-/// Bytes of RAM `choice`'s summaries take at `N_CTX`.
-fn summaries(m: &Model, choice: &AttentionChoice) -> usize {
-    choice
-        .build(&m.config)
-        .unwrap()
-        .summary_bytes(N_CTX, m.config.kv_dim())
+/// Bytes of RAM `choice`'s summaries take at `N_CTX` with rows of `types`, and what a
+/// store in bucket order keeps in RAM for it (open segments, slot maps): the policy's share
+/// of a budget, and the store's beside its recent rows.
+fn summaries(m: &Model, choice: &AttentionChoice, types: KvTypes) -> (usize, usize) {
+    let policy = choice.build(&m.config).unwrap();
+    let c = &m.config;
+    let partitions: Vec<_> = (0..c.n_layer).map(|l| policy.partition(l)).collect();
+    let rings = vec![None; c.n_layer];
+    let dims = (N_CTX, c.kv_dim(), c.head_dim);
+    (
+        policy.summary_bytes(N_CTX, c.kv_dim()),
+        sparrow::kv::arranged::ram_bytes(&partitions, &rings, dims, types),
+    )
 }
 
 /// Prefill `prompt` in batches of `batch`, then decode `steps`; every logit produced.
@@ -138,15 +127,15 @@ fn tiered_store_gives_the_ram_stores_logits_bit_for_bit() {
         let mut exact = None;
         let saaps = [Layout::Positions, Layout::Buckets].map(|l| saap(&m, dir.path(), l));
         for choice in [full(), quest()].iter().chain(&saaps) {
-            let mut ram = sequence(&m, types, None, read_as_under_a_budget(choice, &saaps[0]));
+            let mut ram = sequence(&m, types, None, choice);
             let want = run(&m, &mut ram, &prompt, 100, &steps);
             // The selecting policies must really select here, or this tests only full.
             match &exact {
                 None => exact = Some(want.clone()),
                 Some(f) => assert!(f != &want, "{} read every position", choice.name),
             }
-            let need = summaries(&m, choice);
-            for budget in [min, min + 3 * 16 * row, min + 200 * row].map(|b| b + need) {
+            let (need, open) = summaries(&m, choice, types);
+            for budget in [min, min + 3 * 16 * row, min + 200 * row].map(|b| b + need + open) {
                 let mut s = sequence(&m, types, tier(budget), choice);
                 let got = run(&m, &mut s, &prompt, 100, &steps);
                 assert!(
@@ -154,7 +143,8 @@ fn tiered_store_gives_the_ram_stores_logits_bit_for_bit() {
                     "{types} {} budget {budget}: logits differ",
                     choice.name
                 );
-                // The summaries' share of the budget is not the store's to use.
+                // The summaries' share of the budget is not the store's to use (the store's
+                // resident bytes include its open segments and maps).
                 let kv = s.kv();
                 assert!(
                     kv.bytes_resident() + need <= budget,
@@ -182,8 +172,11 @@ fn rewinds_and_prefix_imports_match_the_ram_store() {
     let saaps = [Layout::Positions, Layout::Buckets].map(|l| saap(&m, dir.path(), l));
     for choice in [full(), quest()].iter().chain(&saaps) {
         let choice = choice.clone();
-        let budget = min + summaries(&m, &choice);
-        let mut ram = sequence(&m, types, None, read_as_under_a_budget(&choice, &saaps[0]));
+        let budget = min + {
+            let (need, open) = summaries(&m, &choice, types);
+            need + open
+        };
+        let mut ram = sequence(&m, types, None, &choice);
         let mut cold = sequence(&m, types, tier(budget), &choice);
         let a = run(&m, &mut ram, &prompt, 64, &synthetic_tokens(10, 4));
         let b = run(&m, &mut cold, &prompt, 64, &synthetic_tokens(10, 4));

@@ -44,14 +44,20 @@ fn choices(m: &Model) -> Vec<(&'static str, AttentionChoice)> {
     common::small_policies(m, &scratch("saap"))
 }
 
-/// A sequence; `cold`: under a RAM budget of a few blocks (plus what Saap's copy in bucket
-/// order charges to it), the rest of the rows in the cold file.
+/// A sequence; `cold`: under a RAM budget of a few blocks (plus what the policy's
+/// summaries and a store in bucket order keep in RAM), the rest of the rows in files.
 fn sequence(m: &Model, choice: &AttentionChoice, types: KvTypes, cold: bool) -> State {
-    let buckets = format!("{choice:?}").contains("Buckets");
+    let c = &m.config;
+    let policy = choice.build(c).unwrap();
+    let partitions: Vec<_> = (0..c.n_layer).map(|l| policy.partition(l)).collect();
+    let rings = vec![None; c.n_layer];
+    let dims = (N_CTX, c.kv_dim(), c.head_dim);
+    let beside = policy.summary_bytes(N_CTX, c.kv_dim())
+        + sparrow::kv::arranged::ram_bytes(&partitions, &rings, dims, types);
     let kv = KvOptions {
         types,
         cold: cold.then(|| ColdTier {
-            ram_budget: (112 << 10) + if buckets { 304 << 10 } else { 0 },
+            ram_budget: (112 << 10) + beside,
             dir: None,
         }),
         reserved: 0,

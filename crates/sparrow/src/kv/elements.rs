@@ -134,6 +134,15 @@ impl Elements {
 }
 
 impl Elements {
+    /// The element type.
+    pub(super) fn kind(&self) -> KvType {
+        match self {
+            Elements::F16(_) => KvType::F16,
+            Elements::F32(_) => KvType::F32,
+            Elements::Q8_0(_) => KvType::Q8_0,
+        }
+    }
+
     /// Elements held (values; for Q8_0, 32 per block).
     pub(super) fn len(&self) -> usize {
         match self {

@@ -18,6 +18,7 @@
 
 pub mod arranged;
 pub mod blocks;
+mod cold_file;
 mod elements;
 mod options;
 pub mod ram;
@@ -55,8 +56,9 @@ pub struct KvShape {
 
 /// The store `options` ask for, of `shape`: in RAM, or under a RAM budget with a cold file.
 /// Layers `partitions` gives a partition for (a partitioning policy's,
-/// `SparsePolicy::partition`) keep their rows grouped by bin, segment by segment ([`ArrangedStore`]; in RAM only for now: under a cold
-/// tier they stay by position). An impossible request (a Q8_0 type the head size does not
+/// `SparsePolicy::partition`) keep their rows grouped by bin, segment by segment
+/// ([`ArrangedStore`]; under a RAM budget their sorted segments go to a file of their own,
+/// their open segments stay in RAM within the budget). An impossible request (a Q8_0 type the head size does not
 /// allow, a budget too small for the policy's summaries, an unwritable directory) is an
 /// error naming it.
 pub fn open(
@@ -70,31 +72,54 @@ pub fn open(
         head_dim,
         ref rings,
     } = *shape;
-    Ok(match &options.cold {
-        Some(tier) => Box::new(
-            TieredStore::new(
-                options.types,
-                rings,
-                n_ctx,
-                kv_dim,
-                head_dim,
-                tier,
-                options.reserved,
-            )
-            .map_err(crate::Error::KvTier)?,
-        ),
-        None => {
-            let ram = Box::new(
+    let arranged = arranged::arranged_layers(partitions, rings);
+    // The layers kept by position, numbered among themselves.
+    let kept: Vec<Option<usize>> = rings
+        .iter()
+        .zip(&arranged)
+        .filter(|(_, a)| !**a)
+        .map(|(r, _)| *r)
+        .collect();
+    let by_position = |rings: &[Option<usize>]| -> crate::Result<Box<dyn KvStore>> {
+        Ok(match &options.cold {
+            Some(tier) if !rings.is_empty() => {
+                // The arranged layers' open segments and maps stay in RAM: their share.
+                let tails = arranged::ram_bytes(
+                    partitions,
+                    &shape.rings,
+                    (n_ctx, kv_dim, head_dim),
+                    options.types,
+                );
+                Box::new(
+                    TieredStore::new(
+                        options.types,
+                        rings,
+                        n_ctx,
+                        kv_dim,
+                        head_dim,
+                        tier,
+                        options.reserved + tails,
+                    )
+                    .map_err(crate::Error::KvTier)?,
+                )
+            }
+            _ => Box::new(
                 RamStore::with_rings(options.types, rings, n_ctx, kv_dim, head_dim)
                     .map_err(crate::Error::Other)?,
-            );
-            if partitions.iter().any(Option::is_some) {
-                Box::new(
-                    ArrangedStore::new(ram, partitions, head_dim).map_err(crate::Error::Other)?,
-                )
-            } else {
-                ram
-            }
-        }
-    })
+            ),
+        })
+    };
+    if !arranged.contains(&true) {
+        return by_position(rings);
+    }
+    let inner = by_position(&kept)?;
+    let store = ArrangedStore::new(
+        inner,
+        &arranged,
+        partitions,
+        (n_ctx, head_dim),
+        options.cold.as_ref(),
+    )
+    .map_err(crate::Error::KvTier)?;
+    Ok(Box::new(store))
 }

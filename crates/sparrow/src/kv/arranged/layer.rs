@@ -6,7 +6,7 @@
 
 use super::super::elements::Elements;
 use super::super::types::{bytes_of, KvTypes};
-use super::segments::HeadSegments;
+use super::segments::{Backing, HeadSegments};
 use sparrow_attn::kernel::HeadRun;
 use std::ops::Range;
 
@@ -17,6 +17,8 @@ pub(super) struct ArrangedLayer {
     bins: usize,
     segment: usize,
     types: KvTypes,
+    /// Where each head's sorted rows live (kept to start afresh on an import).
+    backings: Vec<Backing>,
     /// Per KV head: positions `0..sorted` in sorted segments (every head has the same).
     heads: Vec<HeadSegments>,
     /// Per KV head: the bins of positions `sorted..sorted + placed`, placed but waiting for
@@ -31,23 +33,28 @@ pub(super) struct ArrangedLayer {
 }
 
 impl ArrangedLayer {
+    /// A layer of `bins` bins sorted in segments of `segment` positions, head `h`'s sorted
+    /// rows where `backings[h]` says.
     pub(super) fn new(
-        bins: usize,
-        segment: usize,
+        (bins, segment): (usize, usize),
         kv_dim: usize,
         head_dim: usize,
         types: KvTypes,
+        backings: Vec<Backing>,
     ) -> Self {
         let n_heads = kv_dim / head_dim;
+        debug_assert_eq!(backings.len(), n_heads);
         ArrangedLayer {
             kv_dim,
             head_dim,
             bins,
             segment,
             types,
-            heads: (0..n_heads)
-                .map(|_| HeadSegments::new(bins, segment, head_dim, types.k, types.v))
+            heads: backings
+                .iter()
+                .map(|b| HeadSegments::new(bins, segment, head_dim, (types.k, types.v), b.clone()))
                 .collect(),
+            backings,
             pending: vec![Vec::new(); n_heads],
             tail_k: Elements::zeroed(types.k, 0),
             tail_v: Elements::zeroed(types.v, 0),
@@ -127,20 +134,31 @@ impl ArrangedLayer {
             p.extend_from_slice(&bins[h * rows..(h + 1) * rows]);
         }
         while self.pending[0].len() >= self.segment {
-            self.sort_segment();
+            self.sort_segment()?;
         }
         Ok(())
     }
 
     /// Sort the first `segment` pending positions into each head's segments and drop them
     /// from the tail.
-    fn sort_segment(&mut self) {
+    fn sort_segment(&mut self) -> Result<(), String> {
         let (s, hd, kv_dim, first) = (self.segment, self.head_dim, self.kv_dim, self.tail_first);
         for (h, head) in self.heads.iter_mut().enumerate() {
             let at = |i: usize| (first + i) * kv_dim + h * hd;
-            head.sort_segment(&self.pending[h][..s], &self.tail_k, &self.tail_v, at);
-            self.pending[h].drain(..s);
+            if let Err(e) = head.sort_segment(&self.pending[h][..s], &self.tail_k, &self.tail_v, at)
+            {
+                // The heads sorted before this one give the segment back: it stays in the
+                // tail, unsorted, for every head.
+                let g = self.heads[h].sorted() / s;
+                self.heads[..h]
+                    .iter_mut()
+                    .for_each(|x| x.truncate_segments(g));
+                return Err(e);
+            }
         }
+        self.pending.iter_mut().for_each(|p| {
+            p.drain(..s);
+        });
         self.tail_first += s;
         self.tail_len -= s;
         // The rows still waiting move to the front at once (fewer than a segment and a
@@ -154,6 +172,7 @@ impl ArrangedLayer {
         self.tail_k.shrink(keep);
         self.tail_v.shrink(keep);
         self.tail_first = 0;
+        Ok(())
     }
 
     /// Undo the sorting of the segment holding `pos` and every later one: their rows go back
@@ -199,11 +218,11 @@ impl ArrangedLayer {
     /// they wait in the tail until their blocks are placed again.
     pub(super) fn import(&mut self, n: usize, keys: &[u8], values: &[u8]) {
         *self = ArrangedLayer::new(
-            self.bins,
-            self.segment,
+            (self.bins, self.segment),
             self.kv_dim,
             self.head_dim,
             self.types,
+            std::mem::take(&mut self.backings),
         );
         self.tail_k.grow(n * self.kv_dim);
         self.tail_v.grow(n * self.kv_dim);
@@ -288,12 +307,20 @@ impl ArrangedLayer {
         Ok(())
     }
 
-    /// Positions held.
-    pub(super) fn len(&self) -> usize {
-        self.end()
+    /// Ask for the slots `slots` of head `h` to be read in (a cold file's).
+    pub(super) fn will_need(&self, h: usize, slots: Range<usize>) {
+        if let Some(head) = self.heads.get(h) {
+            head.will_need(slots);
+        }
     }
 
-    /// Bytes held: the sorted segments and their maps, the pending bins and the tail.
+    /// Bytes of sorted rows in a cold file.
+    pub(super) fn bytes_cold(&self) -> usize {
+        self.heads.iter().map(HeadSegments::bytes_cold).sum()
+    }
+
+    /// Bytes held in RAM: the sorted segments (unless cold) and their maps, the pending
+    /// bins and the tail.
     pub(super) fn bytes(&self) -> usize {
         self.heads.iter().map(HeadSegments::bytes).sum::<usize>()
             + self.pending.iter().map(|p| p.capacity() * 4).sum::<usize>()

@@ -2,12 +2,15 @@
 //! order a partitioning policy reads it (Saap's buckets: a chosen bucket is a few contiguous
 //! runs). The policy names each sealed row's bin per KV head
 //! (`SparsePolicy::placement`, passed on by the block table as [`KvStore::arrange`]); the
-//! store moves the rows there. Every other reader still reads by position, a KV head at a
-//! time, through the slot maps ([`KvStore::head_keys`]), so full attention, Quest, exports
-//! and prefix caches see the same rows bit for bit.
+//! store sorts each complete segment of positions by bin. Every other reader still reads by
+//! position, a KV head at a time, through the slot maps ([`KvStore::head_keys`]), so full
+//! attention, Quest, exports and prefix caches see the same rows bit for bit.
 //!
-//! [`ArrangedStore`] wraps the store of the other layers (a [`super::RamStore`]; the
-//! arranged layers' share of it is never written, so never backed by memory).
+//! [`ArrangedStore`] wraps the store of the other layers (a [`super::RamStore`], or a
+//! [`super::TieredStore`] under a RAM budget). Under a budget the sorted segments go to a
+//! file of their own, written a segment at a time in bucket order — a chosen bucket is then
+//! a few contiguous ranges of the file, which `prefetch` asks for — while the open segment
+//! waits in RAM (its share of the budget, with the slot maps: [`ram_bytes`]).
 //!
 //! Files: [`segments`] (one KV head's complete segments sorted by bin, and the slot maps),
 //! [`layer`] (a layer: sorted segments per head and the tail of the open segment).
@@ -15,27 +18,80 @@
 mod layer;
 mod segments;
 
+use super::cold_file::ColdFile;
+use super::options::ColdTier;
 use super::store::KvStore;
 use super::types::{KvRows, KvTypes};
 use layer::ArrangedLayer;
+use segments::{Backing, MAX_SEGMENT};
 use sparrow_attn::kernel::HeadRun;
-use sparrow_attn::policy::{Partition, ReadPlan};
+use sparrow_attn::policy::{Partition, ReadPlan, Source};
 use std::ops::Range;
+use std::sync::Arc;
 
-/// A store whose layers with bins are arranged, the others kept by `inner`.
+/// Positions a prefill pass may append beyond the open segment before its blocks are
+/// placed (a batch of the default `-b`): what [`ram_bytes`] allows for.
+const TAIL_SLACK: usize = 512;
+
+/// Which layers a store arranges: those with a partition (`partitions[l]`) whose segment is
+/// at most 65,536 positions, that are not kept as a ring (`rings[l]`: a sliding window).
+pub fn arranged_layers(partitions: &[Option<Partition>], rings: &[Option<usize>]) -> Vec<bool> {
+    (0..rings.len())
+        .map(|l| {
+            rings[l].is_none()
+                && partitions
+                    .get(l)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|p| p.bins > 0 && (1..=MAX_SEGMENT).contains(&p.segment))
+        })
+        .collect()
+}
+
+/// RAM the arranged layers keep when their sorted rows are in a file (under a RAM budget,
+/// whose share this is): per arranged layer, the open segment and a batch of rows, and the
+/// slot maps (two offsets of two bytes per position and KV head).
+pub fn ram_bytes(
+    partitions: &[Option<Partition>],
+    rings: &[Option<usize>],
+    (n_ctx, kv_dim, head_dim): (usize, usize, usize),
+    types: KvTypes,
+) -> usize {
+    let row = types.k.row_bytes(kv_dim) + types.v.row_bytes(kv_dim);
+    let heads = kv_dim / head_dim.max(1);
+    arranged_layers(partitions, rings)
+        .iter()
+        .zip(partitions)
+        .filter(|(a, _)| **a)
+        .filter_map(|(_, p)| *p)
+        .map(|p| (p.segment + TAIL_SLACK).min(n_ctx) * row + n_ctx * heads * 4)
+        .sum()
+}
+
+/// A store whose partitioned layers are arranged, the others kept by `inner`.
 pub struct ArrangedStore {
+    /// The layers kept by position, numbered among themselves.
     inner: Box<dyn KvStore>,
+    /// Per layer: its number in `inner`, if it is kept there.
+    to_inner: Vec<Option<usize>>,
     layers: Vec<Option<ArrangedLayer>>,
+    /// The arranged layers' file under a RAM budget.
+    cold: Option<Arc<ColdFile>>,
+    n_ctx: usize,
+    kv_dim: usize,
+    types: KvTypes,
 }
 
 impl ArrangedStore {
-    /// Arrange the layers `partitions` gives a partition for (`None` keeps a layer in
-    /// `inner`); heads are `head_dim` values. A layer `inner` keeps as a ring (a sliding
-    /// window), or one whose segments are longer than 65,536 positions, is not arranged.
+    /// A store of `arranged.len()` layers of `n_ctx` positions: those `arranged` marks are
+    /// arranged by `partitions` (heads of `head_dim` values; sorted rows in RAM, or with
+    /// `cold` in a file in its directory), the others are `inner`'s layers, in order.
     pub fn new(
         inner: Box<dyn KvStore>,
+        arranged: &[bool],
         partitions: &[Option<Partition>],
-        head_dim: usize,
+        (n_ctx, head_dim): (usize, usize),
+        cold: Option<&ColdTier>,
     ) -> Result<Self, String> {
         let (kv_dim, types) = (inner.kv_dim(), inner.types());
         if head_dim == 0 || !kv_dim.is_multiple_of(head_dim) {
@@ -43,25 +99,78 @@ impl ArrangedStore {
                 "rows of {kv_dim} values are not KV heads of {head_dim}"
             ));
         }
-        let layers = (0..inner.n_layer())
-            .map(|l| match partitions.get(l).copied().flatten() {
-                Some(p)
-                    if p.bins > 0
-                        && (1..=segments::MAX_SEGMENT).contains(&p.segment)
-                        && inner.layer_rows(l) == inner.n_ctx() =>
-                {
-                    Some(ArrangedLayer::new(
-                        p.bins, p.segment, kv_dim, head_dim, types,
-                    ))
+        let kept = arranged.iter().filter(|a| !**a).count();
+        if kept != inner.n_layer() {
+            return Err(format!(
+                "{kept} layers kept by position, but the store under them has {}",
+                inner.n_layer()
+            ));
+        }
+        let heads = kv_dim / head_dim;
+        let n_arranged = arranged.len() - kept;
+        let file = match cold {
+            Some(tier) if n_arranged > 0 => {
+                let dir = tier.dir.clone().unwrap_or_else(std::env::temp_dir);
+                Some(Arc::new(ColdFile::create(
+                    &dir,
+                    n_arranged * heads,
+                    n_ctx,
+                    types.k.row_bytes(head_dim),
+                    types.v.row_bytes(head_dim),
+                )?))
+            }
+            _ => None,
+        };
+        let (mut next_inner, mut next_arranged) = (0, 0);
+        let mut to_inner = Vec::with_capacity(arranged.len());
+        let mut layers = Vec::with_capacity(arranged.len());
+        for (l, &a) in arranged.iter().enumerate() {
+            match partitions.get(l).copied().flatten().filter(|_| a) {
+                Some(p) => {
+                    let backings = (0..heads)
+                        .map(|h| match &file {
+                            Some(f) => Backing::Cold {
+                                file: f.clone(),
+                                region: next_arranged * heads + h,
+                            },
+                            None => Backing::Ram,
+                        })
+                        .collect();
+                    next_arranged += 1;
+                    to_inner.push(None);
+                    layers.push(Some(ArrangedLayer::new(
+                        (p.bins, p.segment),
+                        kv_dim,
+                        head_dim,
+                        types,
+                        backings,
+                    )));
                 }
-                _ => None,
-            })
-            .collect();
-        Ok(ArrangedStore { inner, layers })
+                None => {
+                    to_inner.push(Some(next_inner));
+                    next_inner += 1;
+                    layers.push(None);
+                }
+            }
+        }
+        Ok(ArrangedStore {
+            inner,
+            to_inner,
+            layers,
+            cold: file,
+            n_ctx,
+            kv_dim,
+            types,
+        })
     }
 
     fn arranged(&self, layer: usize) -> Option<&ArrangedLayer> {
         self.layers.get(layer).and_then(Option::as_ref)
+    }
+
+    /// `layer`'s number in the inner store (it must be kept there).
+    fn inner_layer(&self, layer: usize) -> usize {
+        self.to_inner[layer].expect("a layer kept by position")
     }
 
     /// Layers arranged.
@@ -70,8 +179,7 @@ impl ArrangedStore {
     }
 
     fn row_bytes(&self) -> usize {
-        let t = self.types();
-        t.k.row_bytes(self.kv_dim()) + t.v.row_bytes(self.kv_dim())
+        self.types.k.row_bytes(self.kv_dim) + self.types.v.row_bytes(self.kv_dim)
     }
 }
 
@@ -79,48 +187,65 @@ const BY_HEAD: &str = "an arranged layer's rows are read a KV head at a time";
 
 impl KvStore for ArrangedStore {
     fn kv_dim(&self) -> usize {
-        self.inner.kv_dim()
+        self.kv_dim
     }
     fn n_layer(&self) -> usize {
-        self.inner.n_layer()
+        self.layers.len()
     }
     fn types(&self) -> KvTypes {
-        self.inner.types()
+        self.types
     }
     fn bytes_per_token(&self) -> usize {
-        self.inner.bytes_per_token()
+        self.inner.bytes_per_token() + self.arranged_layers() * self.row_bytes()
     }
     fn n_ctx(&self) -> usize {
-        self.inner.n_ctx()
+        self.n_ctx
     }
     fn append(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), String> {
+        if pos >= self.n_ctx {
+            return Err(format!(
+                "KV position {pos} beyond the context of {}",
+                self.n_ctx
+            ));
+        }
         match self.layers.get_mut(layer).and_then(Option::as_mut) {
             Some(a) => a.append(pos, k, v),
-            None => self.inner.append(layer, pos, k, v),
+            None => {
+                let l = self.inner_layer(layer);
+                self.inner.append(l, pos, k, v)
+            }
         }
     }
     fn key_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
         assert!(self.arranged(layer).is_none(), "{BY_HEAD}");
-        self.inner.key_rows(layer, start, n)
+        self.inner.key_rows(self.inner_layer(layer), start, n)
     }
     fn value_rows(&self, layer: usize, start: usize, n: usize) -> KvRows<'_> {
         assert!(self.arranged(layer).is_none(), "{BY_HEAD}");
-        self.inner.value_rows(layer, start, n)
+        self.inner.value_rows(self.inner_layer(layer), start, n)
     }
     fn run_len(&self, layer: usize, start: usize, max: usize) -> usize {
         assert!(self.arranged(layer).is_none(), "{BY_HEAD}");
-        self.inner.run_len(layer, start, max)
+        self.inner.run_len(self.inner_layer(layer), start, max)
     }
     fn layer_rows(&self, layer: usize) -> usize {
-        self.inner.layer_rows(layer)
+        match self.arranged(layer) {
+            Some(_) => self.n_ctx,
+            None => self.inner.layer_rows(self.inner_layer(layer)),
+        }
     }
     fn intact_from(&self, layer: usize) -> usize {
-        self.inner.intact_from(layer)
+        match self.arranged(layer) {
+            Some(_) => 0,
+            None => self.inner.intact_from(self.inner_layer(layer)),
+        }
     }
     fn head_run_len(&self, layer: usize, kv_head: usize, start: usize, max: usize) -> usize {
         match self.arranged(layer) {
             Some(a) => a.head_run_len(kv_head, start, max),
-            None => self.inner.head_run_len(layer, kv_head, start, max),
+            None => self
+                .inner
+                .head_run_len(self.inner_layer(layer), kv_head, start, max),
         }
     }
     fn head_keys(
@@ -133,7 +258,9 @@ impl KvStore for ArrangedStore {
     ) -> HeadRun<'_> {
         match self.arranged(layer) {
             Some(a) => a.head_rows(false, kv_head, start, n),
-            None => self.inner.head_keys(layer, kv_head, hd, start, n),
+            None => self
+                .inner
+                .head_keys(self.inner_layer(layer), kv_head, hd, start, n),
         }
     }
     fn head_values(
@@ -146,7 +273,9 @@ impl KvStore for ArrangedStore {
     ) -> HeadRun<'_> {
         match self.arranged(layer) {
             Some(a) => a.head_rows(true, kv_head, start, n),
-            None => self.inner.head_values(layer, kv_head, hd, start, n),
+            None => self
+                .inner
+                .head_values(self.inner_layer(layer), kv_head, hd, start, n),
         }
     }
     fn arrange(&mut self, layer: usize, start: usize, bins: &[u32]) -> Result<(), String> {
@@ -158,7 +287,9 @@ impl KvStore for ArrangedStore {
     fn slot_run_len(&self, layer: usize, kv_head: usize, start: usize, max: usize) -> usize {
         match self.arranged(layer) {
             Some(_) => max,
-            None => self.inner.slot_run_len(layer, kv_head, start, max),
+            None => self
+                .inner
+                .slot_run_len(self.inner_layer(layer), kv_head, start, max),
         }
     }
     fn slot_keys(
@@ -171,7 +302,9 @@ impl KvStore for ArrangedStore {
     ) -> HeadRun<'_> {
         match self.arranged(layer) {
             Some(a) => a.slot_rows(false, kv_head, start, n),
-            None => self.inner.slot_keys(layer, kv_head, hd, start, n),
+            None => self
+                .inner
+                .slot_keys(self.inner_layer(layer), kv_head, hd, start, n),
         }
     }
     fn slot_values(
@@ -184,13 +317,17 @@ impl KvStore for ArrangedStore {
     ) -> HeadRun<'_> {
         match self.arranged(layer) {
             Some(a) => a.slot_rows(true, kv_head, start, n),
-            None => self.inner.slot_values(layer, kv_head, hd, start, n),
+            None => self
+                .inner
+                .slot_values(self.inner_layer(layer), kv_head, hd, start, n),
         }
     }
     fn slot_position(&self, layer: usize, kv_head: usize, slot: usize) -> usize {
         match self.arranged(layer) {
             Some(a) => a.slot_position(kv_head, slot),
-            None => self.inner.slot_position(layer, kv_head, slot),
+            None => self
+                .inner
+                .slot_position(self.inner_layer(layer), kv_head, slot),
         }
     }
     fn bin_slots(
@@ -214,31 +351,55 @@ impl KvStore for ArrangedStore {
     ) -> std::io::Result<()> {
         match self.arranged(layer) {
             Some(a) => a.write_rows(values, start, n, out),
-            None => self.inner.write_rows(layer, values, start, n, out),
+            None => self
+                .inner
+                .write_rows(self.inner_layer(layer), values, start, n, out),
         }
     }
+    /// An arranged layer in a file: the plan's slot ranges (a chosen bucket's few runs per
+    /// segment) are asked for; positions it reads come from the tail in RAM, or through the
+    /// maps as pages fault in.
     fn prefetch(&self, layer: usize, plan: &ReadPlan<'_>) {
-        if self.arranged(layer).is_none() {
-            self.inner.prefetch(layer, plan);
+        match self.arranged(layer) {
+            Some(a) if self.cold.is_some() => {
+                for e in plan.entries.iter().filter(|e| e.source == Source::Slots) {
+                    for h in e.kv_heads.clone() {
+                        for r in e.visible.iter().flatten() {
+                            a.will_need(h, r.clone());
+                        }
+                    }
+                }
+            }
+            Some(_) => {}
+            None => self.inner.prefetch(self.inner_layer(layer), plan),
         }
     }
-    /// The other layers' rows in `inner` (which counts every layer as written up to its
-    /// high-water mark, so the arranged ones' untouched share is taken off), plus the
-    /// arranged layers' bins, maps and tails.
+    /// The inner store's, plus the arranged layers' sorted rows (unless in a file), maps,
+    /// pending bins and tails.
     fn bytes_resident(&self) -> usize {
-        let arranged: Vec<&ArrangedLayer> = self.layers.iter().flatten().collect();
-        let unused: usize = arranged.iter().map(|a| a.len()).max().unwrap_or(0) * self.row_bytes();
-        let inner = self
-            .inner
-            .bytes_resident()
-            .saturating_sub(unused * arranged.len());
-        inner + arranged.iter().map(|a| a.bytes()).sum::<usize>()
+        self.inner.bytes_resident()
+            + self
+                .layers
+                .iter()
+                .flatten()
+                .map(|a| a.bytes())
+                .sum::<usize>()
     }
     fn bytes_cold(&self) -> usize {
         self.inner.bytes_cold()
+            + self
+                .layers
+                .iter()
+                .flatten()
+                .map(|a| a.bytes_cold())
+                .sum::<usize>()
     }
     fn drop_cold_pages(&self) -> Result<(), String> {
-        self.inner.drop_cold_pages()
+        self.inner.drop_cold_pages()?;
+        match &self.cold {
+            Some(f) => f.drop_pages(),
+            None => Ok(()),
+        }
     }
     fn import_layer(
         &mut self,
@@ -253,7 +414,10 @@ impl KvStore for ArrangedStore {
                 a.import(n, keys, values);
                 Ok(())
             }
-            None => self.inner.import_layer(layer, n, keys, values),
+            None => {
+                let l = self.inner_layer(layer);
+                self.inner.import_layer(l, n, keys, values)
+            }
         }
     }
 }

@@ -5,11 +5,24 @@
 //! `g` is slot `g × segment + s`: the layout depends only on the rows held and their bins,
 //! never on the rewinds that led there, so reading slots in slot order sums in the same
 //! order on a rewound, restored or freshly filled store. Nothing is padded: the arena holds
-//! exactly the sorted positions' rows.
+//! exactly the sorted positions' rows — in RAM, or in a region of a cold file
+//! ([`Backing`]), where a segment is written once, in one piece, as it is sorted.
 
+use super::super::cold_file::ColdFile;
 use super::super::elements::Elements;
-use super::super::types::{KvRows, KvType};
+use super::super::types::{bytes_of, KvRows, KvType};
 use std::ops::Range;
+use std::sync::Arc;
+
+/// Where a head's sorted rows live.
+#[derive(Clone)]
+pub(super) enum Backing {
+    /// In RAM.
+    Ram,
+    /// In region `region` of `file` (rows a head wide); the sorted segment is built in the
+    /// head's buffers, written, and the buffers reused.
+    Cold { file: Arc<ColdFile>, region: usize },
+}
 
 /// The longest segment: offsets within one fit two bytes.
 pub(super) const MAX_SEGMENT: usize = 1 << 16;
@@ -19,8 +32,10 @@ pub(super) struct HeadSegments {
     head_dim: usize,
     bins: usize,
     segment: usize,
+    /// The rows (with [`Backing::Ram`]), or the segment being written (cold).
     keys: Elements,
     values: Elements,
+    backing: Backing,
     /// Per slot: the position it holds, as its offset in the segment (both lie in the same
     /// segment; two bytes each instead of four, at most [`MAX_SEGMENT`] positions).
     position: Vec<u16>,
@@ -35,13 +50,20 @@ pub(super) struct HeadSegments {
 }
 
 impl HeadSegments {
-    pub(super) fn new(bins: usize, segment: usize, head_dim: usize, k: KvType, v: KvType) -> Self {
+    pub(super) fn new(
+        bins: usize,
+        segment: usize,
+        head_dim: usize,
+        (k, v): (KvType, KvType),
+        backing: Backing,
+    ) -> Self {
         HeadSegments {
             head_dim,
             bins,
             segment,
             keys: Elements::zeroed(k, 0),
             values: Elements::zeroed(v, 0),
+            backing,
             position: Vec::new(),
             slot: Vec::new(),
             starts: Vec::new(),
@@ -71,20 +93,62 @@ impl HeadSegments {
     /// Keys (or, with `values`, values) of slots `slots`.
     pub(super) fn rows(&self, values: bool, slots: Range<usize>) -> KvRows<'_> {
         let hd = self.head_dim;
-        let e = if values { &self.values } else { &self.keys };
-        e.rows(slots.start * hd..slots.end * hd)
+        match &self.backing {
+            Backing::Ram => {
+                let e = if values { &self.values } else { &self.keys };
+                e.rows(slots.start * hd..slots.end * hd)
+            }
+            Backing::Cold { file, region } => {
+                let (at, row, ty) = self.cold_at(file, *region, values, slots.start);
+                file.rows(at, slots.len(), row, ty)
+            }
+        }
+    }
+
+    /// Where slot `slot`'s key (or value) is in `file`, the bytes of a row and its type.
+    fn cold_at(
+        &self,
+        file: &ColdFile,
+        region: usize,
+        values: bool,
+        slot: usize,
+    ) -> (usize, usize, KvType) {
+        if values {
+            (file.v_at(region, slot), file.v_row, self.values.kind())
+        } else {
+            (file.k_at(region, slot), file.k_row, self.keys.kind())
+        }
+    }
+
+    /// Ask for slots `slots`' keys and values to be read in from a cold file.
+    pub(super) fn will_need(&self, slots: Range<usize>) {
+        if let Backing::Cold { file, region } = &self.backing {
+            for values in [false, true] {
+                let (at, row, _) = self.cold_at(file, *region, values, slots.start);
+                file.will_need(at..at + slots.len() * row);
+            }
+        }
+    }
+
+    /// Bytes of sorted rows in a cold file.
+    pub(super) fn bytes_cold(&self) -> usize {
+        match &self.backing {
+            Backing::Ram => 0,
+            Backing::Cold { file, .. } => self.sorted() * (file.k_row + file.v_row),
+        }
     }
 
     /// Sort the next segment (positions `sorted()..sorted() + segment`): position
     /// `sorted() + i` is in bin `bins[i]`, its key and value the `head_dim` elements from
-    /// `at(i)` of `keys` and `values`.
+    /// `at(i)` of `keys` and `values`. A cold file's write may fail: the error says why,
+    /// and the segment stays unsorted.
     pub(super) fn sort_segment(
         &mut self,
         bins: &[u32],
         keys: &Elements,
         values: &Elements,
         at: impl Fn(usize) -> usize,
-    ) {
+    ) -> Result<(), String> {
         let (s, hd, first) = (self.segment, self.head_dim, self.sorted());
         debug_assert_eq!(bins.len(), s);
         // Counting sort by bin: stable, so positions ascend within a bin.
@@ -97,22 +161,41 @@ impl HeadSegments {
         }
         let mut next = starts.clone();
         let base = first; // slot of the segment's first row
-        self.position.resize(first + s, 0);
-        self.slot.resize(first + s, 0);
-        self.keys.grow((first + s) * hd);
-        self.values.grow((first + s) * hd);
+                          // Where the segment's rows go: after the others in RAM, or at the start of the
+                          // buffers that are written to the file.
+        let buf_first = match self.backing {
+            Backing::Ram => first,
+            Backing::Cold { .. } => 0,
+        };
+        self.keys.grow((buf_first + s) * hd);
+        self.values.grow((buf_first + s) * hd);
+        let mut order = vec![0u16; s];
         for (i, &b) in bins.iter().enumerate() {
-            let slot = base + next[b as usize] as usize;
+            let rank = next[b as usize] as usize;
             next[b as usize] += 1;
             let src = at(i)..at(i) + hd;
+            let dst = (buf_first + rank) * hd;
             self.keys
-                .copy_from(slot * hd, keys, src.clone())
+                .copy_from(dst, keys, src.clone())
                 .expect("a store's rows of one type");
             self.values
-                .copy_from(slot * hd, values, src)
+                .copy_from(dst, values, src)
                 .expect("a store's rows of one type");
-            self.position[slot] = i as u16;
-            self.slot[first + i] = (slot - base) as u16;
+            order[rank] = i as u16;
+        }
+        if let Backing::Cold { file, region } = &self.backing {
+            let what = || format!("sorted KV positions {first}..{}", first + s);
+            for values in [false, true] {
+                let e = if values { &self.values } else { &self.keys };
+                let (at, row, _) = self.cold_at(file, *region, values, base);
+                file.write(bytes_of(&e.rows(0..s * hd)), at, what)?;
+                file.start_writeback(at..at + s * row);
+            }
+        }
+        self.position.extend_from_slice(&order);
+        self.slot.resize(first + s, 0);
+        for (rank, &i) in order.iter().enumerate() {
+            self.slot[first + i as usize] = rank as u16;
         }
         let g = self.segments() - 1;
         let prev = g * self.bins;
@@ -122,6 +205,7 @@ impl HeadSegments {
             self.before.push(total);
         }
         self.starts.extend_from_slice(&starts);
+        Ok(())
     }
 
     /// The bin of each position of sorted segment `g`, in position order.
@@ -145,8 +229,10 @@ impl HeadSegments {
         let (s, hd, c) = (self.segment, self.head_dim, self.bins);
         self.position.truncate(g * s);
         self.slot.truncate(g * s);
-        self.keys.shrink(g * s * hd);
-        self.values.shrink(g * s * hd);
+        if let Backing::Ram = self.backing {
+            self.keys.shrink(g * s * hd);
+            self.values.shrink(g * s * hd);
+        }
         self.starts.truncate(g * (c + 1));
         self.before.truncate((g + 1) * c);
     }
@@ -194,7 +280,7 @@ impl HeadSegments {
         end - entries.start
     }
 
-    /// Bytes held: rows and maps.
+    /// Bytes held in RAM: rows (or the cold segment's buffers) and maps.
     pub(super) fn bytes(&self) -> usize {
         self.keys.bytes()
             + self.values.bytes()
@@ -271,16 +357,17 @@ mod tests {
             let fill = |h: &mut HeadSegments, from: usize, to: usize| {
                 for g in from / 10..to / 10 {
                     let bins: Vec<u32> = (g * 10..(g + 1) * 10).map(bin_of).collect();
-                    h.sort_segment(&bins, &src, &src, |i| (g * 10 + i) * 64 + 32);
+                    h.sort_segment(&bins, &src, &src, |i| (g * 10 + i) * 64 + 32)
+                        .unwrap();
                 }
             };
-            let mut h = HeadSegments::new(3, 10, 32, ty, ty);
+            let mut h = HeadSegments::new(3, 10, 32, (ty, ty), Backing::Ram);
             fill(&mut h, 0, 100);
             check(&h, &src, 100);
             h.truncate_segments(4);
             check(&h, &src, 40);
             fill(&mut h, 40, 100);
-            let mut fresh = HeadSegments::new(3, 10, 32, ty, ty);
+            let mut fresh = HeadSegments::new(3, 10, 32, (ty, ty), Backing::Ram);
             fill(&mut fresh, 0, 100);
             assert_eq!(h.slot, fresh.slot, "{ty}");
             assert_eq!(h.position, fresh.position);

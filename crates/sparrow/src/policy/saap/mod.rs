@@ -348,18 +348,15 @@ impl SparsePolicy for SaapAttention {
         plan
     }
 
-    /// The bucket lists (4 bytes per position, KV head and sparse layer), with
-    /// [`Layout::Buckets`] the store's slot maps (a slot per position and a position per
-    /// slot, 2 bytes each), and with [`Router::Cells`] the cells.
+    /// The bucket lists (4 bytes per position, KV head and sparse layer) and with
+    /// [`Router::Cells`] the cells. (With [`Layout::Buckets`] the store's own slot maps and
+    /// open segments are the store's to count: `crate::kv::arranged::ram_bytes`.)
     fn summary_bytes(&self, n_ctx: usize, _kv_dim: usize) -> usize {
         let sparse = (0..self.layers.len())
             .filter(|&l| !self.is_dense(l))
             .count();
         let heads = self.index.meta.n_head_kv;
-        let rows = match self.settings.layout {
-            Layout::Buckets => 4 * heads,
-            Layout::Positions => 0,
-        };
+
         // Cells: per head, a bucket id per position of the open segment; per segment, C
         // cells of two 8-bit rows (the longest key, the others' mean) with their scales, a
         // count and a logarithm; and the open segment's C f32 sums and lengths.
@@ -372,7 +369,7 @@ impl SparsePolicy for SaapAttention {
             }
             _ => 0,
         };
-        sparse * (n_ctx * (4 * heads + rows) + cells)
+        sparse * (n_ctx * 4 * heads + cells)
     }
 
     fn fraction_read(&self, n_ctx: usize) -> f64 {

@@ -338,8 +338,10 @@ fn arranged(
     n: usize,
 ) -> ArrangedStore {
     let partitions: Vec<_> = (0..m.n_layer).map(|l| p.partition(l)).collect();
-    let inner = Box::new(RamStore::new(KvType::F32, m.n_layer, n, m.kv_dim()));
-    let mut a = ArrangedStore::new(inner, &partitions, m.head_dim).unwrap();
+    let arranged = crate::kv::arranged::arranged_layers(&partitions, &vec![None; m.n_layer]);
+    let kept = arranged.iter().filter(|a| !**a).count();
+    let inner = Box::new(RamStore::new(KvType::F32, kept, n, m.kv_dim()));
+    let mut a = ArrangedStore::new(inner, &arranged, &partitions, (n, m.head_dim), None).unwrap();
     assert_eq!(a.arranged_layers(), m.n_layer - 1, "layer 0 is dense");
     let mut blocks = BlockTable::new(p.settings.block, m.n_layer);
     let (mut k, mut v) = (vec![0f32; m.kv_dim()], vec![0f32; m.kv_dim()]);
