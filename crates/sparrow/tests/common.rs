@@ -365,3 +365,22 @@ pub fn small_spec(seed: u64, n_ctx: usize) -> sparrow::synthetic::SyntheticSpec 
         ..Default::default()
     }
 }
+
+/// Prefill `prompt` into `s` in batches of `batch`, then decode `steps` one at a time; the
+/// last logits of every pass, in order.
+pub fn prefill_and_decode(
+    m: &Model,
+    s: &mut sparrow::State,
+    prompt: &[u32],
+    batch: usize,
+    steps: &[u32],
+) -> Vec<f32> {
+    let mut out = Vec::new();
+    for chunk in prompt.chunks(batch) {
+        out.extend_from_slice(m.forward(s, chunk, sparrow::Logits::Last).unwrap());
+    }
+    for &t in steps {
+        out.extend_from_slice(m.forward(s, &[t], sparrow::Logits::Last).unwrap());
+    }
+    out
+}

@@ -5,12 +5,13 @@
 
 mod common;
 
+use common::prefill_and_decode as run;
+
 use common::{small_policies, small_spec};
 use sparrow::attention::{KeysView, PlanContext, ReadPlan, SparsePolicy};
 use sparrow::kv::Partition;
 use sparrow::kv::{KvOptions, KvType, KvTypes};
 use sparrow::synthetic::{synthetic_model, synthetic_tokens};
-use sparrow::{Logits, Model, State};
 
 const N_CTX: usize = 512;
 
@@ -85,18 +86,6 @@ impl SparsePolicy for Placed {
     fn after_attend(&mut self, ctx: &PlanContext<'_>, lse: &[f32]) {
         self.inner.after_attend(ctx, lse)
     }
-}
-
-/// Prefill `prompt` in batches of `batch`, then decode `steps`; every logit produced.
-fn run(m: &Model, s: &mut State, prompt: &[u32], batch: usize, steps: &[u32]) -> Vec<f32> {
-    let mut out = Vec::new();
-    for chunk in prompt.chunks(batch) {
-        out.extend_from_slice(m.forward(s, chunk, Logits::Last).unwrap());
-    }
-    for &t in steps {
-        out.extend_from_slice(m.forward(s, &[t], Logits::Last).unwrap());
-    }
-    out
 }
 
 #[test]

@@ -6,13 +6,15 @@
 
 mod common;
 
+use common::prefill_and_decode as run;
+
 use sparrow::attention::AttentionChoice;
 use sparrow::kv::KvStore;
 use sparrow::kv::{minimum_budget, ColdTier, ColdWrite, KvOptions, TieredStore};
 use sparrow::policy::quest::QuestSettings;
 use sparrow::policy::saap::Layout;
 use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
-use sparrow::{KvType, KvTypes, Logits, Model, State};
+use sparrow::{KvType, KvTypes, Model, State};
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -92,18 +94,6 @@ fn summaries(m: &Model, choice: &AttentionChoice, types: KvTypes) -> (usize, usi
         policy.summary_bytes(N_CTX, c.kv_dim()),
         sparrow::kv::arranged::ram_bytes(&partitions, &rings, dims, types),
     )
-}
-
-/// Prefill `prompt` in batches of `batch`, then decode `steps`; every logit produced.
-fn run(m: &Model, s: &mut State, prompt: &[u32], batch: usize, steps: &[u32]) -> Vec<f32> {
-    let mut out = Vec::new();
-    for chunk in prompt.chunks(batch) {
-        out.extend_from_slice(m.forward(s, chunk, Logits::Last).unwrap());
-    }
-    for &t in steps {
-        out.extend_from_slice(m.forward(s, &[t], Logits::Last).unwrap());
-    }
-    out
 }
 
 fn type_sets() -> [KvTypes; 3] {

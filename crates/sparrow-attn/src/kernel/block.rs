@@ -13,7 +13,7 @@
 use super::level::Level;
 #[cfg(feature = "fp16")]
 use super::rows::QK8_0;
-use super::rows::{prefetch_head_rows, HeadRun, KvRows, KvSource};
+use super::rows::{for_each_head_run, prefetch_head_rows, HeadRun, KvRows, KvSource};
 #[cfg(feature = "fp16")]
 use super::tile::{convert_tile, dequant_q8_0_tile};
 use super::tile::{pv, scores, softmax_tile, Tile};
@@ -316,18 +316,10 @@ pub fn read_head_f32<S: KvSource + ?Sized>(
     dst: &mut [f32],
 ) {
     let n = dst.len() / hd.max(1);
-    let mut done = 0;
-    while done < n {
-        let run = src.head_run_len(kv_head, start + done, n - done).max(1);
-        let rows = if values {
-            src.head_values(kv_head, hd, start + done, run)
-        } else {
-            src.head_keys(kv_head, hd, start + done, run)
-        };
+    for_each_head_run(src, values, kv_head, hd, start, n, |rows, done, run| {
         let d = &mut dst[done * hd..(done + run) * hd];
         head_rows_into(level, rows.rows, rows.offset, rows.stride, hd, run, d);
-        done += run;
-    }
+    });
 }
 
 /// A gathered tile: the head rows of every piece `(start, n)` (rows `rows(start, n)`, in

@@ -292,22 +292,39 @@ pub fn read_f32<S: KvSource + ?Sized>(
     let n = dst.len() / kv_dim;
     let mut row = vec![0.0f32; hd];
     for h in 0..kv_dim / hd {
-        let mut done = 0;
-        while done < n {
-            let run = src.head_run_len(h, start + done, n - done).max(1);
-            let rows = if values {
-                src.head_values(h, hd, start + done, run)
-            } else {
-                src.head_keys(h, hd, start + done, run)
-            };
+        for_each_head_run(src, values, h, hd, start, n, |rows, done, run| {
             for t in 0..run {
                 rows.rows
                     .slice(t * rows.stride + rows.offset, hd)
                     .to_f32(&mut row);
                 dst[(done + t) * kv_dim + h * hd..][..hd].copy_from_slice(&row);
             }
-            done += run;
-        }
+        });
+    }
+}
+
+/// KV head `kv_head`'s keys (or, with `values`, values) of positions `start..start + n` of
+/// `src`, in the runs the source hands them out: `f(run, done, len)` for positions
+/// `start + done..start + done + len`.
+pub(crate) fn for_each_head_run<S: KvSource + ?Sized>(
+    src: &S,
+    values: bool,
+    kv_head: usize,
+    hd: usize,
+    start: usize,
+    n: usize,
+    mut f: impl FnMut(HeadRun<'_>, usize, usize),
+) {
+    let mut done = 0;
+    while done < n {
+        let run = src.head_run_len(kv_head, start + done, n - done).max(1);
+        let rows = if values {
+            src.head_values(kv_head, hd, start + done, run)
+        } else {
+            src.head_keys(kv_head, hd, start + done, run)
+        };
+        f(rows, done, run);
+        done += run;
     }
 }
 

@@ -173,6 +173,19 @@ impl ArrangedStore {
         self.to_inner[layer].expect("a layer kept by position")
     }
 
+    /// `arranged(layer)` for an arranged layer, else `inner(store, its number there)`.
+    fn by_layer<'a, T>(
+        &'a self,
+        layer: usize,
+        arranged: impl FnOnce(&'a ArrangedLayer) -> T,
+        inner: impl FnOnce(&'a dyn KvStore, usize) -> T,
+    ) -> T {
+        match self.arranged(layer) {
+            Some(a) => arranged(a),
+            None => inner(self.inner.as_ref(), self.inner_layer(layer)),
+        }
+    }
+
     /// Layers arranged.
     pub fn arranged_layers(&self) -> usize {
         self.layers.iter().flatten().count()
@@ -229,24 +242,17 @@ impl KvStore for ArrangedStore {
         self.inner.run_len(self.inner_layer(layer), start, max)
     }
     fn layer_rows(&self, layer: usize) -> usize {
-        match self.arranged(layer) {
-            Some(_) => self.n_ctx,
-            None => self.inner.layer_rows(self.inner_layer(layer)),
-        }
+        self.by_layer(layer, |_| self.n_ctx, |s, l| s.layer_rows(l))
     }
     fn intact_from(&self, layer: usize) -> usize {
-        match self.arranged(layer) {
-            Some(_) => 0,
-            None => self.inner.intact_from(self.inner_layer(layer)),
-        }
+        self.by_layer(layer, |_| 0, |s, l| s.intact_from(l))
     }
     fn head_run_len(&self, layer: usize, kv_head: usize, start: usize, max: usize) -> usize {
-        match self.arranged(layer) {
-            Some(a) => a.head_run_len(kv_head, start, max),
-            None => self
-                .inner
-                .head_run_len(self.inner_layer(layer), kv_head, start, max),
-        }
+        self.by_layer(
+            layer,
+            |a| a.head_run_len(kv_head, start, max),
+            |s, l| s.head_run_len(l, kv_head, start, max),
+        )
     }
     fn head_keys(
         &self,
@@ -256,12 +262,11 @@ impl KvStore for ArrangedStore {
         start: usize,
         n: usize,
     ) -> HeadRun<'_> {
-        match self.arranged(layer) {
-            Some(a) => a.head_rows(false, kv_head, start, n),
-            None => self
-                .inner
-                .head_keys(self.inner_layer(layer), kv_head, hd, start, n),
-        }
+        self.by_layer(
+            layer,
+            |a| a.head_rows(false, kv_head, start, n),
+            |s, l| s.head_keys(l, kv_head, hd, start, n),
+        )
     }
     fn head_values(
         &self,
@@ -271,12 +276,11 @@ impl KvStore for ArrangedStore {
         start: usize,
         n: usize,
     ) -> HeadRun<'_> {
-        match self.arranged(layer) {
-            Some(a) => a.head_rows(true, kv_head, start, n),
-            None => self
-                .inner
-                .head_values(self.inner_layer(layer), kv_head, hd, start, n),
-        }
+        self.by_layer(
+            layer,
+            |a| a.head_rows(true, kv_head, start, n),
+            |s, l| s.head_values(l, kv_head, hd, start, n),
+        )
     }
     fn arrange(&mut self, layer: usize, start: usize, bins: &[u32]) -> Result<(), String> {
         match self.layers.get_mut(layer).and_then(Option::as_mut) {
@@ -285,12 +289,11 @@ impl KvStore for ArrangedStore {
         }
     }
     fn slot_run_len(&self, layer: usize, kv_head: usize, start: usize, max: usize) -> usize {
-        match self.arranged(layer) {
-            Some(_) => max,
-            None => self
-                .inner
-                .slot_run_len(self.inner_layer(layer), kv_head, start, max),
-        }
+        self.by_layer(
+            layer,
+            |_| max,
+            |s, l| s.slot_run_len(l, kv_head, start, max),
+        )
     }
     fn slot_keys(
         &self,
@@ -300,12 +303,11 @@ impl KvStore for ArrangedStore {
         start: usize,
         n: usize,
     ) -> HeadRun<'_> {
-        match self.arranged(layer) {
-            Some(a) => a.slot_rows(false, kv_head, start, n),
-            None => self
-                .inner
-                .slot_keys(self.inner_layer(layer), kv_head, hd, start, n),
-        }
+        self.by_layer(
+            layer,
+            |a| a.slot_rows(false, kv_head, start, n),
+            |s, l| s.slot_keys(l, kv_head, hd, start, n),
+        )
     }
     fn slot_values(
         &self,
@@ -315,20 +317,18 @@ impl KvStore for ArrangedStore {
         start: usize,
         n: usize,
     ) -> HeadRun<'_> {
-        match self.arranged(layer) {
-            Some(a) => a.slot_rows(true, kv_head, start, n),
-            None => self
-                .inner
-                .slot_values(self.inner_layer(layer), kv_head, hd, start, n),
-        }
+        self.by_layer(
+            layer,
+            |a| a.slot_rows(true, kv_head, start, n),
+            |s, l| s.slot_values(l, kv_head, hd, start, n),
+        )
     }
     fn slot_position(&self, layer: usize, kv_head: usize, slot: usize) -> usize {
-        match self.arranged(layer) {
-            Some(a) => a.slot_position(kv_head, slot),
-            None => self
-                .inner
-                .slot_position(self.inner_layer(layer), kv_head, slot),
-        }
+        self.by_layer(
+            layer,
+            |a| a.slot_position(kv_head, slot),
+            |s, l| s.slot_position(l, kv_head, slot),
+        )
     }
     fn bin_slots(
         &self,

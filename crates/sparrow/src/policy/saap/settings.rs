@@ -24,7 +24,7 @@ pub enum RouterPrecision {
 pub enum Layout {
     /// The store keeps every sparse layer's sealed keys and values grouped by bucket (the
     /// paper's inverted file, as the only copy): a bucket is read as a few contiguous runs.
-    /// Under `--kv-ram-budget` the store keeps rows by position, and Saap reads them so.
+    /// Under `--kv-ram-budget` the sorted segments are in the cold file, in the same order.
     Buckets,
     /// The store keeps rows by position: a bucket is one scattered row per position.
     Positions,
