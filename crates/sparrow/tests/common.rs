@@ -384,3 +384,24 @@ pub fn prefill_and_decode(
     }
     out
 }
+
+/// RAM a sequence of `m` running `choice` keeps beside its recent rows under a RAM budget at
+/// `n_ctx` positions of `types`: the policy's summaries, and what a store in bucket order
+/// keeps for it (open segments, slot maps; 0 for other policies) — the policy's share of a
+/// budget and the store's.
+pub fn ram_beside_rows(
+    m: &Model,
+    choice: &AttentionChoice,
+    types: sparrow::KvTypes,
+    n_ctx: usize,
+) -> (usize, usize) {
+    let c = &m.config;
+    let policy = choice.build(c).unwrap();
+    let partitions: Vec<_> = (0..c.n_layer).map(|l| policy.partition(l)).collect();
+    let rings = vec![None; c.n_layer];
+    let dims = (n_ctx, c.kv_dim(), c.head_dim);
+    (
+        policy.summary_bytes(n_ctx, c.kv_dim()),
+        sparrow::kv::arranged::ram_bytes(&partitions, &rings, dims, types),
+    )
+}

@@ -81,19 +81,9 @@ fn sequence(m: &Model, types: KvTypes, cold: Option<ColdTier>, choice: &Attentio
     m.new_sequence(N_CTX, kv, choice).unwrap()
 }
 
-/// Bytes of RAM `choice`'s summaries take at `N_CTX` with rows of `types`, and what a
-/// store in bucket order keeps in RAM for it (open segments, slot maps): the policy's share
-/// of a budget, and the store's beside its recent rows.
+/// RAM beside the recent rows at `N_CTX`: see [`common::ram_beside_rows`].
 fn summaries(m: &Model, choice: &AttentionChoice, types: KvTypes) -> (usize, usize) {
-    let policy = choice.build(&m.config).unwrap();
-    let c = &m.config;
-    let partitions: Vec<_> = (0..c.n_layer).map(|l| policy.partition(l)).collect();
-    let rings = vec![None; c.n_layer];
-    let dims = (N_CTX, c.kv_dim(), c.head_dim);
-    (
-        policy.summary_bytes(N_CTX, c.kv_dim()),
-        sparrow::kv::arranged::ram_bytes(&partitions, &rings, dims, types),
-    )
+    common::ram_beside_rows(m, choice, types, N_CTX)
 }
 
 fn type_sets() -> [KvTypes; 3] {

@@ -47,13 +47,8 @@ fn choices(m: &Model) -> Vec<(&'static str, AttentionChoice)> {
 /// A sequence; `cold`: under a RAM budget of a few blocks (plus what the policy's
 /// summaries and a store in bucket order keep in RAM), the rest of the rows in files.
 fn sequence(m: &Model, choice: &AttentionChoice, types: KvTypes, cold: bool) -> State {
-    let c = &m.config;
-    let policy = choice.build(c).unwrap();
-    let partitions: Vec<_> = (0..c.n_layer).map(|l| policy.partition(l)).collect();
-    let rings = vec![None; c.n_layer];
-    let dims = (N_CTX, c.kv_dim(), c.head_dim);
-    let beside = policy.summary_bytes(N_CTX, c.kv_dim())
-        + sparrow::kv::arranged::ram_bytes(&partitions, &rings, dims, types);
+    let (summaries, open) = common::ram_beside_rows(m, choice, types, N_CTX);
+    let beside = summaries + open;
     let kv = KvOptions {
         types,
         cold: cold.then(|| ColdTier {

@@ -289,17 +289,44 @@ pub fn read_f32<S: KvSource + ?Sized>(
 ) {
     let kv_dim = src.kv_dim().max(1);
     let hd = hd.clamp(1, kv_dim);
-    let n = dst.len() / kv_dim;
+    let (heads, n) = (kv_dim / hd, dst.len() / kv_dim);
+    let head = |h: usize, at: usize, len: usize| {
+        if values {
+            src.head_values(h, hd, at, len)
+        } else {
+            src.head_keys(h, hd, at, len)
+        }
+    };
     let mut row = vec![0.0f32; hd];
-    for h in 0..kv_dim / hd {
-        for_each_head_run(src, values, h, hd, start, n, |rows, done, run| {
-            for t in 0..run {
-                rows.rows
-                    .slice(t * rows.stride + rows.offset, hd)
-                    .to_f32(&mut row);
-                dst[(done + t) * kv_dim + h * hd..][..hd].copy_from_slice(&row);
+    // Runs of head 0; where every head's rows of the run are one block of whole rows (a
+    // store by position), the block is converted at once, else head by head, row by row.
+    let mut done = 0;
+    while done < n {
+        let at = start + done;
+        let run = src.head_run_len(0, at, n - done).max(1);
+        let first = head(0, at, run);
+        let whole = first.stride == kv_dim
+            && first.offset == 0
+            && (1..heads).all(|h| {
+                let r = head(h, at, run);
+                src.head_run_len(h, at, run) >= run && r.stride == kv_dim && r.offset == h * hd
+            });
+        let out = &mut dst[done * kv_dim..(done + run) * kv_dim];
+        if whole {
+            first.rows.slice(0, run * kv_dim).to_f32(out);
+        } else {
+            for h in 0..heads {
+                for_each_head_run(src, values, h, hd, at, run, |rows, d, len| {
+                    for t in 0..len {
+                        rows.rows
+                            .slice(t * rows.stride + rows.offset, hd)
+                            .to_f32(&mut row);
+                        out[(d + t) * kv_dim + h * hd..][..hd].copy_from_slice(&row);
+                    }
+                });
             }
-        });
+        }
+        done += run;
     }
 }
 
