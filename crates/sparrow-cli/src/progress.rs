@@ -9,6 +9,8 @@ pub struct PrefillProgress {
     label: String,
     bar: Option<ProgressBar>,
     last_note: usize,
+    /// When the report opened: a line report's estimate of the time left.
+    started: std::time::Instant,
 }
 
 impl PrefillProgress {
@@ -28,6 +30,7 @@ impl PrefillProgress {
             label: label.to_string(),
             bar,
             last_note: 0,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -39,7 +42,14 @@ impl PrefillProgress {
                 b.set_position(done as u64);
             }
             None if done == total || done >= self.last_note + 4096 => {
-                eprintln!("{}: {done}/{total} tokens", self.label);
+                let spent = self.started.elapsed().as_secs_f64();
+                match eta_seconds(spent, done, total) {
+                    Some(eta) => eprintln!(
+                        "{}: {done}/{total} tokens ({spent:.0} s, eta {eta:.0} s)",
+                        self.label
+                    ),
+                    None => eprintln!("{}: {done}/{total} tokens ({spent:.0} s)", self.label),
+                }
                 self.last_note = done;
             }
             None => {}
@@ -52,6 +62,12 @@ impl PrefillProgress {
             b.finish_and_clear();
         }
     }
+}
+
+/// Seconds left at the pace so far (`spent` seconds for `done` of `total`), once there is
+/// a pace to go by and work left.
+fn eta_seconds(spent: f64, done: usize, total: usize) -> Option<f64> {
+    (done > 0 && done < total).then(|| spent / done as f64 * (total - done) as f64)
 }
 
 /// Progress of a run of labelled prefills (one per prefill policy of an evaluation): a
@@ -73,5 +89,17 @@ impl PrefillsProgress {
             p.finish();
             self.current = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::eta_seconds;
+
+    #[test]
+    fn eta_follows_the_pace_so_far() {
+        assert_eq!(eta_seconds(10.0, 1000, 4000), Some(30.0));
+        assert_eq!(eta_seconds(5.0, 0, 4000), None);
+        assert_eq!(eta_seconds(5.0, 4000, 4000), None);
     }
 }

@@ -140,15 +140,19 @@ pub fn record_contexts(
         query_stride: t.query_stride,
         batch: t.batch_size,
     };
-    let total = contexts.len();
+    // One report over every context's tokens: its estimate is the whole recording's.
+    let total: usize = contexts.iter().map(|(_, t)| t.len()).sum();
+    let mut progress = PrefillProgress::new(&format!("recording {} contexts", contexts.len()));
+    let mut before = 0;
     for (i, (source, tokens)) in contexts.into_iter().enumerate() {
-        let mut progress = PrefillProgress::new(&format!("context {}/{total}", i + 1));
-        let rec = collect_context(&engine.model, &tokens, &settings, source, |d, n| {
-            progress.update(d, n)
+        let n = tokens.len();
+        let rec = collect_context(&engine.model, &tokens, &settings, source, |d, _| {
+            progress.update(before + d, total)
         })
         .map_err(|e| e.to_string())?;
-        progress.finish();
+        before += n;
         sink(i, rec)?;
     }
+    progress.finish();
     Ok(())
 }

@@ -191,6 +191,15 @@ pub enum Router {
     Cells,
 }
 
+impl Router {
+    /// Whether routing reads the trained Q-model (`w1`, `b1`, `w2`, `b2`); the other
+    /// routers need only the partition (the centroids), and the policy loads no more
+    /// ([`SaapIndex::partition_only`]).
+    pub fn reads_qmodel(self) -> bool {
+        matches!(self, Router::Hedged | Router::Qmodel)
+    }
+}
+
 /// The rows of a `C`-row router matrix (the centroids, or the Q-model's output layer), as
 /// trained (f32) or in Q8_0 blocks (ggml's 8-bit format, [`RouterCopy`]).
 #[derive(Clone, Copy, Debug)]
@@ -359,6 +368,12 @@ impl HeadModel {
         self.b1.len()
     }
 
+    /// Whether the Q-model's weights are here (not dropped by
+    /// [`SaapIndex::partition_only`]).
+    pub fn has_qmodel(&self) -> bool {
+        !self.b1.is_empty()
+    }
+
     /// Values per key.
     pub fn head_dim(&self) -> usize {
         self.centroids.len() / self.clusters().max(1)
@@ -446,7 +461,11 @@ impl HeadModel {
             // Cells are ranked by the policy's own statistics, not by the index.
             return;
         }
-        let qmodel = router != Router::Centroids;
+        let qmodel = router.reads_qmodel();
+        assert!(
+            !qmodel || self.has_qmodel(),
+            "routing by the Q-model of an index loaded without it (SaapIndex::partition_only)"
+        );
         // The centroid similarities `c · q`, unscaled.
         if router != Router::Qmodel || self.prior_scale != 0.0 {
             product(
@@ -575,8 +594,28 @@ impl SaapIndex {
         &self.heads[layer * self.meta.n_head_kv + kv_head]
     }
 
+    /// The partition alone: each head's centroids and biases, the Q-model's weights
+    /// dropped. A router that ranks cells or centroids never reads them, and they are most
+    /// of the index (at 256 buckets and hidden width 64, 3.9 of Qwen2.5-0.5B's 7.2 MB —
+    /// resident beside every sequence's KV, against the memory the policy must fit in).
+    pub fn partition_only(mut self) -> SaapIndex {
+        for head in &mut self.heads {
+            for part in [&mut head.w1, &mut head.b1, &mut head.w2, &mut head.b2] {
+                *part = Vec::new();
+            }
+        }
+        self
+    }
+
     /// The file image.
+    ///
+    /// # Panics
+    /// On an index without its Q-model ([`SaapIndex::partition_only`]): it is not a file.
     pub fn encode(&self) -> Vec<u8> {
+        assert!(
+            self.heads.iter().all(HeadModel::has_qmodel),
+            "a partition-only Saap index cannot be written"
+        );
         let meta = serde_json::to_vec(&self.meta).expect("index metadata serialises");
         let mut out = Vec::with_capacity(
             HEADER + meta.len() + 4 * self.meta.head_values() * self.heads.len() + 32,
@@ -979,6 +1018,68 @@ mod tests {
                 assert!((hedged.iter().sum::<f32>() - 10.0).abs() < 1e-4);
             }
         }
+    }
+
+    /// The partition alone assigns keys and routes by centroids exactly as the whole index
+    /// does, holds none of the Q-model, and refuses to route by it or to be written.
+    #[test]
+    fn partition_only_keeps_what_the_centroid_routers_read() {
+        let m = model();
+        let idx = synthetic_saap_index(&m, 11, 6, 12);
+        let part = idx.clone().partition_only();
+        let d = m.head_dim;
+        let keys: Vec<f32> = (0..9 * d).map(|i| (i as f32 * 0.43).sin() * 2.0).collect();
+        for (whole, alone) in idx.heads.iter().zip(&part.heads) {
+            assert!(whole.has_qmodel() && !alone.has_qmodel());
+            assert!(alone.w1.is_empty() && alone.w2.is_empty() && alone.b2.is_empty());
+            assert_eq!(
+                (&whole.centroids, &whole.centroid_bias),
+                (&alone.centroids, &alone.centroid_bias)
+            );
+            let level = Level::active();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            whole.assign(level, &keys, &mut Scratch::default(), &mut a);
+            alone.assign(level, &keys, &mut Scratch::default(), &mut b);
+            assert_eq!(a, b);
+            let (mut ma, mut mb) = (vec![0f32; 11], vec![0f32; 11]);
+            let q = &keys[..3 * d];
+            let router = Router::Centroids;
+            whole.add_mass(
+                router,
+                whole.weights(),
+                level,
+                q,
+                &mut Scratch::default(),
+                &mut ma,
+            );
+            alone.add_mass(
+                router,
+                alone.weights(),
+                level,
+                q,
+                &mut Scratch::default(),
+                &mut mb,
+            );
+            assert_eq!(ma, mb);
+        }
+        let head = part.heads[0].clone();
+        let routed = std::panic::catch_unwind(move || {
+            let mut mass = vec![0f32; 11];
+            let q = vec![0.5f32; d];
+            let w = head.weights();
+            head.add_mass(
+                Router::Qmodel,
+                w,
+                Level::Scalar,
+                &q,
+                &mut Scratch::default(),
+                &mut mass,
+            );
+        });
+        assert!(routed.is_err(), "routed by a Q-model it does not have");
+        assert!(std::panic::catch_unwind(|| part.encode()).is_err());
+        assert!(Router::Hedged.reads_qmodel() && Router::Qmodel.reads_qmodel());
+        assert!(!Router::Cells.reads_qmodel() && !Router::Centroids.reads_qmodel());
     }
 
     /// A query row that is not finite (a broken activation) adds nothing; the others

@@ -43,6 +43,14 @@ pub struct CellStats {
     longest_norms: Vec<f32>,
     /// `segments × clusters`.
     counts: Vec<u32>,
+    /// Per cell, the keys of its bucket in the segments before its own (`segments ×
+    /// clusters`): with the bucket's left-out positions, where the cell's keys start in
+    /// the bucket's entries, ascending by position — found without a search of the
+    /// bucket's list.
+    before: Vec<u32>,
+    /// Per bucket, the positions left out (the sinks) filed in it: they precede every
+    /// cell's keys in the bucket's entries.
+    left_out: Vec<u32>,
     /// Per cell `ln (count − 1)`, the keys beside the longest (−∞ for none; a step scores
     /// thousands of cells: the logarithm is taken when a key is folded in, not per step).
     ln_rests: Vec<f32>,
@@ -71,6 +79,8 @@ impl CellStats {
             sums: vec![0.0; clusters * dim],
             longest_norms: vec![f32::NEG_INFINITY; clusters],
             counts: Vec::new(),
+            before: Vec::new(),
+            left_out: vec![0; clusters],
             ln_rests: Vec::new(),
             means: Vec::new(),
             mean_scales: Vec::new(),
@@ -107,11 +117,23 @@ impl CellStats {
     pub fn add(&mut self, pos: usize, bucket: u32, key: Option<&[f32]>) {
         debug_assert_eq!(pos, self.upto, "positions fold in order");
         self.upto = pos + 1;
-        let Some(key) = key else { return };
+        let Some(key) = key else {
+            self.left_out[bucket as usize] += 1;
+            return;
+        };
         let s = pos / self.segment;
         if s >= self.segments() {
-            let cells = (s + 1) * self.clusters;
+            let (c, had) = (self.clusters, self.segments());
+            let cells = (s + 1) * c;
             self.counts.resize(cells, 0);
+            // The segments before `s` are complete (positions fold in order).
+            self.before.resize(cells, 0);
+            for g in had.max(1)..=s {
+                for b in 0..c {
+                    self.before[g * c + b] =
+                        self.before[(g - 1) * c + b] + self.counts[(g - 1) * c + b];
+                }
+            }
             self.ln_rests.resize(cells, f32::NEG_INFINITY);
             self.means.resize(cells * self.dim, 0);
             self.mean_scales.resize(cells, 0.0);
@@ -162,6 +184,10 @@ impl CellStats {
         let s = from / self.segment;
         let cells = s * self.clusters;
         self.counts.truncate(cells);
+        self.before.truncate(cells);
+        if s == 0 {
+            self.left_out.fill(0);
+        }
         self.ln_rests.truncate(cells);
         self.means.truncate(cells * self.dim);
         self.mean_scales.truncate(cells);
@@ -182,6 +208,14 @@ impl CellStats {
     pub fn cell(&self, index: u32) -> (usize, usize) {
         let i = index as usize;
         (i / self.clusters, i % self.clusters)
+    }
+
+    /// Where cell `index`'s keys are in its bucket's entries (the bucket's positions,
+    /// ascending, left-out ones included): `start..start + count`.
+    pub fn entries(&self, index: u32) -> std::ops::Range<usize> {
+        let (i, b) = (index as usize, self.cell(index).1);
+        let start = (self.left_out[b] + self.before[i]) as usize;
+        start..start + self.counts[i] as usize
     }
 
     /// The positions cell `index` covers.
@@ -229,7 +263,9 @@ impl CellStats {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         (self.sums.len() + self.longest_norms.len()) * 4
-            + self.counts.len() * 8
+            + (self.counts.len() + self.before.len()) * 4
+            + self.ln_rests.len() * 4
+            + self.left_out.len() * 4
             + (self.means.len() + self.longest.len())
             + (self.mean_scales.len() + self.longest_scales.len()) * 4
     }
@@ -408,5 +444,42 @@ mod tests {
         assert_eq!(st.longest, fresh.longest);
         assert_eq!(st.longest_scales, fresh.longest_scales);
         assert_scores_match(&st, &keys, &buckets, n, n);
+    }
+
+    /// Each cell's entries are where its keys sit in its bucket's list (the bucket's
+    /// positions, ascending, the sink included), whole and partly folded segments, after a
+    /// rewind into segment 0 and into a later one, and with one position a segment.
+    #[test]
+    fn entries_locate_each_cells_keys_in_its_buckets_list() {
+        let (d, c) = (8, 5);
+        for (segment, n) in [(50, 300), (7, 64), (1, 20)] {
+            let (keys, buckets) = case(n, d, c);
+            let mut st = CellStats::new(segment, c, d);
+            let check = |st: &CellStats, upto: usize| {
+                for cell in 0..(st.segments() * c) as u32 {
+                    let (s, b) = st.cell(cell);
+                    let list: Vec<usize> = (0..upto).filter(|&p| buckets[p] == b as u32).collect();
+                    let want: Vec<usize> = list
+                        .iter()
+                        .copied()
+                        .filter(|&p| p >= 1 && p / segment == s)
+                        .collect();
+                    let got = &list[st.entries(cell)];
+                    assert_eq!(
+                        got,
+                        &want[..],
+                        "segment {segment}, cell ({s}, {b}), upto {upto}"
+                    );
+                }
+            };
+            for (to, rewind) in [(n / 2 + 3, None), (n, Some(n / 3)), (n, Some(0)), (n, None)] {
+                fold(&mut st, &keys, &buckets, to);
+                check(&st, to);
+                if let Some(at) = rewind {
+                    st.forget_from(at);
+                    check(&st, st.upto());
+                }
+            }
+        }
     }
 }

@@ -122,9 +122,10 @@ impl SaapAttention {
             })
             .collect();
         let work = vec![HeadWork::default(); m.n_head_kv];
+        // Cells rank by their own statistics: no router matrix is read.
         let copies = match settings.router_weights {
-            RouterPrecision::Q8 => index.heads.iter().map(RouterCopy::of).collect(),
-            RouterPrecision::F32 => Vec::new(),
+            RouterPrecision::Q8 if !cells => index.heads.iter().map(RouterCopy::of).collect(),
+            _ => Vec::new(),
         };
         Ok(SaapAttention {
             settings,
@@ -359,13 +360,13 @@ impl SparsePolicy for SaapAttention {
 
         // Cells: per head, a bucket id per position of the open segment; per segment, C
         // cells of two 8-bit rows (the longest key, the others' mean) with their scales, a
-        // count and a logarithm; and the open segment's C f32 sums and lengths.
+        // count, the keys before it in its bucket and a logarithm; and the open segment's C f32 sums and lengths.
         let cells = match self.settings.router {
             Router::Cells => {
                 let (c, d) = (self.index.meta.clusters, self.index.meta.head_dim);
                 let segment = self.settings.segment_for(c);
                 let segments = n_ctx.div_ceil(segment);
-                heads * (4 * segment.min(n_ctx) + segments * c * (2 * d + 16) + c * (4 * d + 4))
+                heads * (4 * segment.min(n_ctx) + segments * c * (2 * d + 20) + c * (4 * d + 4))
             }
             _ => 0,
         };

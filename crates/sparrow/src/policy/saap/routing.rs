@@ -177,11 +177,22 @@ impl HeadWork {
             }
             let cell = ranks[take] as u32;
             let (_, b) = cells.cell(cell);
-            let span = cells.span(cell);
-            let list = &buckets[b];
-            let lo = list.partition_point(|&p| (p as usize) < span.start.max(SINKS));
-            let hi = list.partition_point(|&p| (p as usize) < span.end.min(end));
-            let len = hi.saturating_sub(lo);
+            // The cell's entries in its bucket, from its counts; only a cell reaching into
+            // the window (the segment holding `end`) searches its list for where to stop.
+            let (lo, hi) = {
+                let entries = cells.entries(cell);
+                if cells.span(cell).end <= end {
+                    (entries.start, entries.end)
+                } else {
+                    let list = &buckets[b][entries.clone()];
+                    let below = list.partition_point(|&p| (p as usize) < end);
+                    (entries.start, entries.start + below)
+                }
+            };
+            debug_assert!(buckets[b][lo..hi]
+                .iter()
+                .all(|&p| cells.span(cell).contains(&(p as usize)) && (p as usize) >= SINKS));
+            let len = hi - lo;
             if take > 0 && got + len > target {
                 break;
             }

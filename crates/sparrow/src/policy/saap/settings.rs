@@ -228,7 +228,11 @@ pub(crate) fn load_index(
             path.display()
         ));
     }
-    SaapIndex::load(&path, model)
-        .map(Arc::new)
-        .map_err(|e| format!("{e} ({})", path.display()))
+    let index = SaapIndex::load(&path, model).map_err(|e| format!("{e} ({})", path.display()))?;
+    // A router that never reads the Q-model does not keep it in memory.
+    Ok(Arc::new(if s.router.reads_qmodel() {
+        index
+    } else {
+        index.partition_only()
+    }))
 }
