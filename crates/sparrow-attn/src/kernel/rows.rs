@@ -169,6 +169,12 @@ pub trait KvSource: Sync {
     fn slot_position(&self, _kv_head: usize, slot: usize) -> usize {
         slot
     }
+    /// Whether the source keeps KV head `kv_head`'s rows by bin, so that [`Self::bin_slots`]
+    /// serves every entry of a complete segment (a reader that would otherwise find a
+    /// bin's positions itself need not). Default: no.
+    fn keeps_bins(&self, _kv_head: usize) -> bool {
+        false
+    }
     /// Appends to `out`, as runs, the slots of entries `entries` of bin `bin` of KV head
     /// `kv_head` (a bin lists its positions in ascending order) that the source keeps by
     /// bin; returns how many entries, from the first, that is (0 when the source keeps this

@@ -118,6 +118,10 @@ pub trait KvStore: Send + Sync {
     fn slot_position(&self, _layer: usize, _kv_head: usize, slot: usize) -> usize {
         slot
     }
+    /// Whether `layer` keeps KV head `kv_head`'s rows by bin ([`KvSource::keeps_bins`]).
+    fn keeps_bins(&self, _layer: usize, _kv_head: usize) -> bool {
+        false
+    }
     /// Appends to `out` the slots of the entries `entries` of bin `bin` of KV head
     /// `kv_head` of `layer` kept by bin, as runs; how many entries, from the first, that is
     /// (0 when the layer is kept by position).
@@ -256,6 +260,9 @@ impl<S: KvStore + ?Sized> KvSource for StoreLayer<'_, S> {
     }
     fn slot_position(&self, kv_head: usize, slot: usize) -> usize {
         self.store.slot_position(self.layer, kv_head, slot)
+    }
+    fn keeps_bins(&self, kv_head: usize) -> bool {
+        self.store.keeps_bins(self.layer, kv_head)
     }
     fn bin_slots(
         &self,

@@ -276,6 +276,11 @@ impl ArrangedLayer {
         self.heads[h].position_of(slot)
     }
 
+    /// Whether KV head `h` is one of the layer's.
+    pub(super) fn has_head(&self, h: usize) -> bool {
+        h < self.heads.len()
+    }
+
     /// Appends the slots of the sorted ones among entries `entries` of `bin` of head `h` to
     /// `out`; how many entries, from the first, that is.
     pub(super) fn bin_slots(

@@ -330,6 +330,9 @@ impl KvStore for ArrangedStore {
             |s, l| s.slot_position(l, kv_head, slot),
         )
     }
+    fn keeps_bins(&self, layer: usize, kv_head: usize) -> bool {
+        self.arranged(layer).is_some_and(|a| a.has_head(kv_head))
+    }
     fn bin_slots(
         &self,
         layer: usize,

@@ -91,6 +91,11 @@ impl CellStats {
         }
     }
 
+    /// Buckets.
+    pub fn clusters(&self) -> usize {
+        self.clusters
+    }
+
     /// Positions per segment.
     pub fn segment(&self) -> usize {
         self.segment

@@ -48,7 +48,7 @@ use crate::model::rope::Rope;
 use crate::saap::index::{RouterCopy, Scratch};
 use crate::saap::SaapIndex;
 use cells::CellStats;
-use lists::{LayerLists, Lists};
+use lists::{CellLists, LayerLists, Lists};
 use rayon::prelude::*;
 use routing::{router_weights, HeadReads, HeadWork, Step};
 use settings::{load_index, settings, SINKS};
@@ -108,13 +108,22 @@ impl SaapAttention {
         let layers = (0..m.n_layer)
             .map(|l| LayerLists {
                 heads: vec![
-                    Lists {
-                        buckets: vec![Vec::new(); m.clusters],
-                        bucket_of: Vec::new(),
-                        bucket_of_from: 0,
-                        cells: (cells && !settings.dense_layers.contains(&l)).then(|| {
-                            CellStats::new(settings.segment_for(m.clusters), m.clusters, m.head_dim)
-                        }),
+                    if !cells {
+                        Lists {
+                            buckets: vec![Vec::new(); m.clusters],
+                            cells: None,
+                        }
+                    } else if settings.dense_layers.contains(&l) {
+                        Lists::default()
+                    } else {
+                        Lists {
+                            buckets: Vec::new(),
+                            cells: Some(CellLists::new(CellStats::new(
+                                settings.segment_for(m.clusters),
+                                m.clusters,
+                                m.head_dim,
+                            ))),
+                        }
                     };
                     m.n_head_kv
                 ],
@@ -228,11 +237,16 @@ impl SparsePolicy for SaapAttention {
                 &mut self.buckets,
             );
             let head = &mut self.layers[layer].heads[h];
-            for (row, &b) in self.buckets.iter().enumerate() {
-                head.buckets[b as usize].push((start + row) as u32);
-            }
-            if head.cells.is_some() {
-                head.bucket_of.extend_from_slice(&self.buckets);
+            match &mut head.cells {
+                // Bucket ids fit two bytes: an index has at most `MAX_WIDTH` (2¹⁶) buckets.
+                Some(cells) => cells
+                    .bucket_of
+                    .extend(self.buckets.iter().map(|&b| b as u16)),
+                None => {
+                    for (row, &b) in self.buckets.iter().enumerate() {
+                        head.buckets[b as usize].push((start + row) as u32);
+                    }
+                }
             }
             if self.settings.layout == Layout::Buckets {
                 self.placed.extend_from_slice(&self.buckets);
@@ -249,14 +263,7 @@ impl SparsePolicy for SaapAttention {
                 continue;
             }
             for head in &mut layer.heads {
-                let refold = match head.cells.as_mut() {
-                    Some(cells) => {
-                        cells.forget_from(from);
-                        cells.upto()
-                    }
-                    None => from,
-                };
-                head.forget_from(from, refold);
+                head.forget_from(from);
             }
             layer.assigned = from;
         }
@@ -277,6 +284,13 @@ impl SparsePolicy for SaapAttention {
         }
         // Positions the lists do not hold yet (not sealed) must lie in the window.
         debug_assert!(self.layers[ctx.layer].assigned >= window_start);
+        // A store that keeps the layer by bucket serves the cells' complete segments; for
+        // any other, the policy sorts them itself.
+        let by_bin = self.settings.layout == Layout::Buckets
+            && (0..shape.n_head_kv).all(|h| ctx.store.keeps_bins(h));
+        if !by_bin {
+            self.layers[ctx.layer].sort_segments();
+        }
         let SaapAttention {
             settings,
             index,
@@ -327,6 +341,7 @@ impl SparsePolicy for SaapAttention {
                     end: window_start,
                     n,
                     store: ctx.store,
+                    by_bin,
                     kv_head: h,
                 })
             })
@@ -349,28 +364,32 @@ impl SparsePolicy for SaapAttention {
         plan
     }
 
-    /// The bucket lists (4 bytes per position, KV head and sparse layer) and with
-    /// [`Router::Cells`] the cells. (With [`Layout::Buckets`] the store's own slot maps and
-    /// open segments are the store's to count: `crate::kv::arranged::ram_bytes`.)
+    /// The bucket routers' lists (4 bytes per position, KV head and sparse layer), or the
+    /// cells router's bucket of every position (2 bytes) and cells, with each complete
+    /// segment sorted by bucket (2 bytes a position, 4 per cell) under
+    /// [`Layout::Positions`]. (With [`Layout::Buckets`] the store's own slot maps and open
+    /// segments are the store's to count: `crate::kv::arranged::ram_bytes`.)
     fn summary_bytes(&self, n_ctx: usize, _kv_dim: usize) -> usize {
         let sparse = (0..self.layers.len())
             .filter(|&l| !self.is_dense(l))
             .count();
         let heads = self.index.meta.n_head_kv;
-
-        // Cells: per head, a bucket id per position of the open segment; per segment, C
-        // cells of two 8-bit rows (the longest key, the others' mean) with their scales, a
-        // count, the keys before it in its bucket and a logarithm; and the open segment's C f32 sums and lengths.
-        let cells = match self.settings.router {
+        let per_head = match self.settings.router {
+            // Per segment, C cells of two 8-bit rows (the longest key, the others' mean)
+            // with their scales, a count, the keys before it in its bucket and a logarithm;
+            // the open segment's C f32 sums and lengths; the sinks per bucket.
             Router::Cells => {
                 let (c, d) = (self.index.meta.clusters, self.index.meta.head_dim);
-                let segment = self.settings.segment_for(c);
-                let segments = n_ctx.div_ceil(segment);
-                heads * (4 * segment.min(n_ctx) + segments * c * (2 * d + 20) + c * (4 * d + 4))
+                let segments = n_ctx.div_ceil(self.settings.segment_for(c));
+                let sorted = match self.settings.layout {
+                    Layout::Positions => 2 * n_ctx + 4 * segments * (c + 1),
+                    Layout::Buckets => 0,
+                };
+                2 * n_ctx + segments * c * (2 * d + 20) + c * (4 * d + 8) + sorted
             }
-            _ => 0,
+            _ => 4 * n_ctx,
         };
-        sparse * (n_ctx * 4 * heads + cells)
+        sparse * heads * per_head
     }
 
     fn fraction_read(&self, n_ctx: usize) -> f64 {

@@ -2,8 +2,7 @@
 //! Q-model, the centroids, or the hedged mix) or cells, take the top ones that fit the
 //! budget, and turn them into the ranges the step reads.
 
-use super::cells::CellStats;
-use super::lists::Lists;
+use super::lists::{CellLists, CellPositions, Lists};
 use super::settings::{Layout, SaapSettings, MIN_RANKED_CELLS, RANKED, SINKS};
 use crate::saap::index::{prior_scale, HeadModel, RouterCopy, RouterWeights, Scratch};
 use sparrow_attn::kernel::{runs, union, KvSource, Level};
@@ -24,6 +23,8 @@ pub(super) struct Step<'a> {
     /// The layer's store and this KV head: a store that keeps the layer by bucket serves the
     /// chosen entries as runs of its slots.
     pub(super) store: &'a dyn KvSource,
+    /// Whether `store` keeps the layer by bucket (the policy's [`Layout::Buckets`], honoured).
+    pub(super) by_bin: bool,
     pub(super) kv_head: usize,
 }
 
@@ -46,9 +47,13 @@ pub(super) struct HeadWork {
     pub(super) cell_dots: Vec<f32>,
     /// The cells' scores as [`rank_key`]s, ranked.
     pub(super) cell_ranks: Vec<u64>,
-    /// What the step reads beside the sink and window: per chosen bucket or cell, its
-    /// bucket and the range of that bucket's list entries.
+    /// What the step reads beside the sink and window: per chosen bucket or cell (its id
+    /// with [`Router::Cells`](super::Router::Cells), else the bucket's), the range of its
+    /// bucket's entries.
     pub(super) picks: Vec<(u32, Range<usize>)>,
+    /// With [`Router::Cells`](super::Router::Cells): the segment the window starts in,
+    /// sorted by bucket this step.
+    pub(super) window_segment: CellPositions,
     /// One bit per position read: the chosen buckets' positions, the sink and the window,
     /// turned into ascending ranges without sorting positions.
     pub(super) marks: Vec<u64>,
@@ -78,7 +83,6 @@ impl HeadWork {
             ..
         } = *step;
         let chosen = self.choose(step);
-        let buckets = &lists.buckets;
         if chosen == end.saturating_sub(SINKS) {
             return HeadReads {
                 store: std::iter::once(0..n).collect(),
@@ -93,16 +97,48 @@ impl HeadWork {
         self.marks.clear();
         self.marks.resize(n.div_ceil(64), 0);
         let mut mark = |p: usize| self.marks[p / 64] |= 1 << (p % 64);
-        for (b, entries) in &self.picks {
-            let served = match settings.layout {
-                Layout::Buckets => {
-                    store.bin_slots(kv_head, *b as usize, entries.clone(), &mut slots)
+        let serve = |b: usize, entries: &Range<usize>, slots: &mut Vec<Range<usize>>| match settings
+            .layout
+        {
+            Layout::Buckets => store.bin_slots(kv_head, b, entries.clone(), slots),
+            Layout::Positions => 0,
+        };
+        match &lists.cells {
+            None => {
+                for (b, entries) in &self.picks {
+                    let served = serve(*b as usize, entries, &mut slots);
+                    lists.buckets[*b as usize][entries.start + served..entries.end]
+                        .iter()
+                        .for_each(|&p| mark(p as usize));
                 }
-                Layout::Positions => 0,
-            };
-            buckets[*b as usize][entries.start + served..entries.end]
-                .iter()
-                .for_each(|&p| mark(p as usize));
+            }
+            Some(cells) => {
+                for (cell, entries) in &self.picks {
+                    let (s, b) = cells.stats.cell(*cell);
+                    let served = if step.by_bin {
+                        serve(b, entries, &mut slots)
+                    } else {
+                        0
+                    };
+                    let rest = served..entries.len();
+                    if rest.is_empty() {
+                        continue;
+                    }
+                    // Not served: the window's segment (sorted this step), or a complete
+                    // one sorted by the policy where the store keeps positions.
+                    if self.window_segment.segment == Some(s) {
+                        self.window_segment.of(b)[rest]
+                            .iter()
+                            .for_each(|&p| mark(p as usize));
+                    } else {
+                        cells
+                            .sorted_cell(s, b)
+                            .skip(rest.start)
+                            .take(rest.len())
+                            .for_each(&mut mark);
+                    }
+                }
+            }
         }
         dense().for_each(&mut mark);
         HeadReads {
@@ -129,7 +165,7 @@ impl HeadWork {
             let group = self.queries.len() / self.query_sum.len().max(1);
             let scale = prior_scale(model.head_dim()) / group.max(1) as f32;
             let target = budget_target(settings, end, n);
-            return self.choose_cells(cells, &lists.buckets, scale, end, target);
+            return self.choose_cells(cells, scale, end, target);
         }
         let got = self.choose_buckets(step);
         let buckets = &lists.buckets;
@@ -142,16 +178,20 @@ impl HeadWork {
     }
 
     /// Scores every cell of the segments below `end` for the group's summed query and picks
-    /// the top ones that fit in `target` positions (at least one), each cell's list entries
-    /// from the sink on and below `end`; returns how many positions they hold.
-    fn choose_cells(
-        &mut self,
-        cells: &CellStats,
-        buckets: &[Vec<u32>],
-        scale: f32,
-        end: usize,
-        target: usize,
-    ) -> usize {
+    /// the top ones that fit in `target` positions (at least one), each cell's entries in
+    /// its bucket from the sink on and below `end`; returns how many positions they hold.
+    fn choose_cells(&mut self, lists: &CellLists, scale: f32, end: usize, target: usize) -> usize {
+        let cells = &lists.stats;
+        // The segment the window starts in: its entries below `end` are found by sorting
+        // its positions below `end` by bucket (a complete segment's count them all).
+        let seg = cells.segment();
+        self.window_segment.segment = None;
+        if !end.is_multiple_of(seg) {
+            let s = end / seg;
+            let from = (s * seg).max(SINKS).min(end);
+            self.window_segment
+                .sort(s, from, end, &lists.bucket_of, cells.clusters());
+        }
         let (q, dots) = (&self.query_sum, &mut self.cell_dots);
         cells.score(q, scale, end, dots, &mut self.cell_scores);
         // Highest first (NaN, a broken activation, last), as integers: a step ranks
@@ -176,28 +216,20 @@ impl HeadWork {
                 sorted = ranks.len();
             }
             let cell = ranks[take] as u32;
-            let (_, b) = cells.cell(cell);
-            // The cell's entries in its bucket, from its counts; only a cell reaching into
-            // the window (the segment holding `end`) searches its list for where to stop.
-            let (lo, hi) = {
-                let entries = cells.entries(cell);
-                if cells.span(cell).end <= end {
-                    (entries.start, entries.end)
-                } else {
-                    let list = &buckets[b][entries.clone()];
-                    let below = list.partition_point(|&p| (p as usize) < end);
-                    (entries.start, entries.start + below)
-                }
+            let (s, b) = cells.cell(cell);
+            // The cell's entries in its bucket, from its counts; in the window's segment,
+            // only those below `end`.
+            let entries = cells.entries(cell);
+            let len = if self.window_segment.segment == Some(s) {
+                self.window_segment.count(b)
+            } else {
+                entries.len()
             };
-            debug_assert!(buckets[b][lo..hi]
-                .iter()
-                .all(|&p| cells.span(cell).contains(&(p as usize)) && (p as usize) >= SINKS));
-            let len = hi - lo;
             if take > 0 && got + len > target {
                 break;
             }
             if len > 0 {
-                self.picks.push((b as u32, lo..hi));
+                self.picks.push((cell, entries.start..entries.start + len));
             }
             got += len;
             take += 1;
