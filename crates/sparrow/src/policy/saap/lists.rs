@@ -123,6 +123,8 @@ pub(super) struct CellPositions {
     positions: Vec<u32>,
     /// Where each bucket starts in `positions` (`C + 1`).
     starts: Vec<u32>,
+    /// Scratch: where each bucket's next position goes.
+    next: Vec<u32>,
 }
 
 impl CellPositions {
@@ -141,9 +143,10 @@ impl CellPositions {
         }
         self.positions.clear();
         self.positions.resize(buckets.len(), 0);
-        let mut next = self.starts[..c].to_vec();
+        self.next.clear();
+        self.next.extend_from_slice(&self.starts[..c]);
         for (i, &b) in buckets.iter().enumerate() {
-            let slot = &mut next[b as usize];
+            let slot = &mut self.next[b as usize];
             self.positions[*slot as usize] = (from + i) as u32;
             *slot += 1;
         }

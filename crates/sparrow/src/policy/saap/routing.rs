@@ -183,7 +183,8 @@ impl HeadWork {
     fn choose_cells(&mut self, lists: &CellLists, scale: f32, end: usize, target: usize) -> usize {
         let cells = &lists.stats;
         // The segment the window starts in: its entries below `end` are found by sorting
-        // its positions below `end` by bucket (a complete segment's count them all).
+        // its positions below `end` by bucket (the segments below it are whole, and their
+        // cells' counts hold them all).
         let seg = cells.segment();
         self.window_segment.segment = None;
         if !end.is_multiple_of(seg) {
