@@ -70,21 +70,18 @@ impl CellLists {
             let buckets = &self.bucket_of[from..(s + 1) * seg];
             let starts_at = self.sorted_starts.len();
             self.sorted_starts.resize(starts_at + c + 1, 0);
-            let starts = &mut self.sorted_starts[starts_at..];
-            for &b in buckets {
-                starts[b as usize + 1] += 1;
-            }
-            for b in 0..c {
-                starts[b + 1] += starts[b];
-            }
             let at = self.sorted.len();
             self.sorted.resize(at + seg, 0);
-            let mut next: Vec<u32> = starts[..c].to_vec();
-            for (i, &b) in buckets.iter().enumerate() {
-                let slot = &mut next[b as usize];
-                self.sorted[at + *slot as usize] = (from + i - s * seg) as u16;
-                *slot += 1;
-            }
+            let sorted = &mut self.sorted[at..];
+            let mut next = Vec::new();
+            sort_by_bucket(
+                buckets,
+                &mut self.sorted_starts[starts_at..],
+                &mut next,
+                |slot, i| {
+                    sorted[slot] = (from + i - s * seg) as u16;
+                },
+            );
         }
     }
 
@@ -134,22 +131,17 @@ impl CellPositions {
         self.segment = Some(s);
         self.starts.clear();
         self.starts.resize(c + 1, 0);
-        let buckets = &bucket_of[from..to];
-        for &b in buckets {
-            self.starts[b as usize + 1] += 1;
-        }
-        for b in 0..c {
-            self.starts[b + 1] += self.starts[b];
-        }
         self.positions.clear();
-        self.positions.resize(buckets.len(), 0);
-        self.next.clear();
-        self.next.extend_from_slice(&self.starts[..c]);
-        for (i, &b) in buckets.iter().enumerate() {
-            let slot = &mut self.next[b as usize];
-            self.positions[*slot as usize] = (from + i) as u32;
-            *slot += 1;
-        }
+        self.positions.resize(to - from, 0);
+        let positions = &mut self.positions;
+        sort_by_bucket(
+            &bucket_of[from..to],
+            &mut self.starts,
+            &mut self.next,
+            |slot, i| {
+                positions[slot] = (from + i) as u32;
+            },
+        );
     }
 
     /// How many positions bucket `b` has here.
@@ -189,6 +181,32 @@ impl Lists {
                 lists
             }
         }
+    }
+}
+
+/// A counting sort of `buckets` (each below `starts.len() − 1`): leaves in `starts`
+/// (zeroed, one more than the buckets) where each bucket's entries begin, and calls
+/// `put(slot, i)` for each entry `i` with its place — ascending within a bucket, as a
+/// bucket's entries are listed. `next` is scratch.
+fn sort_by_bucket(
+    buckets: &[u16],
+    starts: &mut [u32],
+    next: &mut Vec<u32>,
+    mut put: impl FnMut(usize, usize),
+) {
+    let c = starts.len() - 1;
+    for &b in buckets {
+        starts[b as usize + 1] += 1;
+    }
+    for b in 0..c {
+        starts[b + 1] += starts[b];
+    }
+    next.clear();
+    next.extend_from_slice(&starts[..c]);
+    for (i, &b) in buckets.iter().enumerate() {
+        let slot = &mut next[b as usize];
+        put(*slot as usize, i);
+        *slot += 1;
     }
 }
 
