@@ -9,10 +9,12 @@
 //! at hand) and dropped on a rewind ([`SparsePolicy::forget_from`]). Policies are
 //! per-sequence and take `&mut self`: no locks.
 
+mod bins;
 mod int8_rows;
 mod plan;
 mod quest;
 
+pub use bins::sort_by_bin;
 pub use int8_rows::{quantize_row, scaled_row_dots};
 pub use plan::{execute, Batch, PlanEntry, ReadPlan, SideRows, SideTable, Source};
 pub use quest::{

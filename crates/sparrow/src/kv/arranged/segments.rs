@@ -11,6 +11,7 @@
 use super::super::cold_file::ColdFile;
 use super::super::elements::Elements;
 use super::super::types::{bytes_of, KvRows, KvType};
+use sparrow_attn::policy::sort_by_bin;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -151,15 +152,6 @@ impl HeadSegments {
     ) -> Result<(), String> {
         let (s, hd, first) = (self.segment, self.head_dim, self.sorted());
         debug_assert_eq!(bins.len(), s);
-        // Counting sort by bin: stable, so positions ascend within a bin.
-        let mut starts = vec![0u32; self.bins + 1];
-        for &b in bins {
-            starts[b as usize + 1] += 1;
-        }
-        for b in 0..self.bins {
-            starts[b + 1] += starts[b];
-        }
-        let mut next = starts.clone();
         let base = first; // slot of the segment's first row
                           // Where the segment's rows go: after the others in RAM, or at the start of the
                           // buffers that are written to the file.
@@ -170,19 +162,20 @@ impl HeadSegments {
         self.keys.grow((buf_first + s) * hd);
         self.values.grow((buf_first + s) * hd);
         let mut order = vec![0u16; s];
-        for (i, &b) in bins.iter().enumerate() {
-            let rank = next[b as usize] as usize;
-            next[b as usize] += 1;
+        // Stable: positions ascend within a bin.
+        let mut starts = vec![0u32; self.bins + 1];
+        let (own_keys, own_values) = (&mut self.keys, &mut self.values);
+        sort_by_bin(bins, &mut starts, &mut Vec::new(), |rank, i| {
             let src = at(i)..at(i) + hd;
             let dst = (buf_first + rank) * hd;
-            self.keys
+            own_keys
                 .copy_from(dst, keys, src.clone())
                 .expect("a store's rows of one type");
-            self.values
+            own_values
                 .copy_from(dst, values, src)
                 .expect("a store's rows of one type");
             order[rank] = i as u16;
-        }
+        });
         if let Backing::Cold { file, region } = &self.backing {
             let what = || format!("sorted KV positions {first}..{}", first + s);
             for values in [false, true] {

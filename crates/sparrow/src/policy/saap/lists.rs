@@ -14,6 +14,7 @@
 use super::cells::CellStats;
 use super::settings::SINKS;
 use sparrow_attn::kernel::{read_f32, KvSource};
+use sparrow_attn::policy::sort_by_bin;
 
 /// What one (layer, KV head) knows of its keys' buckets.
 #[derive(Clone, Default)]
@@ -74,7 +75,7 @@ impl CellLists {
             self.sorted.resize(at + seg, 0);
             let sorted = &mut self.sorted[at..];
             let mut next = Vec::new();
-            sort_by_bucket(
+            sort_by_bin(
                 buckets,
                 &mut self.sorted_starts[starts_at..],
                 &mut next,
@@ -134,7 +135,7 @@ impl CellPositions {
         self.positions.clear();
         self.positions.resize(to - from, 0);
         let positions = &mut self.positions;
-        sort_by_bucket(
+        sort_by_bin(
             &bucket_of[from..to],
             &mut self.starts,
             &mut self.next,
@@ -181,32 +182,6 @@ impl Lists {
                 lists
             }
         }
-    }
-}
-
-/// A counting sort of `buckets` (each below `starts.len() − 1`): leaves in `starts`
-/// (zeroed, one more than the buckets) where each bucket's entries begin, and calls
-/// `put(slot, i)` for each entry `i` with its place — ascending within a bucket, as a
-/// bucket's entries are listed. `next` is scratch.
-fn sort_by_bucket(
-    buckets: &[u16],
-    starts: &mut [u32],
-    next: &mut Vec<u32>,
-    mut put: impl FnMut(usize, usize),
-) {
-    let c = starts.len() - 1;
-    for &b in buckets {
-        starts[b as usize + 1] += 1;
-    }
-    for b in 0..c {
-        starts[b + 1] += starts[b];
-    }
-    next.clear();
-    next.extend_from_slice(&starts[..c]);
-    for (i, &b) in buckets.iter().enumerate() {
-        let slot = &mut next[b as usize];
-        put(*slot as usize, i);
-        *slot += 1;
     }
 }
 
