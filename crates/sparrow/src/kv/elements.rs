@@ -164,30 +164,6 @@ impl Elements {
         }
     }
 
-    /// Bytes of the elements held (every one written when it was made room for, so
-    /// resident).
-    pub(super) fn bytes(&self) -> usize {
-        match self {
-            Elements::F16(v) => v.len() * 2,
-            Elements::F32(v) => v.len() * 4,
-            Elements::Q8_0(v) => v.len() * BLOCK_Q8_0_BYTES,
-        }
-    }
-
-    /// Keep the first `len` elements and give the memory past them back (every element
-    /// was written when it was made room for, so all of it is resident until then).
-    pub(super) fn shrink(&mut self, len: usize) {
-        fn cut<T>(v: &mut Vec<T>, len: usize) {
-            v.truncate(len);
-            v.shrink_to_fit();
-        }
-        match self {
-            Elements::F16(v) => cut(v, len),
-            Elements::F32(v) => cut(v, len),
-            Elements::Q8_0(v) => cut(v, len / QK8_0),
-        }
-    }
-
     /// Overwrite elements from `at` with `rows` (of this type), bit for bit.
     pub(super) fn put(&mut self, at: usize, rows: &KvRows<'_>) {
         match (self, rows) {

@@ -10,10 +10,13 @@
 //! [`super::TieredStore`] under a RAM budget). Under a budget the sorted segments go to a
 //! file of their own, written a segment at a time in bucket order — a chosen bucket is then
 //! a few contiguous ranges of the file, which `prefetch` asks for — while the open segment
-//! waits in RAM (its share of the budget, with the slot maps: [`ram_bytes`]).
+//! waits in RAM (its share of the budget, with the slot maps: [`ram_bytes`]). In RAM each
+//! position's row has one place: open positions are in the slots their segment will be
+//! sorted into, and a segment is sorted where it lies, through one segment of scratch.
 //!
-//! Files: [`segments`] (one KV head's complete segments sorted by bin, and the slot maps),
-//! [`layer`] (a layer: sorted segments per head and the tail of the open segment).
+//! Files: [`segments`] (one KV head's rows: complete segments sorted by bin, the open
+//! positions, the slot maps), [`layer`] (a layer: its heads, and the bins placed while
+//! their segment is open).
 
 mod layer;
 mod segments;
@@ -23,7 +26,7 @@ use super::options::ColdTier;
 use super::store::KvStore;
 use super::types::{KvRows, KvTypes};
 use layer::ArrangedLayer;
-use segments::{Backing, MAX_SEGMENT};
+use segments::{Backing, Scratch, MAX_SEGMENT};
 use sparrow_attn::kernel::HeadRun;
 use sparrow_attn::policy::{Partition, ReadPlan, Source};
 use std::ops::Range;
@@ -50,7 +53,8 @@ pub fn arranged_layers(partitions: &[Option<Partition>], rings: &[Option<usize>]
 
 /// RAM the arranged layers keep when their sorted rows are in a file (under a RAM budget,
 /// whose share this is): per arranged layer, the open segment and a batch of rows, and the
-/// slot maps (two offsets of two bytes per position and KV head).
+/// slot maps (two offsets of two bytes per position and KV head); and one head's segment of
+/// scratch to sort through.
 pub fn ram_bytes(
     partitions: &[Option<Partition>],
     rings: &[Option<usize>],
@@ -59,13 +63,24 @@ pub fn ram_bytes(
 ) -> usize {
     let row = types.k.row_bytes(kv_dim) + types.v.row_bytes(kv_dim);
     let heads = kv_dim / head_dim.max(1);
-    arranged_layers(partitions, rings)
+    let layers: Vec<Partition> = arranged_layers(partitions, rings)
         .iter()
         .zip(partitions)
         .filter(|(a, _)| **a)
         .filter_map(|(_, p)| *p)
+        .collect();
+    let scratch = layers
+        .iter()
+        .map(|p| p.segment.min(n_ctx))
+        .max()
+        .unwrap_or(0)
+        * row
+        / heads.max(1);
+    layers
+        .iter()
         .map(|p| (p.segment + TAIL_SLACK).min(n_ctx) * row + n_ctx * heads * 4)
-        .sum()
+        .sum::<usize>()
+        + scratch
 }
 
 /// A store whose partitioned layers are arranged, the others kept by `inner`.
@@ -75,6 +90,8 @@ pub struct ArrangedStore {
     /// Per layer: its number in `inner`, if it is kept there.
     to_inner: Vec<Option<usize>>,
     layers: Vec<Option<ArrangedLayer>>,
+    /// A segment of one head's rows, which every sort and unsort goes through.
+    scratch: Scratch,
     /// The arranged layers' file under a RAM budget.
     cold: Option<Arc<ColdFile>>,
     n_ctx: usize,
@@ -122,6 +139,13 @@ impl ArrangedStore {
             _ => None,
         };
         let (mut next_inner, mut next_arranged) = (0, 0);
+        let longest = arranged
+            .iter()
+            .zip(partitions)
+            .filter(|(a, _)| **a)
+            .filter_map(|(_, p)| p.map(|p| p.segment))
+            .max()
+            .unwrap_or(0);
         let mut to_inner = Vec::with_capacity(arranged.len());
         let mut layers = Vec::with_capacity(arranged.len());
         for (l, &a) in arranged.iter().enumerate() {
@@ -140,8 +164,7 @@ impl ArrangedStore {
                     to_inner.push(None);
                     layers.push(Some(ArrangedLayer::new(
                         (p.bins, p.segment),
-                        kv_dim,
-                        head_dim,
+                        (n_ctx, kv_dim, head_dim),
                         types,
                         backings,
                     )));
@@ -157,6 +180,7 @@ impl ArrangedStore {
             inner,
             to_inner,
             layers,
+            scratch: Scratch::new(longest.min(n_ctx), head_dim, (types.k, types.v)),
             cold: file,
             n_ctx,
             kv_dim,
@@ -222,7 +246,7 @@ impl KvStore for ArrangedStore {
             ));
         }
         match self.layers.get_mut(layer).and_then(Option::as_mut) {
-            Some(a) => a.append(pos, k, v),
+            Some(a) => a.append(pos, (k, v), &mut self.scratch),
             None => {
                 let l = self.inner_layer(layer);
                 self.inner.append(l, pos, k, v)
@@ -284,7 +308,7 @@ impl KvStore for ArrangedStore {
     }
     fn arrange(&mut self, layer: usize, start: usize, bins: &[u32]) -> Result<(), String> {
         match self.layers.get_mut(layer).and_then(Option::as_mut) {
-            Some(a) => a.arrange(start, bins),
+            Some(a) => a.arrange(start, bins, &mut self.scratch),
             None => Ok(()),
         }
     }
@@ -360,8 +384,8 @@ impl KvStore for ArrangedStore {
         }
     }
     /// An arranged layer in a file: the plan's slot ranges (a chosen bucket's few runs per
-    /// segment) are asked for; positions it reads come from the tail in RAM, or through the
-    /// maps as pages fault in.
+    /// segment) are asked for; open positions it reads are in RAM, the others come through
+    /// the maps as pages fault in.
     fn prefetch(&self, layer: usize, plan: &ReadPlan<'_>) {
         match self.arranged(layer) {
             Some(a) if self.cold.is_some() => {
@@ -377,10 +401,11 @@ impl KvStore for ArrangedStore {
             None => self.inner.prefetch(self.inner_layer(layer), plan),
         }
     }
-    /// The inner store's, plus the arranged layers' sorted rows (unless in a file), maps,
-    /// pending bins and tails.
+    /// The inner store's, plus the arranged layers' rows written (sorted ones unless in a
+    /// file), maps and pending bins, and the scratch.
     fn bytes_resident(&self) -> usize {
         self.inner.bytes_resident()
+            + self.scratch.bytes()
             + self
                 .layers
                 .iter()

@@ -1,12 +1,17 @@
-//! One KV head's sorted segments: the rows of each complete segment of `segment` positions,
-//! sorted by bin (and by position within a bin), one after the other. A bin's entries in
-//! one segment are therefore one run of slots (Saap's cells — a bucket within a position
-//! segment — are exactly that), and a whole bin is a run per segment. Slot `s` of segment
-//! `g` is slot `g × segment + s`: the layout depends only on the rows held and their bins,
-//! never on the rewinds that led there, so reading slots in slot order sums in the same
-//! order on a rewound, restored or freshly filled store. Nothing is padded: the arena holds
-//! exactly the sorted positions' rows — in RAM, or in a region of a cold file
-//! ([`Backing`]), where a segment is written once, in one piece, as it is sorted.
+//! One KV head's rows: its complete segments of `segment` positions, each sorted by bin (and
+//! by position within a bin), one after the other, and after them the open positions, by
+//! position. A bin's entries in one segment are therefore one run of slots (Saap's cells —
+//! a bucket within a position segment — are exactly that), and a whole bin is a run per
+//! segment. Slot `s` of segment `g` is slot `g × segment + s`: the layout depends only on
+//! the rows held and their bins, never on the rewinds that led there, so reading slots in
+//! slot order sums in the same order on a rewound, restored or freshly filled store.
+//!
+//! In RAM every row has one place for good: open position `p` is slot `p`, and sorting a
+//! segment permutes its rows where they are (through a segment of scratch the store
+//! shares), so the head holds each position's row once — no tail beside the segments that
+//! would keep a segment's worth of written pages of its own. With a cold file
+//! ([`Backing`]) the sorted segments are in the file, written once, in one piece, as each
+//! is sorted, and the open positions wait in RAM.
 
 use super::super::cold_file::ColdFile;
 use super::super::elements::Elements;
@@ -20,23 +25,55 @@ use std::sync::Arc;
 pub(super) enum Backing {
     /// In RAM.
     Ram,
-    /// In region `region` of `file` (rows a head wide); the sorted segment is built in the
-    /// head's buffers, written, and the buffers reused.
+    /// In region `region` of `file` (rows a head wide); the open positions stay in RAM.
     Cold { file: Arc<ColdFile>, region: usize },
 }
 
 /// The longest segment: offsets within one fit two bytes.
 pub(super) const MAX_SEGMENT: usize = 1 << 16;
 
-/// One KV head's sorted segments, and the maps between slots and positions.
+/// A segment of one head's keys and values, to sort through (one per store: segments are
+/// sorted one at a time).
+pub(super) struct Scratch {
+    keys: Elements,
+    values: Elements,
+}
+
+impl Scratch {
+    /// Room for `rows` rows of `head_dim` values of types `k` and `v`.
+    pub(super) fn new(rows: usize, head_dim: usize, (k, v): (KvType, KvType)) -> Self {
+        Scratch {
+            keys: Elements::zeroed(k, rows * head_dim),
+            values: Elements::zeroed(v, rows * head_dim),
+        }
+    }
+
+    /// Its bytes (written whole by the first sort).
+    pub(super) fn bytes(&self) -> usize {
+        let rows = |e: &Elements| e.kind().row_bytes(e.len());
+        rows(&self.keys) + rows(&self.values)
+    }
+}
+
+/// One KV head's sorted segments, its open positions, and the maps between slots and
+/// positions.
+///
+/// In RAM the rows are allocated zeroed for the whole context, once: the OS commits a page
+/// when a position is first written into it, and nothing reallocates as the context grows
+/// (a growing vector briefly holds its old and new rows, and the allocator may keep the old).
 pub(super) struct HeadSegments {
     head_dim: usize,
     bins: usize,
     segment: usize,
-    /// The rows (with [`Backing::Ram`]), or the segment being written (cold).
+    /// RAM: every slot, sorted segments then open positions. Cold: the open positions, row
+    /// `i` holding position `sorted + i`.
     keys: Elements,
     values: Elements,
     backing: Backing,
+    /// One past the last open position held.
+    end: usize,
+    /// Rows of `keys` and `values` ever written (their pages resident; the rest untouched).
+    written: usize,
     /// Per slot: the position it holds, as its offset in the segment (both lie in the same
     /// segment; two bytes each instead of four, at most [`MAX_SEGMENT`] positions).
     position: Vec<u16>,
@@ -51,25 +88,98 @@ pub(super) struct HeadSegments {
 }
 
 impl HeadSegments {
+    /// A head of `head_dim` values in a context of `n_ctx` positions, sorted in segments of
+    /// `segment` positions into `bins` bins; with a cold file, `open` rows of open positions
+    /// allocated at first (a longer run of them grows it).
     pub(super) fn new(
-        bins: usize,
-        segment: usize,
-        head_dim: usize,
+        (bins, segment): (usize, usize),
+        (n_ctx, head_dim, open): (usize, usize, usize),
         (k, v): (KvType, KvType),
         backing: Backing,
     ) -> Self {
+        let rows = match backing {
+            Backing::Ram => n_ctx,
+            Backing::Cold { .. } => open.min(n_ctx),
+        };
         HeadSegments {
             head_dim,
             bins,
             segment,
-            keys: Elements::zeroed(k, 0),
-            values: Elements::zeroed(v, 0),
+            keys: Elements::zeroed(k, rows * head_dim),
+            values: Elements::zeroed(v, rows * head_dim),
             backing,
+            end: 0,
+            written: 0,
             position: Vec::new(),
             slot: Vec::new(),
             starts: Vec::new(),
             before: vec![0; bins],
         }
+    }
+
+    /// The row of `keys` and `values` holding open position `pos`.
+    fn open_row(&self, pos: usize) -> usize {
+        match self.backing {
+            Backing::Ram => pos,
+            Backing::Cold { .. } => pos - self.sorted(),
+        }
+    }
+
+    /// Bins.
+    pub(super) fn bins(&self) -> usize {
+        self.bins
+    }
+
+    /// One past the last position held.
+    pub(super) fn end(&self) -> usize {
+        self.end
+    }
+
+    /// Store open position `pos` (at most [`Self::end`]; positions after it are forgotten):
+    /// its key `k` and value `v`, `head_dim` values each.
+    pub(super) fn put_open(&mut self, pos: usize, k: &[f32], v: &[f32]) {
+        debug_assert!(pos >= self.sorted() && pos <= self.end);
+        let (row, hd) = (self.open_row(pos), self.head_dim);
+        self.keys.grow((row + 1) * hd);
+        self.values.grow((row + 1) * hd);
+        self.keys.write(row * hd, k);
+        self.values.write(row * hd, v);
+        self.end = pos + 1;
+        self.written = self.written.max(row + 1);
+    }
+
+    /// Replace everything with positions `0..n` from raw rows (`keys` and `values` of
+    /// `n` rows of `stride` bytes, this head's at byte `at` of each).
+    pub(super) fn import(
+        &mut self,
+        n: usize,
+        (keys, values): (&[u8], &[u8]),
+        (stride_k, stride_v): (usize, usize),
+        (at_k, at_v): (usize, usize),
+    ) {
+        self.truncate_segments(0);
+        let hd = self.head_dim;
+        self.keys.grow(n * hd);
+        self.values.grow(n * hd);
+        let (rk, rv) = (
+            self.keys.kind().row_bytes(hd),
+            self.values.kind().row_bytes(hd),
+        );
+        for p in 0..n {
+            let k = &keys[p * stride_k + at_k..][..rk];
+            let v = &values[p * stride_v + at_v..][..rv];
+            self.keys.import(p * hd..(p + 1) * hd, k);
+            self.values.import(p * hd..(p + 1) * hd, v);
+        }
+        self.end = n;
+        self.written = self.written.max(n);
+    }
+
+    /// Open positions `start..start + n`' keys (or, with `values`, values), by position.
+    pub(super) fn open_rows(&self, values: bool, start: usize, n: usize) -> KvRows<'_> {
+        let (row, hd) = (self.open_row(start), self.head_dim);
+        let e = if values { &self.values } else { &self.keys };
+        e.rows(row * hd..(row + n) * hd)
     }
 
     /// Positions sorted (`0..sorted`, whole segments).
@@ -139,50 +249,78 @@ impl HeadSegments {
         }
     }
 
-    /// Sort the next segment (positions `sorted()..sorted() + segment`): position
-    /// `sorted() + i` is in bin `bins[i]`, its key and value the `head_dim` elements from
-    /// `at(i)` of `keys` and `values`. A cold file's write may fail: the error says why,
-    /// and the segment stays unsorted.
+    /// Sort the next segment (open positions `sorted()..sorted() + segment`, all held):
+    /// position `sorted() + i` is in bin `bins[i]`. A cold file's write may fail: the
+    /// error says why, and the segment stays open.
     pub(super) fn sort_segment(
         &mut self,
         bins: &[u32],
-        keys: &Elements,
-        values: &Elements,
-        at: impl Fn(usize) -> usize,
+        scratch: &mut Scratch,
     ) -> Result<(), String> {
         let (s, hd, first) = (self.segment, self.head_dim, self.sorted());
         debug_assert_eq!(bins.len(), s);
-        let base = first; // slot of the segment's first row
-                          // Where the segment's rows go: after the others in RAM, or at the start of the
-                          // buffers that are written to the file.
-        let buf_first = match self.backing {
-            Backing::Ram => first,
-            Backing::Cold { .. } => 0,
-        };
-        self.keys.grow((buf_first + s) * hd);
-        self.values.grow((buf_first + s) * hd);
+        debug_assert!(
+            self.end >= first + s,
+            "a segment is sorted once all of it is held"
+        );
         let mut order = vec![0u16; s];
         // Stable: positions ascend within a bin.
         let mut starts = vec![0u32; self.bins + 1];
-        let (own_keys, own_values) = (&mut self.keys, &mut self.values);
         sort_by_bin(bins, &mut starts, &mut Vec::new(), |rank, i| {
-            let src = at(i)..at(i) + hd;
-            let dst = (buf_first + rank) * hd;
-            own_keys
-                .copy_from(dst, keys, src.clone())
-                .expect("a store's rows of one type");
-            own_values
-                .copy_from(dst, values, src)
-                .expect("a store's rows of one type");
             order[rank] = i as u16;
         });
-        if let Backing::Cold { file, region } = &self.backing {
-            let what = || format!("sorted KV positions {first}..{}", first + s);
-            for values in [false, true] {
-                let e = if values { &self.values } else { &self.keys };
-                let (at, row, _) = self.cold_at(file, *region, values, base);
-                file.write(bytes_of(&e.rows(0..s * hd)), at, what)?;
-                file.start_writeback(at..at + s * row);
+        const ONE_TYPE: &str = "a store's rows of one type";
+        match &self.backing {
+            Backing::Ram => {
+                // The segment's rows (slots `first..first + s`, by position) go through the
+                // scratch back into the same slots, by bin.
+                let here = first * hd..(first + s) * hd;
+                scratch
+                    .keys
+                    .copy_from(0, &self.keys, here.clone())
+                    .expect(ONE_TYPE);
+                scratch
+                    .values
+                    .copy_from(0, &self.values, here)
+                    .expect(ONE_TYPE);
+                for (rank, &i) in order.iter().enumerate() {
+                    let (src, dst) = (i as usize * hd, (first + rank) * hd);
+                    self.keys
+                        .copy_from(dst, &scratch.keys, src..src + hd)
+                        .expect(ONE_TYPE);
+                    self.values
+                        .copy_from(dst, &scratch.values, src..src + hd)
+                        .expect(ONE_TYPE);
+                }
+            }
+            Backing::Cold { file, region } => {
+                // Open rows `0..s`, by bin into the scratch, and the scratch to the file.
+                for (rank, &i) in order.iter().enumerate() {
+                    let (src, dst) = (i as usize * hd, rank * hd);
+                    scratch
+                        .keys
+                        .copy_from(dst, &self.keys, src..src + hd)
+                        .expect(ONE_TYPE);
+                    scratch
+                        .values
+                        .copy_from(dst, &self.values, src..src + hd)
+                        .expect(ONE_TYPE);
+                }
+                let what = || format!("sorted KV positions {first}..{}", first + s);
+                for values in [false, true] {
+                    let e = if values {
+                        &scratch.values
+                    } else {
+                        &scratch.keys
+                    };
+                    let (at, row, _) = self.cold_at(file, *region, values, first);
+                    file.write(bytes_of(&e.rows(0..s * hd)), at, what)?;
+                    file.start_writeback(at..at + s * row);
+                }
+                // The open positions after the segment move to the front.
+                let rest = s * hd..(self.end - first) * hd;
+                self.keys.copy_within(rest.clone(), 0);
+                self.values.copy_within(rest, 0);
             }
         }
         self.position.extend_from_slice(&order);
@@ -201,6 +339,67 @@ impl HeadSegments {
         Ok(())
     }
 
+    /// Open the sorted segments from `g` on again: their rows go back to their positions,
+    /// ahead of the open ones.
+    pub(super) fn unsort_from(&mut self, g: usize, scratch: &mut Scratch) {
+        let (s, hd, segments) = (self.segment, self.head_dim, self.segments());
+        if g >= segments {
+            return;
+        }
+        let (from, sorted) = (g * s, self.sorted());
+        const ONE_TYPE: &str = "a store's rows of one type";
+        match &self.backing {
+            Backing::Ram => {
+                // Each segment through the scratch, back by position into its own slots.
+                for seg in g..segments {
+                    let here = seg * s * hd..(seg + 1) * s * hd;
+                    scratch
+                        .keys
+                        .copy_from(0, &self.keys, here.clone())
+                        .expect(ONE_TYPE);
+                    scratch
+                        .values
+                        .copy_from(0, &self.values, here)
+                        .expect(ONE_TYPE);
+                    for rank in 0..s {
+                        let p = seg * s + self.position[seg * s + rank] as usize;
+                        let src = rank * hd..(rank + 1) * hd;
+                        self.keys
+                            .copy_from(p * hd, &scratch.keys, src.clone())
+                            .expect(ONE_TYPE);
+                        self.values
+                            .copy_from(p * hd, &scratch.values, src)
+                            .expect(ONE_TYPE);
+                    }
+                }
+            }
+            Backing::Cold { file, region } => {
+                // The open rows make room at the front, which the file's rows fill.
+                let (moved, open) = (sorted - from, self.end - sorted);
+                self.keys.grow((moved + open) * hd);
+                self.values.grow((moved + open) * hd);
+                self.keys.copy_within(0..open * hd, moved * hd);
+                self.values.copy_within(0..open * hd, moved * hd);
+                let (file, region) = (file.clone(), *region);
+                for p in from..sorted {
+                    let slot = self.slot_of(p);
+                    for values in [false, true] {
+                        let (at, row, ty) = self.cold_at(&file, region, values, slot);
+                        let rows = file.rows(at, 1, row, ty);
+                        let e = if values {
+                            &mut self.values
+                        } else {
+                            &mut self.keys
+                        };
+                        e.put((p - from) * hd, &rows);
+                    }
+                }
+                self.written = self.written.max(moved + open);
+            }
+        }
+        self.truncate_segments(g);
+    }
+
     /// The bin of each position of sorted segment `g`, in position order.
     pub(super) fn bins_of(&self, g: usize) -> Vec<u32> {
         let (s, c) = (self.segment, self.bins);
@@ -214,18 +413,14 @@ impl HeadSegments {
         out
     }
 
-    /// Keep the sorted segments before `g`.
-    pub(super) fn truncate_segments(&mut self, g: usize) {
+    /// Keep the maps of the sorted segments before `g`.
+    fn truncate_segments(&mut self, g: usize) {
         if g >= self.segments() {
             return;
         }
-        let (s, hd, c) = (self.segment, self.head_dim, self.bins);
+        let (s, c) = (self.segment, self.bins);
         self.position.truncate(g * s);
         self.slot.truncate(g * s);
-        if let Backing::Ram = self.backing {
-            self.keys.shrink(g * s * hd);
-            self.values.shrink(g * s * hd);
-        }
         self.starts.truncate(g * (c + 1));
         self.before.truncate((g + 1) * c);
     }
@@ -273,10 +468,12 @@ impl HeadSegments {
         end - entries.start
     }
 
-    /// Bytes held in RAM: rows (or the cold segment's buffers) and maps.
+    /// Bytes held in RAM: the rows written (in a cold file's case, the open positions')
+    /// and the maps.
     pub(super) fn bytes(&self) -> usize {
-        self.keys.bytes()
-            + self.values.bytes()
+        let hd = self.head_dim;
+        let row = self.keys.kind().row_bytes(hd) + self.values.kind().row_bytes(hd);
+        self.written * row
             + (self.position.len() + self.slot.len()) * 2
             + (self.starts.len() + self.before.len()) * 4
     }
@@ -341,27 +538,50 @@ mod tests {
         }
     }
 
-    /// Segments sort into their bins and read back; dropping segments and sorting them again
-    /// gives the slots a fresh fill gives.
+    /// Open positions `from..to` read back, by position, head 1's rows of `src`.
+    fn check_open(h: &HeadSegments, src: &Elements, from: usize, to: usize) {
+        assert_eq!(h.end(), to);
+        for p in from..to {
+            for values in [false, true] {
+                let (mut a, mut w) = (vec![0f32; 32], vec![0f32; 32]);
+                h.open_rows(values, p, 1).to_f32(&mut a);
+                src.rows(p * 64 + 32..p * 64 + 64).to_f32(&mut w);
+                assert_eq!(a, w, "open position {p}");
+            }
+        }
+    }
+
+    /// Segments sort into their bins where their rows are and read back; opening segments
+    /// again gives every row back to its position, and sorting them again gives the slots
+    /// a fresh fill gives.
     #[test]
     fn segments_read_back_by_bin_and_refill_as_fresh() {
         for ty in [KvType::F32, KvType::F16, KvType::Q8_0] {
             let src = rows(ty, 100);
-            let fill = |h: &mut HeadSegments, from: usize, to: usize| {
-                for g in from / 10..to / 10 {
+            let x = |p: usize| -> Vec<f32> {
+                (0..32).map(|c| (p * 100 + 32 + c) as f32 / 64.0).collect()
+            };
+            let mut scratch = Scratch::new(10, 32, (ty, ty));
+            let fill = |h: &mut HeadSegments, scratch: &mut Scratch, from: usize, to: usize| {
+                for p in from..to {
+                    h.put_open(p, &x(p), &x(p));
+                }
+                for g in h.sorted() / 10..to / 10 {
                     let bins: Vec<u32> = (g * 10..(g + 1) * 10).map(bin_of).collect();
-                    h.sort_segment(&bins, &src, &src, |i| (g * 10 + i) * 64 + 32)
-                        .unwrap();
+                    h.sort_segment(&bins, scratch).unwrap();
                 }
             };
-            let mut h = HeadSegments::new(3, 10, 32, (ty, ty), Backing::Ram);
-            fill(&mut h, 0, 100);
-            check(&h, &src, 100);
-            h.truncate_segments(4);
+            let mut h = HeadSegments::new((3, 10), (100, 32, 25), (ty, ty), Backing::Ram);
+            fill(&mut h, &mut scratch, 0, 95);
+            check(&h, &src, 90);
+            check_open(&h, &src, 90, 95);
+            h.unsort_from(4, &mut scratch);
             check(&h, &src, 40);
-            fill(&mut h, 40, 100);
-            let mut fresh = HeadSegments::new(3, 10, 32, (ty, ty), Backing::Ram);
-            fill(&mut fresh, 0, 100);
+            check_open(&h, &src, 40, 95);
+            // A rewind into the open positions, and the rest filled again.
+            fill(&mut h, &mut scratch, 60, 100);
+            let mut fresh = HeadSegments::new((3, 10), (100, 32, 25), (ty, ty), Backing::Ram);
+            fill(&mut fresh, &mut scratch, 0, 100);
             assert_eq!(h.slot, fresh.slot, "{ty}");
             assert_eq!(h.position, fresh.position);
             check(&h, &src, 100);
