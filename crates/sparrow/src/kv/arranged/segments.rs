@@ -32,6 +32,24 @@ pub(super) enum Backing {
 /// The longest segment: offsets within one fit two bytes.
 pub(super) const MAX_SEGMENT: usize = 1 << 16;
 
+/// Copy `n` rows of `head_dim` values from row `from` of `src` (keys, values) to row `to`
+/// of `dst` (all of a store's rows are of its types).
+fn copy_rows(
+    dst: (&mut Elements, &mut Elements),
+    to: usize,
+    src: (&Elements, &Elements),
+    from: usize,
+    n: usize,
+    head_dim: usize,
+) {
+    const ONE_TYPE: &str = "a store's rows of one type";
+    let rows = from * head_dim..(from + n) * head_dim;
+    dst.0
+        .copy_from(to * head_dim, src.0, rows.clone())
+        .expect(ONE_TYPE);
+    dst.1.copy_from(to * head_dim, src.1, rows).expect(ONE_TYPE);
+}
+
 /// A segment of one head's keys and values, to sort through (one per store: segments are
 /// sorted one at a time).
 pub(super) struct Scratch {
@@ -269,42 +287,39 @@ impl HeadSegments {
         sort_by_bin(bins, &mut starts, &mut Vec::new(), |rank, i| {
             order[rank] = i as u16;
         });
-        const ONE_TYPE: &str = "a store's rows of one type";
         match &self.backing {
             Backing::Ram => {
                 // The segment's rows (slots `first..first + s`, by position) go through the
                 // scratch back into the same slots, by bin.
-                let here = first * hd..(first + s) * hd;
-                scratch
-                    .keys
-                    .copy_from(0, &self.keys, here.clone())
-                    .expect(ONE_TYPE);
-                scratch
-                    .values
-                    .copy_from(0, &self.values, here)
-                    .expect(ONE_TYPE);
+                let own = (&mut self.keys, &mut self.values);
+                copy_rows(
+                    (&mut scratch.keys, &mut scratch.values),
+                    0,
+                    (own.0, own.1),
+                    first,
+                    s,
+                    hd,
+                );
                 for (rank, &i) in order.iter().enumerate() {
-                    let (src, dst) = (i as usize * hd, (first + rank) * hd);
-                    self.keys
-                        .copy_from(dst, &scratch.keys, src..src + hd)
-                        .expect(ONE_TYPE);
-                    self.values
-                        .copy_from(dst, &scratch.values, src..src + hd)
-                        .expect(ONE_TYPE);
+                    let from = (&scratch.keys, &scratch.values);
+                    copy_rows(
+                        (&mut *own.0, &mut *own.1),
+                        first + rank,
+                        from,
+                        i as usize,
+                        1,
+                        hd,
+                    );
                 }
             }
             Backing::Cold { file, region } => {
                 // Open rows `0..s`, by bin into the scratch, and the scratch to the file.
                 for (rank, &i) in order.iter().enumerate() {
-                    let (src, dst) = (i as usize * hd, rank * hd);
-                    scratch
-                        .keys
-                        .copy_from(dst, &self.keys, src..src + hd)
-                        .expect(ONE_TYPE);
-                    scratch
-                        .values
-                        .copy_from(dst, &self.values, src..src + hd)
-                        .expect(ONE_TYPE);
+                    let (to, from) = (
+                        (&mut scratch.keys, &mut scratch.values),
+                        (&self.keys, &self.values),
+                    );
+                    copy_rows(to, rank, from, i as usize, 1, hd);
                 }
                 let what = || format!("sorted KV positions {first}..{}", first + s);
                 for values in [false, true] {
@@ -347,29 +362,23 @@ impl HeadSegments {
             return;
         }
         let (from, sorted) = (g * s, self.sorted());
-        const ONE_TYPE: &str = "a store's rows of one type";
         match &self.backing {
             Backing::Ram => {
                 // Each segment through the scratch, back by position into its own slots.
                 for seg in g..segments {
-                    let here = seg * s * hd..(seg + 1) * s * hd;
-                    scratch
-                        .keys
-                        .copy_from(0, &self.keys, here.clone())
-                        .expect(ONE_TYPE);
-                    scratch
-                        .values
-                        .copy_from(0, &self.values, here)
-                        .expect(ONE_TYPE);
+                    let own = (&mut self.keys, &mut self.values);
+                    copy_rows(
+                        (&mut scratch.keys, &mut scratch.values),
+                        0,
+                        (own.0, own.1),
+                        seg * s,
+                        s,
+                        hd,
+                    );
                     for rank in 0..s {
                         let p = seg * s + self.position[seg * s + rank] as usize;
-                        let src = rank * hd..(rank + 1) * hd;
-                        self.keys
-                            .copy_from(p * hd, &scratch.keys, src.clone())
-                            .expect(ONE_TYPE);
-                        self.values
-                            .copy_from(p * hd, &scratch.values, src)
-                            .expect(ONE_TYPE);
+                        let from = (&scratch.keys, &scratch.values);
+                        copy_rows((&mut *own.0, &mut *own.1), p, from, rank, 1, hd);
                     }
                 }
             }
