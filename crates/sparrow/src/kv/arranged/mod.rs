@@ -69,18 +69,18 @@ pub fn ram_bytes(
         .filter(|(a, _)| **a)
         .filter_map(|(_, p)| *p)
         .collect();
-    let scratch = layers
-        .iter()
-        .map(|p| p.segment.min(n_ctx))
-        .max()
-        .unwrap_or(0)
-        * row
-        / heads.max(1);
+    let scratch = scratch_rows(layers.iter().copied(), n_ctx) * row / heads.max(1);
     layers
         .iter()
         .map(|p| (p.segment + TAIL_SLACK).min(n_ctx) * row + n_ctx * heads * 4)
         .sum::<usize>()
         + scratch
+}
+
+/// Rows of the scratch segments are sorted through: the longest segment of the arranged
+/// layers' partitions `parts`, in a context of `n_ctx` positions.
+fn scratch_rows(parts: impl Iterator<Item = Partition>, n_ctx: usize) -> usize {
+    parts.map(|p| p.segment.min(n_ctx)).max().unwrap_or(0)
 }
 
 /// A store whose partitioned layers are arranged, the others kept by `inner`.
@@ -139,13 +139,8 @@ impl ArrangedStore {
             _ => None,
         };
         let (mut next_inner, mut next_arranged) = (0, 0);
-        let longest = arranged
-            .iter()
-            .zip(partitions)
-            .filter(|(a, _)| **a)
-            .filter_map(|(_, p)| p.map(|p| p.segment))
-            .max()
-            .unwrap_or(0);
+        let parts = arranged.iter().zip(partitions).filter(|(a, _)| **a);
+        let scratch = scratch_rows(parts.filter_map(|(_, p)| *p), n_ctx);
         let mut to_inner = Vec::with_capacity(arranged.len());
         let mut layers = Vec::with_capacity(arranged.len());
         for (l, &a) in arranged.iter().enumerate() {
@@ -180,7 +175,7 @@ impl ArrangedStore {
             inner,
             to_inner,
             layers,
-            scratch: Scratch::new(longest.min(n_ctx), head_dim, (types.k, types.v)),
+            scratch: Scratch::new(scratch, head_dim, (types.k, types.v)),
             cold: file,
             n_ctx,
             kv_dim,
