@@ -61,6 +61,8 @@ pub struct CellStats {
     /// Per cell its longest key quantized, and that row's scale.
     longest: Vec<i8>,
     longest_scales: Vec<f32>,
+    /// Per cell the position of its longest key (where a halo of neighbours centres).
+    longest_at: Vec<u32>,
     /// Scratch: a mean being quantized.
     mean_buf: Vec<f32>,
     /// Positions below this are folded in.
@@ -86,6 +88,7 @@ impl CellStats {
             mean_scales: Vec::new(),
             longest: Vec::new(),
             longest_scales: Vec::new(),
+            longest_at: Vec::new(),
             mean_buf: Vec::new(),
             upto: 0,
         }
@@ -144,6 +147,7 @@ impl CellStats {
             self.mean_scales.resize(cells, 0.0);
             self.longest.resize(cells * self.dim, 0);
             self.longest_scales.resize(cells, 0.0);
+            self.longest_at.resize(cells, 0);
         }
         if s != self.open {
             self.open_segment(s);
@@ -160,6 +164,7 @@ impl CellStats {
             self.longest_norms[b] = norm;
             let row = &mut self.longest[cell * d..][..d];
             self.longest_scales[cell] = quantize_row(key, row);
+            self.longest_at[cell] = pos as u32;
         }
         if n == 1 {
             return;
@@ -198,6 +203,7 @@ impl CellStats {
         self.mean_scales.truncate(cells);
         self.longest.truncate(cells * self.dim);
         self.longest_scales.truncate(cells);
+        self.longest_at.truncate(cells);
         self.open_segment(s);
         self.upto = s * self.segment;
     }
@@ -223,6 +229,11 @@ impl CellStats {
         start..start + self.counts[i] as usize
     }
 
+    /// The position of cell `index`'s longest key (the first of them).
+    pub fn longest_at(&self, index: u32) -> usize {
+        self.longest_at[index as usize] as usize
+    }
+
     /// The positions cell `index` covers.
     pub fn span(&self, index: u32) -> std::ops::Range<usize> {
         let s = self.cell(index).0;
@@ -234,7 +245,10 @@ impl CellStats {
     /// query rows added up): `ln(exp(scale · q · longest) + (count − 1) · exp(scale · q ·
     /// rest mean))`, the longest key's term plus the others' count times the exponent of
     /// their mean logit (`scale`: 1 / (group · √head_dim) makes these the group's mean
-    /// logits), rows read from their quants; `dots` is scratch.
+    /// logits), rows read from their quants. `dots` is scratch, which on return holds in
+    /// its first half every cell's estimated log-mass and in its second half its `q · longest`
+    /// (unscaled), by cell index: what tells a cell chosen for one sharp key from one
+    /// chosen for its many.
     pub fn score(
         &self,
         q: &[f32],
@@ -273,6 +287,7 @@ impl CellStats {
             + self.left_out.len() * 4
             + (self.means.len() + self.longest.len())
             + (self.mean_scales.len() + self.longest_scales.len()) * 4
+            + self.longest_at.len() * 4
     }
 }
 

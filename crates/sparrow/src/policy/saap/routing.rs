@@ -54,6 +54,11 @@ pub(super) struct HeadWork {
     /// With [`Router::Cells`](super::Router::Cells): the segment the window starts in,
     /// sorted by bucket this step.
     pub(super) window_segment: CellPositions,
+    /// With a halo (`--saap-halo`): the longest keys of the chosen cells whose key holds at
+    /// least half the cell's estimated mass, around which the step reads more.
+    pub(super) halos: Vec<usize>,
+    /// One bit per cell chosen this step (a halo reads only positions of cells not chosen).
+    pub(super) chosen: Vec<u64>,
     /// One bit per position read: the chosen buckets' positions, the sink and the window,
     /// turned into ascending ranges without sorting positions.
     pub(super) marks: Vec<u64>,
@@ -140,6 +145,27 @@ impl HeadWork {
                 }
             }
         }
+        if let Some(cells) = lists.cells.as_ref().filter(|_| !self.halos.is_empty()) {
+            let (stats, halo) = (&cells.stats, settings.halo);
+            let (seg, c) = (stats.segment(), stats.clusters());
+            self.chosen.clear();
+            self.chosen.resize((stats.segments() * c).div_ceil(64), 0);
+            for &(cell, _) in &self.picks {
+                self.chosen[cell as usize / 64] |= 1 << (cell % 64);
+            }
+            // A position of a chosen cell is read already (all of its cell's entries below
+            // `end` are); the others in a halo are read by position.
+            for &at in &self.halos {
+                let before = halo / 4;
+                let from = at.saturating_sub(before).max(SINKS);
+                for p in from..(at + halo - before).min(end) {
+                    let cell = p / seg * c + cells.bucket_of[p] as usize;
+                    if self.chosen[cell / 64] & (1 << (cell % 64)) == 0 {
+                        mark(p);
+                    }
+                }
+            }
+        }
         dense().for_each(&mut mark);
         HeadReads {
             store: runs(set_bits(&self.marks)),
@@ -165,7 +191,7 @@ impl HeadWork {
             let group = self.queries.len() / self.query_sum.len().max(1);
             let scale = prior_scale(model.head_dim()) / group.max(1) as f32;
             let target = budget_target(settings, end, n);
-            return self.choose_cells(cells, scale, end, target);
+            return self.choose_cells(cells, scale, end, target, settings.halo);
         }
         let got = self.choose_buckets(step);
         let buckets = &lists.buckets;
@@ -180,7 +206,22 @@ impl HeadWork {
     /// Scores every cell of the segments below `end` for the group's summed query and picks
     /// the top ones that fit in `target` positions (at least one), each cell's entries in
     /// its bucket from the sink on and below `end`; returns how many positions they hold.
-    fn choose_cells(&mut self, lists: &CellLists, scale: f32, end: usize, target: usize) -> usize {
+    /// With `halo > 0`, a chosen cell whose longest key (below `end`) holds at least half
+    /// its estimated mass counts `halo` positions more against `target`, and that key is
+    /// left in `self.halos`.
+    fn choose_cells(
+        &mut self,
+        lists: &CellLists,
+        scale: f32,
+        end: usize,
+        target: usize,
+        halo: usize,
+    ) -> usize {
+        self.halos.clear();
+        // Everything fits (a halo's cost aside): read it all, exactly.
+        if target >= end.saturating_sub(SINKS) {
+            return end.saturating_sub(SINKS);
+        }
         let cells = &lists.stats;
         // The segment the window starts in: its entries below `end` are found by sorting
         // its positions below `end` by bucket (the segments below it are whole, and their
@@ -209,7 +250,9 @@ impl HeadWork {
             ranks.select_nth_unstable(sorted - 1);
         }
         ranks[..sorted].sort_unstable();
-        let mut got = 0;
+        // Each cell's log-mass and `q · longest`, by cell index (`score` leaves them there).
+        let (log_mass, longest_dots) = self.cell_dots.split_at(self.cell_dots.len() / 2);
+        let (mut got, mut cost) = (0, 0);
         let mut take = 0;
         while take < ranks.len() {
             if take == sorted {
@@ -226,13 +269,24 @@ impl HeadWork {
             } else {
                 entries.len()
             };
-            if take > 0 && got + len > target {
+            let at = cells.longest_at(cell);
+            let sharp = halo > 0
+                && len > 0
+                && at < end
+                && scale * longest_dots[cell as usize]
+                    >= log_mass[cell as usize] - std::f32::consts::LN_2;
+            let extra = if sharp { halo } else { 0 };
+            if take > 0 && cost + len + extra > target {
                 break;
             }
             if len > 0 {
                 self.picks.push((cell, entries.start..entries.start + len));
             }
+            if sharp {
+                self.halos.push(at);
+            }
             got += len;
+            cost += len + extra;
             take += 1;
         }
         got

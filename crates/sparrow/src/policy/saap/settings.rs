@@ -83,6 +83,16 @@ pub struct SaapSettings {
     /// longest key" and "256 buckets by default").
     #[cfg_attr(feature = "cli", arg(id = "SAAP_SEGMENT", long = "saap-segment", help_heading = crate::policy::HELP_HEADING))]
     pub segment: Option<usize>,
+    /// Saap: with `--saap-router cells` (the bucket routers read whole buckets and ignore
+    /// it), this many positions around a chosen cell's longest key are read too when that
+    /// key holds at least half the cell's estimated mass (a quarter of them before it, the
+    /// rest after; counted in the budget; 0 for none). A cell groups keys by direction, so
+    /// a needle's tokens fall in different cells and one sharp match does not bring the
+    /// digits beside it; a halo does, as Quest's pages of neighbours do: the 1.5B's 8K
+    /// needle Saap stopped a digit short of is found (docs/long-context.md, "A halo around
+    /// a sharp key").
+    #[cfg_attr(feature = "cli", arg(id = "SAAP_HALO", long = "saap-halo", default_value_t = SaapSettings::default().halo, help_heading = crate::policy::HELP_HEADING))]
+    pub halo: usize,
     /// Saap: recent positions always read (the dense window beside the sink, position 0).
     #[cfg_attr(feature = "cli", arg(id = "SAAP_WINDOW", long = "saap-window", default_value_t = SaapSettings::default().window, help_heading = crate::policy::HELP_HEADING))]
     pub window: usize,
@@ -116,6 +126,7 @@ impl Default for SaapSettings {
             oracle: false,
             layout: Layout::Buckets,
             segment: None,
+            halo: 16,
             window: 63,
             block: 16,
             dense_layers: vec![0],
@@ -130,6 +141,9 @@ pub const SINKS: usize = 1;
 /// score per KV head at any length. Over 256 buckets, 8 route as well as 4 over 1,024 for
 /// half the cells (docs/long-context.md, "256 buckets by default").
 pub const KEYS_PER_CELL: usize = 8;
+
+/// The widest `--saap-halo`: a halo is the neighbourhood of one key, not a window.
+pub const MAX_HALO: usize = 256;
 
 /// Buckets ranked before a budgeted step starts taking them (more only when all fit).
 pub(super) const RANKED: usize = 128;
@@ -186,6 +200,12 @@ impl SaapSettings {
             return Err(
                 "the bucket oracle ranks whole buckets, not the cells router's cells".into(),
             );
+        }
+        if self.halo > MAX_HALO {
+            return Err(format!(
+                "saap halo {} is out of range (0..={MAX_HALO} positions)",
+                self.halo
+            ));
         }
         if self.window < self.block {
             return Err(format!(

@@ -476,8 +476,9 @@ fn distinct_cache(m: &crate::ModelConfig, n: usize) -> RamStore {
 #[test]
 fn cells_read_the_top_cells_that_fit() {
     let n = 300;
-    // The case tells a count-and-mean ranking from a slightly different one.
-    let mut sensitive = false;
+    // The case tells a count-and-mean ranking from a slightly different one, and reads
+    // halos that add positions.
+    let (mut sensitive, mut halos_read) = (false, false);
     let wide = SyntheticSpec {
         n_embd: 128,
         ..Default::default()
@@ -495,7 +496,8 @@ fn cells_read_the_top_cells_that_fit() {
         let cases = [Layout::Buckets, Layout::Positions]
             .map(|l| (l, 64))
             .into_iter();
-        for (layout, segment) in cases.chain([(Layout::Buckets, 4)]) {
+        let cases = cases.chain([(Layout::Buckets, 4)]);
+        for ((layout, segment), halo) in cases.flat_map(|c| [(c, 0), (c, 6)]) {
             for budget in [0.1, 0.3, 1.0] {
                 let s = SaapSettings {
                     window,
@@ -503,6 +505,7 @@ fn cells_read_the_top_cells_that_fit() {
                     layout,
                     router: Router::Cells,
                     segment: Some(segment),
+                    halo,
                     ..Default::default()
                 };
                 let mut p = policy(&m, s, 6);
@@ -530,8 +533,11 @@ fn cells_read_the_top_cells_that_fit() {
                         let lists = p.layers[layer].heads[h].bucket_lists(6);
                         // Every (segment, bucket) with keys, scored from the definition.
                         let sealed = n / 16 * 16;
-                        let mut cells: Vec<(f64, Vec<usize>)> = Vec::new();
-                        let mut mis_scored: Vec<(f64, Vec<usize>)> = Vec::new();
+                        // Per cell: its score, readable positions, longest key's position
+                        // and logit.
+                        type Cell = (f64, Vec<usize>, usize, f64);
+                        let mut cells: Vec<Cell> = Vec::new();
+                        let mut mis_scored: Vec<Cell> = Vec::new();
                         for seg in 0..end.div_ceil(segment) {
                             for list in &lists {
                                 let in_cell = |x: usize| x >= 1 && x / segment == seg && x < sealed;
@@ -574,27 +580,54 @@ fn cells_read_the_top_cells_that_fit() {
                                     };
                                     (one + others).ln()
                                 };
+                                let at = all[longest];
                                 let readable: Vec<usize> =
                                     all.into_iter().filter(|&x| x < end).collect();
-                                cells.push((score(1.0), readable.clone()));
+                                let sharp = |times: f64| per_key[longest].0 * times;
+                                cells.push((score(1.0), readable.clone(), at, sharp(1.0)));
                                 // Scored as a sum over the group instead of its mean.
-                                mis_scored.push((score(group as f64), readable));
+                                let wrong =
+                                    (score(group as f64), readable, at, sharp(group as f64));
+                                mis_scored.push(wrong);
                             }
                         }
-                        let fill = |mut cells: Vec<(f64, Vec<usize>)>| {
+                        // The top cells that fit, a sharp one (its longest key at least half
+                        // its mass, below `end`) counting `halo` more; then each sharp
+                        // cell's halo, a quarter before its longest key.
+                        let fill = |mut cells: Vec<Cell>| {
+                            if target >= end - 1 {
+                                return (false, (1..end).collect());
+                            }
                             cells.sort_by(|a, b| b.0.total_cmp(&a.0));
-                            let mut want: Vec<usize> = Vec::new();
-                            for (k, (_, positions)) in cells.iter().enumerate() {
-                                if k > 0 && want.len() + positions.len() > target {
+                            let (mut want, mut cost, mut centres) = (Vec::new(), 0, Vec::new());
+                            for (k, (score, positions, at, longest)) in cells.iter().enumerate() {
+                                let sharp = halo > 0
+                                    && !positions.is_empty()
+                                    && *at < end
+                                    && *longest >= score - std::f64::consts::LN_2;
+                                let extra = if sharp { halo } else { 0 };
+                                if k > 0 && cost + positions.len() + extra > target {
                                     break;
                                 }
                                 want.extend(positions);
+                                cost += positions.len() + extra;
+                                if sharp {
+                                    centres.push(*at);
+                                }
                             }
                             want.sort_unstable();
-                            want
+                            let in_cells = want.len();
+                            for at in centres {
+                                let from = at.saturating_sub(halo / 4).max(1);
+                                want.extend(from..(at + halo - halo / 4).min(end));
+                            }
+                            want.sort_unstable();
+                            want.dedup();
+                            (want.len() > in_cells, want)
                         };
-                        let want = fill(cells);
-                        sensitive |= want != fill(mis_scored);
+                        let (more, want) = fill(cells);
+                        halos_read |= more;
+                        sensitive |= want != fill(mis_scored).1;
                         assert_eq!(
                             got, want,
                             "{layout:?} segment {segment} budget {budget} rewind {rewind} head {h}"
@@ -619,6 +652,7 @@ fn cells_read_the_top_cells_that_fit() {
         sensitive,
         "the case cannot tell the group's mean logit from its sum"
     );
+    assert!(halos_read, "no halo read more than the cells");
 }
 
 /// Without `--saap-segment` the cells router cuts segments of 8 × C positions, whatever
