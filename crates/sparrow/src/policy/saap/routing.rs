@@ -155,8 +155,8 @@ impl HeadWork {
             }
             // A position of a chosen cell is read already (all of its cell's entries below
             // `end` are); the others in a halo are read by position.
+            let before = halo / 4;
             for &at in &self.halos {
-                let before = halo / 4;
                 let from = at.saturating_sub(before).max(SINKS);
                 for p in from..(at + halo - before).min(end) {
                     let cell = p / seg * c + cells.bucket_of[p] as usize;
