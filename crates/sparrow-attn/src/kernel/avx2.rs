@@ -261,69 +261,92 @@ pub(crate) unsafe fn group_bounds(
     }
 }
 
-/// `out[r] = scales[r] · Σ_d q[d] · rows[r · dim + d]` with `dim = q.len()` (see
-/// `policy::int8_rows::scaled_row_dots`, whose scalar loop this twins): eight quants at a
-/// time widened to f32 and multiplied in, four rows at once (one accumulator each, so four
-/// independent chains) and their sums reduced together.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn scaled_i8_dots(rows: &[i8], scales: &[f32], q: &[f32], out: &mut [f32]) {
+/// `out[r] = Σ_d q[d] · rows[r · dim + d] as f32 · (scales[r] · q_scale)` with `dim =
+/// q.len()`, the sums exact in i32 (see `policy::int8_rows::scaled_row_dots`, whose portable
+/// loop this twins bit for bit): 32 quants at a time, `|q|` times `row` signed as `q` is
+/// (`maddubs`: no pair of products of quants within ±127 overflows i16), then pairs summed
+/// to i32 (`madd` by ones); four rows at once, their sums reduced together.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn scaled_i8_dots(
+    rows: &[i8],
+    scales: &[f32],
+    q: &[i8],
+    q_scale: f32,
+    out: &mut [f32],
+) {
     let dim = q.len();
-    let whole = dim / 8 * 8;
-    // Eight quants of `row` from `j` (`j + 8 <= dim`) as f32, times `q[j..j + 8]` plus `acc`.
+    let whole = dim / 32 * 32;
+    let ones = _mm256_set1_epi16(1);
+    // `acc` plus the products of 32 quants of `row` and `q` from `j` (`j + 32 <= dim`), as
+    // eight i32 partial sums; `qv` is `q[j..j + 32]`, `qa` its absolute values.
     #[inline(always)]
-    unsafe fn step(row: &[i8], q: &[f32], j: usize, acc: __m256) -> __m256 {
-        // SAFETY: the callers keep `j + 8 <= dim`, the length of `row` and `q`.
+    unsafe fn step(
+        row: &[i8],
+        j: usize,
+        qv: __m256i,
+        qa: __m256i,
+        ones: __m256i,
+        acc: __m256i,
+    ) -> __m256i {
+        // SAFETY: the callers keep `j + 32 <= dim`, the length of `row`.
         unsafe {
-            let k = _mm_loadl_epi64(row.as_ptr().add(j) as *const __m128i);
-            let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(k));
-            _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(j)), v, acc)
+            let k = _mm256_loadu_si256(row.as_ptr().add(j) as *const __m256i);
+            let p = _mm256_maddubs_epi16(qa, _mm256_sign_epi8(k, qv));
+            _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones))
         }
     }
-    let tail = |row: &[i8]| -> f32 { (whole..dim).map(|d| q[d] * row[d] as f32).sum() };
+    let tail = |row: &[i8]| -> i32 { (whole..dim).map(|d| q[d] as i32 * row[d] as i32).sum() };
     let groups = out.len() / 4;
     for g in 0..groups {
         let r0 = g * 4;
         let row = |i: usize| &rows[(r0 + i) * dim..][..dim];
         let (w0, w1, w2, w3) = (row(0), row(1), row(2), row(3));
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [_mm256_setzero_si256(); 4];
         let mut j = 0;
         while j < whole {
-            // SAFETY: `j + 8 <= whole <= dim`.
+            // SAFETY: `j + 32 <= whole <= dim`, the length of `q` and of each row.
             unsafe {
-                acc[0] = step(w0, q, j, acc[0]);
-                acc[1] = step(w1, q, j, acc[1]);
-                acc[2] = step(w2, q, j, acc[2]);
-                acc[3] = step(w3, q, j, acc[3]);
+                let qv = _mm256_loadu_si256(q.as_ptr().add(j) as *const __m256i);
+                let qa = _mm256_sign_epi8(qv, qv);
+                acc[0] = step(w0, j, qv, qa, ones, acc[0]);
+                acc[1] = step(w1, j, qv, qa, ones, acc[1]);
+                acc[2] = step(w2, j, qv, qa, ones, acc[2]);
+                acc[3] = step(w3, j, qv, qa, ones, acc[3]);
             }
-            j += 8;
+            j += 32;
         }
         // Lanes of the four sums, then each 128-bit half's pairs: [s0, s1, s2, s3].
-        let t01 = _mm256_hadd_ps(acc[0], acc[1]);
-        let t23 = _mm256_hadd_ps(acc[2], acc[3]);
-        let t = _mm256_hadd_ps(t01, t23);
-        let sums = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
-        let tails = _mm_setr_ps(tail(w0), tail(w1), tail(w2), tail(w3));
+        let t01 = _mm256_hadd_epi32(acc[0], acc[1]);
+        let t23 = _mm256_hadd_epi32(acc[2], acc[3]);
+        let t = _mm256_hadd_epi32(t01, t23);
+        let sums = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+        let tails = _mm_setr_epi32(tail(w0), tail(w1), tail(w2), tail(w3));
         // SAFETY: `r0 + 4 <= out.len() <= scales.len()`.
         unsafe {
-            let sc = _mm_loadu_ps(scales.as_ptr().add(r0));
-            _mm_storeu_ps(
-                out.as_mut_ptr().add(r0),
-                _mm_mul_ps(sc, _mm_add_ps(sums, tails)),
-            );
+            let sc = _mm_mul_ps(_mm_loadu_ps(scales.as_ptr().add(r0)), _mm_set1_ps(q_scale));
+            let dots = _mm_cvtepi32_ps(_mm_add_epi32(sums, tails));
+            _mm_storeu_ps(out.as_mut_ptr().add(r0), _mm_mul_ps(dots, sc));
         }
     }
     for r in groups * 4..out.len() {
         let w = &rows[r * dim..][..dim];
-        let mut acc = _mm256_setzero_ps();
+        let mut acc = _mm256_setzero_si256();
         let mut j = 0;
         while j < whole {
-            // SAFETY: `j + 8 <= whole <= dim`.
-            acc = unsafe { step(w, q, j, acc) };
-            j += 8;
+            // SAFETY: `j + 32 <= whole <= dim`.
+            acc = unsafe {
+                let qv = _mm256_loadu_si256(q.as_ptr().add(j) as *const __m256i);
+                step(w, j, qv, _mm256_sign_epi8(qv, qv), ones, acc)
+            };
+            j += 32;
         }
-        let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        out[r] = scales[r] * (_mm_cvtss_f32(s) + tail(w));
+        let s = _mm_add_epi32(
+            _mm256_castsi256_si128(acc),
+            _mm256_extracti128_si256::<1>(acc),
+        );
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        let sum = _mm_cvtsi128_si32(s) + tail(w);
+        out[r] = sum as f32 * (scales[r] * q_scale);
     }
 }

@@ -245,7 +245,8 @@ impl CellStats {
     /// query rows added up): `ln(exp(scale · q · longest) + (count − 1) · exp(scale · q ·
     /// rest mean))`, the longest key's term plus the others' count times the exponent of
     /// their mean logit (`scale`: 1 / (group · √head_dim) makes these the group's mean
-    /// logits), rows read from their quants. `dots` is scratch, which on return holds in
+    /// logits), rows read from their quants against the query quantized to 8 bits as they are
+    /// (`scaled_row_dots`: exact integer sums). `dots` is scratch, which on return holds in
     /// its first half every cell's estimated log-mass and in its second half its `q · longest`
     /// (unscaled), by cell index: what tells a cell chosen for one sharp key from one
     /// chosen for its many.
@@ -261,11 +262,20 @@ impl CellStats {
         let cells = self.segments().min(end.div_ceil(self.segment)) * self.clusters;
         dots.clear();
         dots.resize(2 * cells, 0.0);
-        let q = &q[..self.dim];
+        // The query in 8 bits as the rows are, so their products are exact integer sums.
+        let mut q8 = vec![0i8; self.dim];
+        let q_scale = quantize_row(&q[..self.dim], &mut q8);
         let (rests, longest) = dots.split_at_mut(cells);
         let level = Level::active();
-        scaled_row_dots(level, &self.means, &self.mean_scales, q, rests);
-        scaled_row_dots(level, &self.longest, &self.longest_scales, q, longest);
+        scaled_row_dots(level, &self.means, &self.mean_scales, &q8, q_scale, rests);
+        scaled_row_dots(
+            level,
+            &self.longest,
+            &self.longest_scales,
+            &q8,
+            q_scale,
+            longest,
+        );
         // Each cell's log-mass into `rests`, in one branch-free pass the compiler vectorizes.
         let ln_rests = &self.ln_rests[..cells];
         for ((r, &l), &ln) in rests.iter_mut().zip(longest.iter()).zip(ln_rests) {
@@ -341,7 +351,8 @@ mod tests {
     /// the cell's positions (sink left out), the first of the longest scored alone, the
     /// others by their count and mean logit; the score may differ by what quantizing the
     /// rows can move it (half a row's scale per value, times `|q|`, for the longest key and
-    /// for the rest mean, which the longest key's quants enter).
+    /// for the rest mean, which the longest key's quants enter) and quantizing the query
+    /// (half its scale per value, times each row's absolute sum).
     fn assert_scores_match(st: &CellStats, keys: &[f32], buckets: &[u32], n: usize, end: usize) {
         let (d, seg, c) = (st.dim, st.segment, st.clusters);
         let q: Vec<f32> = (0..d).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -387,8 +398,20 @@ mod tests {
             assert_eq!(gc, wc);
             let i = *gc as usize;
             let half_steps = (st.mean_scales[i] + st.longest_scales[i]) as f64 / 2.0;
+            // The query's own quantization: half its step times each row's absolute sum.
+            let abs_sum = |rows: &[i8], scale: f32| -> f64 {
+                rows[i * d..][..d]
+                    .iter()
+                    .map(|&x| (x as f64).abs())
+                    .sum::<f64>()
+                    * scale as f64
+            };
+            let rows_abs =
+                abs_sum(&st.means, st.mean_scales[i]) + abs_sum(&st.longest, st.longest_scales[i]);
+            let q_half_step = q.iter().fold(0f32, |m, x| m.max(x.abs())) as f64 / 127.0 / 2.0;
             // And the fast log-add-exp's 1e-5.
-            let tolerance = 2e-5 + scale as f64 * half_steps * q_abs * (1.0 + 1e-4);
+            let tolerance =
+                2e-5 + scale as f64 * (half_steps * q_abs + q_half_step * rows_abs) * (1.0 + 1e-4);
             assert!(
                 (*gs as f64 - ws).abs() < tolerance,
                 "cell {gc}: {gs} vs {ws} (tolerance {tolerance})"
