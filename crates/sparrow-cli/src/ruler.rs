@@ -10,7 +10,7 @@ use crate::run::init_threads;
 use crate::{KvArgs, ModelArgs};
 use sparrow::attention::AttentionChoice;
 use sparrow::policy::{
-    H2oSettings, OracleSettings, QuestSettings, SaapSettings, StreamingAttention,
+    H2oSettings, OracleSettings, QuestSettings, SaapSettings, SketchSettings, StreamingAttention,
 };
 use sparrow_eval::answer::RunSettings;
 use sparrow_eval::ruler::{build_case, run_case, CaseResult, Corpus, Family, Task};
@@ -234,6 +234,7 @@ fn at_read_share(choice: &AttentionChoice, share: f64, length: usize) -> Attenti
     let mut c = choice.clone();
     c.settings_mut::<QuestSettings>().budget = n;
     c.settings_mut::<OracleSettings>().budget = n;
+    c.settings_mut::<SketchSettings>().budget = n;
     let s = c.settings_mut::<StreamingAttention>();
     s.window = n.saturating_sub(s.sinks).max(1);
     let h = c.settings_mut::<H2oSettings>();

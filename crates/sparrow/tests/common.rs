@@ -24,6 +24,7 @@
 use sparrow::attention::AttentionChoice;
 use sparrow::policy::quest::QuestSettings;
 use sparrow::policy::saap::{Layout, Router, SaapSettings};
+use sparrow::policy::sketch::SketchSettings;
 use sparrow::synthetic::synthetic_saap_index;
 use sparrow::{Logits, Model, State};
 use std::path::{Path, PathBuf};
@@ -329,7 +330,8 @@ pub fn small_quest() -> AttentionChoice {
 
 /// Full attention and every policy that keeps per-sequence summaries or reads less than
 /// everything, on a small synthetic model `m` (Saap over a random index written into
-/// `dir`): Quest, streaming, Saap in both layouts, and an XAttention prefill before Quest.
+/// `dir`): Quest, streaming, the sketch, Saap in both layouts, and an XAttention prefill
+/// before Quest.
 pub fn small_policies(m: &Model, dir: &Path) -> Vec<(&'static str, AttentionChoice)> {
     let saap = |layout| random_saap(m, &dir.join("random-small.saap"), (8, 2, 7), layout);
     vec![
@@ -340,6 +342,16 @@ pub fn small_policies(m: &Model, dir: &Path) -> Vec<(&'static str, AttentionChoi
             AttentionChoice::named("streaming").with(sparrow::attention::StreamingAttention {
                 sinks: 2,
                 window: 24,
+            }),
+        ),
+        (
+            "sketch",
+            AttentionChoice::named("sketch").with(SketchSettings {
+                block: 16,
+                budget: 48,
+                channels: 8,
+                dense_layers: vec![0],
+                rerank: 2,
             }),
         ),
         ("saap", saap(Layout::Positions)),

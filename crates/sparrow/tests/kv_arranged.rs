@@ -132,12 +132,21 @@ fn every_policy_reads_an_arranged_store_as_the_store_by_position() {
                 "{name} {types}: export"
             );
             let placed = Placed::new(choice.build(&m.config).unwrap(), segment);
-            let mut restored = m.new_sequence_with(N_CTX, kv, placed).unwrap();
+            let mut restored = m.new_sequence_with(N_CTX, kv.clone(), placed).unwrap();
             restored.import_prefix(n, &bytes).unwrap();
+            let mut restored_by_position = m.new_state(N_CTX, kv).unwrap();
+            restored_by_position.set_attention(choice.build(&m.config).unwrap());
+            restored_by_position.import_prefix(n, &bytes).unwrap();
             let steps = synthetic_tokens(6, 4);
             let a = run(&m, &mut by_position, &[], 1, &steps);
             let b = run(&m, &mut restored, &[], 1, &steps);
-            assert!(a == b, "{name} {types}: after importing a prefix");
+            let c = run(&m, &mut restored_by_position, &[], 1, &steps);
+            assert!(b == c, "{name} {types}: importing a prefix");
+            // The sketch chooses its channels at the first step after a prompt, so a
+            // sequence restored mid-answer reads other keys than the one that went on.
+            if name != "sketch" {
+                assert!(a == b, "{name} {types}: after importing a prefix");
+            }
         }
     }
 }

@@ -40,6 +40,51 @@ pub(crate) fn exp8(x: __m256) -> __m256 {
     _mm256_andnot_ps(tiny, _mm256_mul_ps(y, pow2n))
 }
 
+/// [`super::tile::exp_shifted_sum`] on 8 lanes: `x ← exp((x - top) · scale)`, NaN to 0,
+/// returning the sum (lanes summed in f32, the vectors' totals in f64).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn exp_shifted_sum(x: &mut [f32], top: f32, scale: f32) -> f64 {
+    let whole = x.len() / 8 * 8;
+    let (top_v, scale_v) = (_mm256_set1_ps(top), _mm256_set1_ps(scale));
+    let mut total = 0.0f64;
+    let mut acc = _mm256_setzero_ps();
+    for (i, chunk) in x[..whole].chunks_exact_mut(8).enumerate() {
+        // SAFETY: `chunk` holds 8 floats.
+        let v = unsafe { _mm256_loadu_ps(chunk.as_ptr()) };
+        let number = _mm256_cmp_ps::<_CMP_ORD_Q>(v, v);
+        let e = _mm256_and_ps(
+            number,
+            exp8(_mm256_mul_ps(_mm256_sub_ps(v, top_v), scale_v)),
+        );
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(chunk.as_mut_ptr(), e) };
+        acc = _mm256_add_ps(acc, e);
+        if i % 64 == 63 {
+            total += lane_sum(acc);
+            acc = _mm256_setzero_ps();
+        }
+    }
+    total += lane_sum(acc);
+    for v in &mut x[whole..] {
+        *v = if v.is_nan() {
+            0.0
+        } else {
+            ((*v - top) * scale).exp()
+        };
+        total += *v as f64;
+    }
+    total
+}
+
+/// The sum of 8 lanes, in f64.
+#[target_feature(enable = "avx2")]
+fn lane_sum(v: __m256) -> f64 {
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+    lanes.iter().map(|&l| l as f64).sum()
+}
+
 /// AVX2 + FMA + F16C, 8 lanes. Its primitives are only called from the entry points
 /// below, which enable those features.
 pub(crate) struct Avx2;

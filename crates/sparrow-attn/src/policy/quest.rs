@@ -4,6 +4,7 @@
 //! block, so ranking blocks by it and reading the top ones (within a token budget) keeps the
 //! keys that can matter most.
 
+use crate::kernel::tile::exp_shifted_sum;
 use crate::kernel::Level;
 
 /// Widen the element-wise bounds `min`/`max` (`width` values each) to cover every row of
@@ -149,7 +150,7 @@ pub fn group_block_mass(
     out: &mut [f32],
 ) {
     let mut abs = vec![0.0f32; head_dim];
-    softmax_sum_over_heads(q_group, head_dim, out, |q, logits| {
+    softmax_sum_over_heads(level, q_group, head_dim, out, |q, logits| {
         for (a, &x) in abs.iter_mut().zip(q) {
             *a = x.abs();
         }
@@ -172,7 +173,7 @@ pub fn group_row_mass(
     out: &mut [f32],
 ) {
     let zero = vec![0.0f32; head_dim];
-    softmax_sum_over_heads(q_group, head_dim, out, |q, logits| {
+    softmax_sum_over_heads(level, q_group, head_dim, out, |q, logits| {
         group_upper_bounds(level, q, &zero, rows, rows, stride, logits);
     });
 }
@@ -180,7 +181,10 @@ pub fn group_row_mass(
 /// `out = Σ_h softmax(logits_h / √head_dim)` over the query heads of `q_group`, where
 /// `logits(q_h, buf)` writes head `h`'s unscaled logits (one per entry of `out`). A logit
 /// that is not a number counts as no mass; a head without a finite logit adds nothing.
-fn softmax_sum_over_heads(
+/// The criterion every mass-ranking selection shares (bounds, exact keys, sketches); the
+/// exponentials run at `level` ([`exp_shifted_sum`]).
+pub fn softmax_sum_over_heads(
+    level: Level,
     q_group: &[f32],
     head_dim: usize,
     out: &mut [f32],
@@ -198,15 +202,7 @@ fn softmax_sum_over_heads(
         if !top.is_finite() {
             continue;
         }
-        let mut total = 0.0f64;
-        for b in buf.iter_mut() {
-            *b = if b.is_nan() {
-                0.0
-            } else {
-                ((*b - top) * scale).exp()
-            };
-            total += *b as f64;
-        }
+        let total = exp_shifted_sum(level, &mut buf, top, scale);
         let inv = (1.0 / total) as f32;
         for (o, &e) in out.iter_mut().zip(&buf) {
             *o += e * inv;

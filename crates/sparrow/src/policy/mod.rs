@@ -18,6 +18,7 @@ pub mod ladder;
 pub mod oracle;
 pub mod quest;
 pub mod saap;
+pub mod sketch;
 pub mod streaming;
 pub mod xattention;
 
@@ -29,6 +30,7 @@ pub const REGISTRY: &[PolicyEntry] = &[
     streaming::ENTRY,
     ladder::ENTRY,
     quest::ENTRY,
+    sketch::ENTRY,
     xattention::ENTRY,
     h2o::ENTRY,
     oracle::ENTRY,
@@ -43,6 +45,7 @@ pub use oracle::{OracleAttention, OracleSettings};
 pub use quest::{QuestAttention, QuestSettings};
 pub use saap::{Layout as SaapLayout, Router as SaapRouter, SaapAttention, SaapSettings};
 pub use settings::{NoSettings, PolicySettings, SettingsMap, SettingsType};
+pub use sketch::{SketchAttention, SketchSettings};
 pub use streaming::StreamingAttention;
 pub use xattention::{XAttention, XAttentionSettings};
 
@@ -514,7 +517,7 @@ mod tests {
         .unwrap();
         assert!(err.contains("does not support decode"), "{err}");
         assert!(
-            err.contains("full, streaming, ladder, quest, h2o, oracle"),
+            err.contains("full, streaming, ladder, quest, sketch, h2o, oracle"),
             "{err}"
         );
     }

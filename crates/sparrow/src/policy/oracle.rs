@@ -7,8 +7,10 @@
 //! slow: an instrument, not a method. Prefill reads everything.
 
 use super::{PolicyEntry, SettingsType};
-use sparrow_attn::kernel::{read_f32, runs};
-use sparrow_attn::policy::{PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy};
+use sparrow_attn::kernel::{read_f32, runs, AttnShape, KvSource, Level};
+use sparrow_attn::policy::{
+    group_row_mass, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
+};
 use std::ops::Range;
 
 /// The registry's entry: a decode policy.
@@ -128,6 +130,54 @@ pub(crate) fn group_key_mass(
         }
     }
     mass
+}
+
+/// Of the `candidates` (ascending positions of `store`), the `keep` with the most exact
+/// attention mass for the group `q_group` of `kv_head` — per query head a softmax over the
+/// candidates' keys, summed ([`group_row_mass`]: the oracle's criterion within a candidate
+/// set) — as ascending ranges. The exact second pass of the policies that pick candidates
+/// from summaries (Quest's pages, the sketch's channels): it reads the candidates' keys.
+pub(crate) fn top_by_exact_mass(
+    store: &dyn KvSource,
+    shape: AttnShape,
+    kv_head: usize,
+    q_group: &[f32],
+    candidates: &[usize],
+    keep: usize,
+) -> Vec<Range<usize>> {
+    let (kv_dim, hd) = (shape.kv_dim(), shape.head_dim);
+    let rows = candidates.len();
+    if keep >= rows {
+        return runs(candidates.iter().copied());
+    }
+    let mut keys = vec![0f32; rows * kv_dim];
+    let mut done = 0;
+    for run in runs(candidates.iter().copied()) {
+        let len = run.len();
+        read_f32(
+            store,
+            false,
+            hd,
+            run.start,
+            &mut keys[done * kv_dim..(done + len) * kv_dim],
+        );
+        done += len;
+    }
+    let mut mass = vec![0f32; rows];
+    let at = kv_head * hd;
+    group_row_mass(Level::active(), q_group, hd, &keys[at..], kv_dim, &mut mass);
+    let mut order: Vec<usize> = (0..rows).collect();
+    if keep == 0 {
+        return Vec::new();
+    }
+    // Most mass first; ties to the later position.
+    order.select_nth_unstable_by(keep - 1, |&a, &b| {
+        mass[b].total_cmp(&mass[a]).then(b.cmp(&a))
+    });
+    order.truncate(keep);
+    let mut positions: Vec<usize> = order.into_iter().map(|i| candidates[i]).collect();
+    positions.sort_unstable();
+    runs(positions)
 }
 
 impl SparsePolicy for OracleAttention {

@@ -24,12 +24,13 @@
 //! exact mass among them are attended to. It reads `F` times the budget's keys to choose
 //! (the plan reads them from the store, so a tiered store serves them from its cold file).
 
+use super::oracle::top_by_exact_mass;
 use super::{AttentionChoice, PolicyEntry, SettingsType};
 use rayon::prelude::*;
-use sparrow_attn::kernel::{read_f32, runs, AttnShape, KvSource, Level};
+use sparrow_attn::kernel::{read_f32, AttnShape, KvSource, Level};
 use sparrow_attn::policy::{
-    center_radius, group_block_mass, group_query, group_row_mass, group_upper_bounds, key_bounds,
-    KeysView, PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
+    center_radius, group_block_mass, group_query, group_upper_bounds, key_bounds, KeysView,
+    PlanContext, PlanEntry, ReadPlan, Source, SparsePolicy,
 };
 use std::ops::Range;
 
@@ -266,9 +267,8 @@ impl QuestAttention {
 }
 
 /// The second pass: of the candidate `pages` (ascending), the `keep` positions with the
-/// most exact attention mass for the group `q_group` of `kv_head` (per query head a softmax
-/// over the candidates' keys, summed — the oracle's criterion within the candidates), as
-/// ascending ranges ([`group_row_mass`]: the keys' dots on the pages' SIMD kernel).
+/// most exact attention mass for the group `q_group` of `kv_head`
+/// ([`top_by_exact_mass`], the oracle's criterion within the candidates).
 fn rerank(
     store: &dyn KvSource,
     shape: AttnShape,
@@ -278,35 +278,11 @@ fn rerank(
     page: usize,
     keep: usize,
 ) -> Vec<Range<usize>> {
-    let (kv_dim, hd) = (shape.kv_dim(), shape.head_dim);
-    let rows = pages.len() * page;
-    let mut keys = vec![0f32; rows * kv_dim];
-    for (i, &p) in pages.iter().enumerate() {
-        read_f32(
-            store,
-            false,
-            hd,
-            p * page,
-            &mut keys[i * page * kv_dim..(i + 1) * page * kv_dim],
-        );
-    }
-    let mut mass = vec![0f32; rows];
-    let at = kv_head * hd;
-    group_row_mass(Level::active(), q_group, hd, &keys[at..], kv_dim, &mut mass);
-    let mut order: Vec<usize> = (0..rows).collect();
-    if keep < rows {
-        // Most mass first; ties to the later position.
-        order.select_nth_unstable_by(keep - 1, |&a, &b| {
-            mass[b].total_cmp(&mass[a]).then(b.cmp(&a))
-        });
-        order.truncate(keep);
-    }
-    let mut positions: Vec<usize> = order
-        .into_iter()
-        .map(|i| pages[i / page] * page + i % page)
+    let candidates: Vec<usize> = pages
+        .iter()
+        .flat_map(|&p| p * page..(p + 1) * page)
         .collect();
-    positions.sort_unstable();
-    runs(positions)
+    top_by_exact_mass(store, shape, kv_head, q_group, &candidates, keep)
 }
 
 /// Append `r` to ascending `ranges`, merging it with the last one when they touch.
