@@ -195,10 +195,7 @@ pub fn softmax_sum_over_heads(
     let mut buf = vec![0.0f32; out.len()];
     for q in q_group.chunks_exact(head_dim.max(1)) {
         logits(q, &mut buf);
-        let top = buf
-            .iter()
-            .filter(|b| !b.is_nan())
-            .fold(f32::NEG_INFINITY, |m, &b| m.max(b));
+        let top = max_ignoring_nan(&buf);
         if !top.is_finite() {
             continue;
         }
@@ -210,10 +207,49 @@ pub fn softmax_sum_over_heads(
     }
 }
 
+/// The largest value of `x` that is a number (`-inf` when there is none). In 16 lanes, so
+/// the compiler vectorizes it: a selection policy takes it over every key's estimated logit
+/// per query head and decode step.
+fn max_ignoring_nan(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = x.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            // A NaN compares false and is passed over.
+            *l = if v > *l { v } else { *l };
+        }
+    }
+    rest.iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::KeysView;
+
+    #[test]
+    fn the_largest_number_passes_over_nans_at_every_length() {
+        for n in [0usize, 1, 15, 16, 17, 40] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| {
+                    if i % 3 == 1 {
+                        f32::NAN
+                    } else {
+                        (i as f32 * 1.7).sin()
+                    }
+                })
+                .collect();
+            let want = x
+                .iter()
+                .filter(|v| !v.is_nan())
+                .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            assert_eq!(max_ignoring_nan(&x), want, "n {n}");
+        }
+        assert_eq!(max_ignoring_nan(&[f32::NAN; 20]), f32::NEG_INFINITY);
+    }
 
     #[test]
     fn the_lane_split_score_equals_the_f64_sum_at_every_length() {

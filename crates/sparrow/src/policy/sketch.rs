@@ -172,6 +172,35 @@ fn choose_channels(weight: &[f64], groups: &[Vec<usize>], count: usize) -> Vec<u
     chosen
 }
 
+/// The `k` positions of `mass` (non-negative) with the most, ascending; ties go to the later
+/// positions (recent keys are the safer guess). One selection over the values' bits (a
+/// non-negative float orders as its bits do) and one scan, rather than a sort of positions
+/// by a comparison that looks each value up: this runs over every sketched key per KV head
+/// and decode step.
+fn most_mass(mass: &[f32], k: usize) -> Vec<usize> {
+    let n = mass.len();
+    if k >= n {
+        return (0..n).collect();
+    }
+    if k == 0 {
+        return Vec::new();
+    }
+    let key = |m: f32| if m > 0.0 { m.to_bits() } else { 0 };
+    let mut bits: Vec<u32> = mass.iter().map(|&m| key(m)).collect();
+    let threshold = *bits.select_nth_unstable(n - k).1;
+    let mut ties = k - mass.iter().filter(|&&m| key(m) > threshold).count();
+    let mut chosen = Vec::with_capacity(k);
+    for (t, &m) in mass.iter().enumerate().rev() {
+        let b = key(m);
+        if b > threshold || (b == threshold && ties > 0) {
+            ties -= usize::from(b == threshold);
+            chosen.push(t);
+        }
+    }
+    chosen.reverse();
+    chosen
+}
+
 /// One KV head's sketches: its channels, their mean at the choice, and per sketched position
 /// the centred channels as 8-bit quants with one scale.
 struct HeadSketch {
@@ -245,6 +274,35 @@ impl HeadSketch {
         self.quants.resize(at + centred.len(), 0);
         self.scales
             .push(quantize_row(centred, &mut self.quants[at..]));
+    }
+
+    /// Each query head's estimated logits (unscaled) over the first `n` sketched positions,
+    /// head after head: the query rows of `q_group` (`hd` each) on the channels, 8-bit,
+    /// against the sketches. The heads take the rows a chunk at a time, so a chunk's
+    /// sketches are read from memory once for the whole group, not once per head.
+    fn logits(&self, q_group: &[f32], hd: usize, n: usize) -> Vec<f32> {
+        const CHUNK: usize = 256;
+        let r = self.channels.len();
+        let queries: Vec<(Vec<i8>, f32)> = q_group
+            .chunks_exact(hd)
+            .map(|q| {
+                let picked: Vec<f32> = self.channels.iter().map(|&c| q[c]).collect();
+                let mut quants = vec![0i8; r];
+                let scale = quantize_row(&picked, &mut quants);
+                (quants, scale)
+            })
+            .collect();
+        let mut logits = vec![0f32; queries.len() * n];
+        let level = Level::active();
+        for start in (0..n).step_by(CHUNK) {
+            let len = CHUNK.min(n - start);
+            let (rows, scales) = (&self.quants[start * r..], &self.scales[start..]);
+            for (h, (quants, scale)) in queries.iter().enumerate() {
+                let out = &mut logits[h * n + start..][..len];
+                scaled_row_dots(level, rows, scales, quants, *scale, out);
+            }
+        }
+        logits
     }
 
     fn truncate(&mut self, positions: usize) {
@@ -373,31 +431,24 @@ impl SketchAttention {
             return std::iter::once(0..n).collect();
         }
         let head = &layer.heads[kv_head];
+        let logits = head.logits(q_group, shape.head_dim, sealed);
         let mut mass = vec![0f32; sealed];
-        let (mut picked, mut quants) = (Vec::new(), vec![0i8; head.channels.len()]);
-        let level = Level::active();
-        softmax_sum_over_heads(level, q_group, shape.head_dim, &mut mass, |q, logits| {
-            picked.clear();
-            picked.extend(head.channels.iter().map(|&c| q[c]));
-            let scale = quantize_row(&picked, &mut quants);
-            scaled_row_dots(level, &head.quants, &head.scales, &quants, scale, logits);
-        });
+        let mut heads = logits.chunks_exact(sealed.max(1));
+        softmax_sum_over_heads(
+            Level::active(),
+            q_group,
+            shape.head_dim,
+            &mut mass,
+            |_, out| {
+                out.copy_from_slice(heads.next().expect("one row of logits per query head"));
+            },
+        );
         let candidates = if self.settings.rerank > 1 {
             (slots * self.settings.rerank).min(sealed)
         } else {
             slots
         };
-        let mut chosen: Vec<usize> = (0..sealed).collect();
-        if candidates == 0 {
-            chosen.clear();
-        } else if candidates < sealed {
-            // Most estimated mass first; ties to the later position.
-            chosen.select_nth_unstable_by(candidates - 1, |&a, &b| {
-                mass[b].total_cmp(&mass[a]).then(b.cmp(&a))
-            });
-            chosen.truncate(candidates);
-        }
-        chosen.sort_unstable();
+        let chosen = most_mass(&mass, candidates);
         let mut ranges = if candidates > slots {
             top_by_exact_mass(store, shape, kv_head, q_group, &chosen, slots)
         } else {
@@ -567,6 +618,29 @@ mod tests {
         (0..n)
             .map(|_| (0..16).map(|_| r() * spread).collect())
             .collect()
+    }
+
+    /// The selection equals a sort by mass (ties to the later position) on values with
+    /// many ties, zeros and a negative zero, at every k.
+    #[test]
+    fn most_mass_is_the_top_of_a_sort_with_ties_to_later_positions() {
+        let mass: Vec<f32> = (0..50)
+            .map(|i| match i % 7 {
+                0 => 0.0,
+                1 => -0.0,
+                2 => 0.25,
+                _ => ((i * 37) % 11) as f32 * 0.1,
+            })
+            .collect();
+        for k in 0..=51 {
+            let mut want: Vec<usize> = (0..50).collect();
+            // Zero and negative zero are one value: no mass.
+            let v = |t: usize| if mass[t] > 0.0 { mass[t] } else { 0.0 };
+            want.sort_by(|&a, &b| v(b).total_cmp(&v(a)).then(b.cmp(&a)));
+            want.truncate(k);
+            want.sort_unstable();
+            assert_eq!(most_mass(&mass, k), want, "k {k}");
+        }
     }
 
     #[test]
