@@ -328,6 +328,18 @@ pub fn small_quest() -> AttentionChoice {
     })
 }
 
+/// The sketch at 8 of the small models' 32 channels, reading `budget` positions per step
+/// after an exact second pass over twice as many, layer 0 dense.
+pub fn small_sketch(budget: usize) -> AttentionChoice {
+    AttentionChoice::named("sketch").with(SketchSettings {
+        block: 16,
+        budget,
+        channels: 8,
+        dense_layers: vec![0],
+        rerank: 2,
+    })
+}
+
 /// Full attention and every policy that keeps per-sequence summaries or reads less than
 /// everything, on a small synthetic model `m` (Saap over a random index written into
 /// `dir`): Quest, streaming, the sketch, Saap in both layouts, and an XAttention prefill
@@ -344,16 +356,7 @@ pub fn small_policies(m: &Model, dir: &Path) -> Vec<(&'static str, AttentionChoi
                 window: 24,
             }),
         ),
-        (
-            "sketch",
-            AttentionChoice::named("sketch").with(SketchSettings {
-                block: 16,
-                budget: 48,
-                channels: 8,
-                dense_layers: vec![0],
-                rerank: 2,
-            }),
-        ),
+        ("sketch", small_sketch(48)),
         ("saap", saap(Layout::Positions)),
         ("saap in bucket order", saap(Layout::Buckets)),
         ("xattention+quest", {

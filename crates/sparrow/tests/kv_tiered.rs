@@ -13,7 +13,6 @@ use sparrow::kv::KvStore;
 use sparrow::kv::{minimum_budget, ColdTier, ColdWrite, KvOptions, TieredStore};
 use sparrow::policy::quest::QuestSettings;
 use sparrow::policy::saap::Layout;
-use sparrow::policy::sketch::SketchSettings;
 use sparrow::synthetic::{synthetic_model, synthetic_tokens, SyntheticSpec};
 use sparrow::{KvType, KvTypes, Model, State};
 use std::io;
@@ -46,18 +45,6 @@ fn quest() -> AttentionChoice {
         budget: 64,
         dense_layers: vec![0],
         rerank: 0,
-    })
-}
-
-/// The sketch at 8 of the heads' 32 channels, 64 positions read, an exact second pass over
-/// twice as many.
-fn sketch() -> AttentionChoice {
-    AttentionChoice::named("sketch").with(SketchSettings {
-        block: 16,
-        budget: 64,
-        channels: 8,
-        dense_layers: vec![0],
-        rerank: 2,
     })
 }
 
@@ -119,7 +106,10 @@ fn tiered_store_gives_the_ram_stores_logits_bit_for_bit() {
             * m.config.n_layer;
         let mut exact = None;
         let saaps = [Layout::Positions, Layout::Buckets].map(|l| saap(&m, dir.path(), l));
-        for choice in [full(), quest(), sketch()].iter().chain(&saaps) {
+        for choice in [full(), quest(), common::small_sketch(64)]
+            .iter()
+            .chain(&saaps)
+        {
             let mut ram = sequence(&m, types, None, choice);
             let want = run(&m, &mut ram, &prompt, 100, &steps);
             // The selecting policies must really select here, or this tests only full.
@@ -163,7 +153,10 @@ fn rewinds_and_prefix_imports_match_the_ram_store() {
     let prompt = synthetic_tokens(300, 3);
     let dir = tempfile::tempdir().unwrap();
     let saaps = [Layout::Positions, Layout::Buckets].map(|l| saap(&m, dir.path(), l));
-    for choice in [full(), quest(), sketch()].iter().chain(&saaps) {
+    for choice in [full(), quest(), common::small_sketch(64)]
+        .iter()
+        .chain(&saaps)
+    {
         let choice = choice.clone();
         let budget = min + {
             let (need, open) = summaries(&m, &choice, types);

@@ -248,6 +248,14 @@ impl HeadSketch {
                 }
             })
             .collect();
+        // Pairs for the model's head size; a head of another size has its channels alone.
+        let singles: Vec<Vec<usize>>;
+        let groups = if groups.iter().map(Vec::len).sum::<usize>() == hd {
+            groups
+        } else {
+            singles = (0..hd).map(|c| vec![c]).collect();
+            &singles
+        };
         let channels = choose_channels(&weight, groups, count.min(hd));
         let mean = channels
             .iter()
@@ -321,14 +329,15 @@ struct LayerSketch {
 }
 
 impl LayerSketch {
-    /// Sketch `keys` (rows of `kv_dim`) as the next positions.
+    /// Sketch `keys` (rows of `kv_dim`) as the next positions, the KV heads in parallel (at
+    /// a prompt's first step this is every key of the layer).
     fn extend(&mut self, keys: &[f32], kv_dim: usize, hd: usize) {
-        let mut centred = Vec::new();
-        for key in keys.chunks_exact(kv_dim) {
-            for (h, head) in self.heads.iter_mut().enumerate() {
+        self.heads.par_iter_mut().enumerate().for_each(|(h, head)| {
+            let mut centred = Vec::new();
+            for key in keys.chunks_exact(kv_dim) {
                 head.push(&key[h * hd..(h + 1) * hd], &mut centred);
             }
-        }
+        });
         self.sketched += keys.len() / kv_dim;
     }
 
@@ -383,6 +392,7 @@ impl SketchAttention {
             let mut keys = vec![0f32; sealed * kv_dim];
             read_f32(ctx.store, false, hd, 0, &mut keys);
             let heads = (0..shape.n_head_kv)
+                .into_par_iter()
                 .map(|h| {
                     HeadSketch::choose(
                         ctx.group_queries(0, h),
