@@ -56,10 +56,10 @@ pub struct RulerArgs {
     #[arg(long = "plot")]
     plot: Option<PathBuf>,
     /// Set every selection policy's read budget to this share of each case's length, so
-    /// policies compare at equal reads at every length: Quest's and the oracle's budgets and
-    /// the streaming window (sinks included) to ⌈F·L⌉ positions, H2O's heavy and recent
-    /// shares to F/2 each, Saap's budget to F (its `--saap-max-read` raised to ⌈F·L⌉ if
-    /// lower). Without it, each policy's own flags apply at every length.
+    /// policies compare at equal reads at every length: Quest's, the sketch's and the
+    /// oracle's budgets and the streaming window (sinks included) to ⌈F·L⌉ positions, H2O's
+    /// heavy and recent shares to F/2 each, Saap's budget to F (its `--saap-max-read` raised
+    /// to ⌈F·L⌉ if lower). Without it, each policy's own flags apply at every length.
     #[arg(long = "read-share")]
     read_share: Option<f64>,
     /// Threads (default: all available cores).
@@ -352,6 +352,7 @@ mod tests {
         let c = at_read_share(&AttentionChoice::named("quest"), 0.05, 8192);
         assert_eq!(c.settings::<QuestSettings>().budget, 410);
         assert_eq!(c.settings::<OracleSettings>().budget, 410);
+        assert_eq!(c.settings::<SketchSettings>().budget, 410);
         let s = c.settings::<StreamingAttention>();
         assert_eq!(s.sinks + s.window, 410);
         let h = c.settings::<H2oSettings>();
