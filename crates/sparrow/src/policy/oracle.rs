@@ -150,6 +150,9 @@ pub(crate) fn top_by_exact_mass(
     if keep >= rows {
         return runs(candidates.iter().copied());
     }
+    if keep == 0 {
+        return Vec::new();
+    }
     let mut keys = vec![0f32; rows * kv_dim];
     let mut done = 0;
     for run in runs(candidates.iter().copied()) {
@@ -167,9 +170,6 @@ pub(crate) fn top_by_exact_mass(
     let at = kv_head * hd;
     group_row_mass(Level::active(), q_group, hd, &keys[at..], kv_dim, &mut mass);
     let mut order: Vec<usize> = (0..rows).collect();
-    if keep == 0 {
-        return Vec::new();
-    }
     // Most mass first; ties to the later position.
     order.select_nth_unstable_by(keep - 1, |&a, &b| {
         mass[b].total_cmp(&mass[a]).then(b.cmp(&a))
