@@ -18,8 +18,8 @@ pub use bins::sort_by_bin;
 pub use int8_rows::{quantize_row, scaled_row_dots};
 pub use plan::{execute, Batch, PlanEntry, ReadPlan, SideRows, SideTable, Source};
 pub use quest::{
-    center_radius, group_block_mass, group_query, group_row_mass, group_upper_bounds, key_bounds,
-    softmax_sum_over_heads, upper_bound_score,
+    add_softmax, center_radius, group_block_mass, group_query, group_row_mass, group_upper_bounds,
+    key_bounds, softmax_sum_over_heads, upper_bound_score,
 };
 
 use crate::error::{AttnError, Result};

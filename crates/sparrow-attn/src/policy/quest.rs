@@ -181,8 +181,7 @@ pub fn group_row_mass(
 /// `out = Σ_h softmax(logits_h / √head_dim)` over the query heads of `q_group`, where
 /// `logits(q_h, buf)` writes head `h`'s unscaled logits (one per entry of `out`). A logit
 /// that is not a number counts as no mass; a head without a finite logit adds nothing.
-/// The criterion every mass-ranking selection shares (bounds, exact keys, sketches); the
-/// exponentials run at `level` ([`exp_shifted_sum`]).
+/// The criterion every mass-ranking selection shares (bounds, exact keys, sketches).
 pub fn softmax_sum_over_heads(
     level: Level,
     q_group: &[f32],
@@ -195,15 +194,23 @@ pub fn softmax_sum_over_heads(
     let mut buf = vec![0.0f32; out.len()];
     for q in q_group.chunks_exact(head_dim.max(1)) {
         logits(q, &mut buf);
-        let top = max_ignoring_nan(&buf);
-        if !top.is_finite() {
-            continue;
-        }
-        let total = exp_shifted_sum(level, &mut buf, top, scale);
-        let inv = (1.0 / total) as f32;
-        for (o, &e) in out.iter_mut().zip(&buf) {
-            *o += e * inv;
-        }
+        add_softmax(level, &mut buf, scale, out);
+    }
+}
+
+/// `out += softmax(logits · scale)`, the logits turned into their exponentials in place (at
+/// `level`, [`exp_shifted_sum`]): one head's share in [`softmax_sum_over_heads`], for a
+/// caller that has every head's logits at once. NaN counts as no mass; logits without a
+/// finite one add nothing.
+pub fn add_softmax(level: Level, logits: &mut [f32], scale: f32, out: &mut [f32]) {
+    let top = max_ignoring_nan(logits);
+    if !top.is_finite() {
+        return;
+    }
+    let total = exp_shifted_sum(level, logits, top, scale);
+    let inv = (1.0 / total) as f32;
+    for (o, &e) in out.iter_mut().zip(logits.iter()) {
+        *o += e * inv;
     }
 }
 

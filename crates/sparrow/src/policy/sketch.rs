@@ -42,8 +42,8 @@ use crate::model::config::{ModelConfig, RopeLayout};
 use rayon::prelude::*;
 use sparrow_attn::kernel::{read_f32, runs, AttnShape, KvSource, Level};
 use sparrow_attn::policy::{
-    quantize_row, scaled_row_dots, softmax_sum_over_heads, KeysView, PlanContext, PlanEntry,
-    ReadPlan, Source, SparsePolicy,
+    add_softmax, quantize_row, scaled_row_dots, KeysView, PlanContext, PlanEntry, ReadPlan, Source,
+    SparsePolicy,
 };
 use std::ops::Range;
 
@@ -441,18 +441,14 @@ impl SketchAttention {
             return std::iter::once(0..n).collect();
         }
         let head = &layer.heads[kv_head];
-        let logits = head.logits(q_group, shape.head_dim, sealed);
+        // Each query head's softmax over its logits, in place, summed: the oracle's
+        // criterion on the sketches.
+        let mut logits = head.logits(q_group, shape.head_dim, sealed);
         let mut mass = vec![0f32; sealed];
-        let mut heads = logits.chunks_exact(sealed.max(1));
-        softmax_sum_over_heads(
-            Level::active(),
-            q_group,
-            shape.head_dim,
-            &mut mass,
-            |_, out| {
-                out.copy_from_slice(heads.next().expect("one row of logits per query head"));
-            },
-        );
+        let (level, scale) = (Level::active(), 1.0 / (shape.head_dim as f32).sqrt());
+        for row in logits.chunks_exact_mut(sealed) {
+            add_softmax(level, row, scale, &mut mass);
+        }
         let candidates = if self.settings.rerank > 1 {
             (slots * self.settings.rerank).min(sealed)
         } else {
