@@ -68,6 +68,8 @@ pub struct RulerArgs {
     /// Prompt tokens per forward pass.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     batch_size: usize,
+    #[command(flatten)]
+    prefill_cache: super::PrefillCacheArgs,
 }
 
 /// The tasks `names` stand for (`all`: every task), or why not.
@@ -103,6 +105,7 @@ pub fn ruler(a: RulerArgs) -> Result<(), String> {
     let settings = RunSettings {
         kv: a.kv.options(),
         batch_size: a.batch_size,
+        prefill_cache: a.prefill_cache.open()?,
     };
     let mut results: Vec<CaseResult> = match (&a.json, a.resume) {
         (Some(path), true) if path.exists() => read_results(path)?,
@@ -156,12 +159,27 @@ pub fn ruler(a: RulerArgs) -> Result<(), String> {
                     .map(|r| format!("{} {:.0}", r.attention, r.score * 100.0))
                     .collect();
                 // Each prefill group reports its one prefill's time on every member.
-                let mut prefills: Vec<f64> =
-                    case_results.iter().map(|r| r.prefill_seconds).collect();
+                let mut prefills: Vec<(f64, bool)> = case_results
+                    .iter()
+                    .map(|r| (r.prefill_seconds, r.prefill_cached))
+                    .collect();
                 prefills.dedup();
-                let prefill: f64 = prefills.iter().sum();
+                let prefill: f64 = prefills.iter().map(|p| p.0).sum();
+                let cached = match prefills.iter().filter(|p| p.1).count() {
+                    0 => String::new(),
+                    k if k == prefills.len() => " (read from the prefill cache)".to_string(),
+                    k => format!(" ({k} of {} read from the prefill cache)", prefills.len()),
+                };
+                let mut notes: Vec<&str> = case_results
+                    .iter()
+                    .filter_map(|r| r.prefill_note.as_deref())
+                    .collect();
+                notes.dedup();
+                for note in notes {
+                    eprintln!("warning: {note}");
+                }
                 eprintln!(
-                    "[{n}/{total}] {} {length} #{index} ({} tokens): {} | prefill {prefill:.1} s, case {:.1} s",
+                    "[{n}/{total}] {} {length} #{index} ({} tokens): {} | prefill {prefill:.1} s{cached}, case {:.1} s",
                     task.name(),
                     case.ids.len(),
                     scores.join(", "),
@@ -387,6 +405,8 @@ mod tests {
             answer: String::new(),
             score,
             prefill_seconds: 0.0,
+            prefill_cached: false,
+            prefill_note: None,
             decode_seconds: 0.0,
         }
     }

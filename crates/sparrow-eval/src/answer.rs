@@ -9,6 +9,7 @@
 //! the next choice. Sealed blocks are summarised for a newly installed policy at its first
 //! forward pass, so a decode policy sees the same cache whether it prefilled it or not.
 
+use crate::prefill_cache::{PrefillCache, PrefillRecipe};
 use sparrow::attention::AttentionChoice;
 use sparrow::engine::Engine;
 use sparrow::generate::{collect_text, Generation, WithProgress};
@@ -24,6 +25,8 @@ pub struct RunSettings {
     pub kv: KvOptions,
     /// Prompt tokens per prefill batch.
     pub batch_size: usize,
+    /// Where prefilled states are kept between runs (none: every prefill runs).
+    pub prefill_cache: Option<PrefillCache>,
 }
 
 /// One policy's greedy answer to a prompt.
@@ -34,8 +37,13 @@ pub struct PolicyAnswer {
     /// The generated text (the prompt not included).
     pub answer: String,
     /// Seconds of the prefill this answer read (shared by its group: the same figure for
-    /// each member).
+    /// each member; for a state read from the prefill cache, what its prefill took then).
     pub prefill_seconds: f64,
+    /// Whether the prefilled state came from the prefill cache.
+    pub prefill_cached: bool,
+    /// What went wrong with the prefill cache, if anything (a file refused and prefilled
+    /// again, a state that could not be saved): the answer stands either way.
+    pub prefill_note: Option<String>,
     /// Seconds from the last prompt token to the end of the answer.
     pub decode_seconds: f64,
     /// Tokens generated.
@@ -79,6 +87,9 @@ pub fn answer_with_policies(
             .filter(|&i| prefills[i] == prefill_name)
             .collect();
         let label = format!("prefill ({prefill_name})");
+        let first = &choices[members[0]];
+        let recipe = PrefillRecipe::new(first, head.len(), settings.batch_size, kv.types)
+            .map_err(Error::Other)?;
         // A state holding the prompt's head, prefilled under `choice`'s policy (its prefill
         // phase is the group's).
         let mut prefilled = |choice: &AttentionChoice| -> Result<sparrow::model::State> {
@@ -93,9 +104,38 @@ pub fn answer_with_policies(
             )?;
             Ok(s)
         };
-        let started = std::time::Instant::now();
-        let mut shared = Some(prefilled(&choices[members[0]])?);
-        let prefill_seconds = started.elapsed().as_secs_f64();
+        let mut note = None;
+        let cached = match &settings.prefill_cache {
+            Some(cache) => {
+                let mut s = engine.model.new_state(n_ctx, kv.clone())?;
+                s.set_attention(first.build(&engine.model.config).map_err(Error::Other)?);
+                match cache.load(engine, &mut s, head, &recipe) {
+                    Ok(Some(seconds)) => Some((s, seconds)),
+                    Ok(None) => None,
+                    Err(why) => {
+                        note = Some(format!("{why}; prefilled again"));
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        let prefill_cached = cached.is_some();
+        let (state, prefill_seconds) = match cached {
+            Some(hit) => hit,
+            None => {
+                let started = std::time::Instant::now();
+                let s = prefilled(first)?;
+                let seconds = started.elapsed().as_secs_f64();
+                if let Some(cache) = &settings.prefill_cache {
+                    if let Err(why) = cache.save(engine, &s, head, &recipe, seconds) {
+                        note = Some(format!("{why} (not kept)"));
+                    }
+                }
+                (s, seconds)
+            }
+        };
+        let mut shared = Some(state);
         for &i in &members {
             let choice = &choices[i];
             // A sliding layer's ring may have lost the head: then this one prefills again.
@@ -126,6 +166,8 @@ pub fn answer_with_policies(
                 attention: choice.label(),
                 answer,
                 prefill_seconds,
+                prefill_cached,
+                prefill_note: note.clone(),
                 decode_seconds: (stats.prompt_time + stats.gen_time).as_secs_f64(),
                 n_generated: stats.n_generated,
             });

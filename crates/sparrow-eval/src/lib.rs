@@ -5,6 +5,7 @@
 //! * [`ruler`] — RULER's synthetic long-context tasks (needle variants, variable tracking,
 //!   common- and frequent-word extraction) per attention policy;
 //! * [`answer`] — one prompt answered under several policies for one prefill each;
+//! * [`prefill_cache`] — prefilled states kept on disk between runs;
 //! * [`attention`] — how closely each policy follows exact attention on real activations
 //!   (attention mass kept, output error, reads);
 //! * [`perplexity`] — perplexity over a text, with any decode-phase policy;
@@ -16,6 +17,7 @@ pub mod attention;
 pub mod collect;
 pub mod needle;
 pub mod perplexity;
+pub mod prefill_cache;
 pub mod ruler;
 pub mod text;
 

@@ -213,7 +213,13 @@ pub struct NeedleResult {
     pub distractors: usize,
     pub answer: String,
     pub found: bool,
+    /// Seconds the prefill took (for a state read from the prefill cache, when it ran).
     pub prefill_seconds: f64,
+    /// Whether the prefilled state was read from the prefill cache.
+    pub prefill_cached: bool,
+    /// What went wrong with the prefill cache, if anything (the answer stands).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_note: Option<String>,
     /// The attention policy that answered (its label, e.g. `quest`).
     pub attention: String,
 }
@@ -321,6 +327,8 @@ pub struct CellSettings {
     pub format: NeedleFormat,
     /// Other needles hidden beside the one asked for ([`Needle::distractors`]).
     pub distractors: usize,
+    /// Where prefilled states are kept between runs (none: every prefill runs).
+    pub prefill_cache: Option<crate::prefill_cache::PrefillCache>,
 }
 
 /// Ask the model, attending by `attention`, for the needle of `cell`.
@@ -354,6 +362,7 @@ pub fn run_cell_policies(
     let run = RunSettings {
         kv: settings.kv.clone(),
         batch_size: settings.batch_size,
+        prefill_cache: settings.prefill_cache.clone(),
     };
     let answers = answer_with_policies(engine, &ids, 16, &run, choices, progress)?;
     Ok(answers
@@ -367,6 +376,8 @@ pub fn run_cell_policies(
             distractors: settings.distractors,
             answer: a.answer,
             prefill_seconds: a.prefill_seconds,
+            prefill_cached: a.prefill_cached,
+            prefill_note: a.prefill_note,
             attention: a.attention,
         })
         .collect())

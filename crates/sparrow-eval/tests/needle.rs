@@ -54,6 +54,7 @@ fn needle_documents_have_the_asked_length_and_depth_and_the_model_finds_it() {
         batch_size: 128,
         format: Default::default(),
         distractors: 0,
+        prefill_cache: None,
     };
     let full = sparrow::attention::AttentionChoice::default();
     let cell = |length| Cell {

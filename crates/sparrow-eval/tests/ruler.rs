@@ -276,6 +276,7 @@ fn ruler_at_4k_on_the_small_model_sees_a_policy_lose() {
     let settings = RunSettings {
         kv: KvOptions::from(KvType::F16),
         batch_size: 512,
+        prefill_cache: None,
     };
     let window = AttentionChoice {
         prefill: Some("full".into()),

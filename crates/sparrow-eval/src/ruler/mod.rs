@@ -370,7 +370,14 @@ pub struct CaseResult {
     pub answer: String,
     /// RULER's score, 0 to 1.
     pub score: f64,
+    /// Seconds the prefill took (for a state read from the prefill cache, when it ran).
     pub prefill_seconds: f64,
+    /// Whether the prefilled state was read from the prefill cache.
+    #[serde(default)]
+    pub prefill_cached: bool,
+    /// What went wrong with the prefill cache, if anything (the answer stands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_note: Option<String>,
     pub decode_seconds: f64,
 }
 
@@ -424,6 +431,8 @@ pub fn run_case(
             score: score(&a.answer, &case.expected),
             answer: a.answer,
             prefill_seconds: a.prefill_seconds,
+            prefill_cached: a.prefill_cached,
+            prefill_note: a.prefill_note,
             decode_seconds: a.decode_seconds,
         })
         .collect())
