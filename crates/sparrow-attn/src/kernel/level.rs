@@ -64,6 +64,34 @@ impl Level {
     }
 }
 
+/// Whether the AVX2 kernels may use AVX-512 VNNI's byte products (`vpdpbusd` on 256-bit
+/// registers: AVX-512 VL + VNNI): the CPU has them and `SPARROW_SIMD` does not cap the
+/// engine at `avx2` (or `scalar`), as it caps the weight kernels. Only the 8-bit scoring
+/// kernels use them, with the same bits as without.
+pub fn vnni_available() -> bool {
+    static YES: OnceLock<bool> = OnceLock::new();
+    *YES.get_or_init(|| {
+        let capped = matches!(
+            std::env::var("SPARROW_SIMD").as_deref().map(str::trim),
+            Ok("scalar") | Ok("avx2")
+        );
+        !capped && avx512_vnni_present()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_vnni_present() -> bool {
+    avx2_available()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_vnni_present() -> bool {
+    false
+}
+
 #[cfg(target_arch = "x86_64")]
 fn avx2_available() -> bool {
     static YES: OnceLock<bool> = OnceLock::new();

@@ -32,7 +32,7 @@ pub use block::{
     runs, split_keys, union, write_merged, AttnShape, BlockPartial, Unit, BLOCK_ROWS, MIN_PIECE,
     TILE,
 };
-pub use level::Level;
+pub use level::{vnni_available, Level};
 #[cfg(feature = "fp16")]
 pub use rows::BlockQ8_0;
 pub use rows::{read_f32, F32Rows, HeadRun, KvRows, KvSource, SlotView, BLOCK_Q8_0_BYTES, QK8_0};

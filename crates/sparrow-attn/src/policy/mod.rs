@@ -11,11 +11,13 @@
 
 mod bins;
 mod int8_rows;
+mod int8_tiles;
 mod plan;
 mod quest;
 
 pub use bins::sort_by_bin;
 pub use int8_rows::{quantize_row, scaled_row_dots};
+pub use int8_tiles::{tile_scores, Int8Queries, Int8Tiles, TILE_ROWS};
 pub use plan::{execute, Batch, PlanEntry, ReadPlan, SideRows, SideTable, Source};
 pub use quest::{
     add_softmax, center_radius, group_block_mass, group_query, group_row_mass, group_upper_bounds,

@@ -42,8 +42,8 @@ use crate::model::config::{ModelConfig, RopeLayout};
 use rayon::prelude::*;
 use sparrow_attn::kernel::{read_f32, runs, AttnShape, KvSource, Level};
 use sparrow_attn::policy::{
-    add_softmax, quantize_row, scaled_row_dots, KeysView, PlanContext, PlanEntry, ReadPlan, Source,
-    SparsePolicy,
+    add_softmax, tile_scores, Int8Queries, Int8Tiles, KeysView, PlanContext, PlanEntry, ReadPlan,
+    Source, SparsePolicy,
 };
 use std::ops::Range;
 
@@ -206,8 +206,7 @@ fn most_mass(mass: &[f32], k: usize) -> Vec<usize> {
 struct HeadSketch {
     channels: Vec<usize>,
     mean: Vec<f32>,
-    quants: Vec<i8>,
-    scales: Vec<f32>,
+    sketches: Int8Tiles,
 }
 
 impl HeadSketch {
@@ -262,10 +261,9 @@ impl HeadSketch {
             .map(|&c| (mean[c] / n as f64) as f32)
             .collect();
         HeadSketch {
+            sketches: Int8Tiles::new(channels.len()),
             channels,
             mean,
-            quants: Vec::new(),
-            scales: Vec::new(),
         }
     }
 
@@ -278,44 +276,25 @@ impl HeadSketch {
                 .zip(&self.mean)
                 .map(|(&c, &m)| key[c] - m),
         );
-        let at = self.quants.len();
-        self.quants.resize(at + centred.len(), 0);
-        self.scales
-            .push(quantize_row(centred, &mut self.quants[at..]));
+        self.sketches.push(centred);
     }
 
     /// Each query head's estimated logits (unscaled) over the first `n` sketched positions,
     /// head after head: the query rows of `q_group` (`hd` each) on the channels, 8-bit,
-    /// against the sketches. The heads take the rows a chunk at a time, so a chunk's
-    /// sketches are read from memory once for the whole group, not once per head.
+    /// against the sketches, every tile of eight sketches read once for the whole group.
     fn logits(&self, q_group: &[f32], hd: usize, n: usize) -> Vec<f32> {
-        const CHUNK: usize = 256;
-        let r = self.channels.len();
-        let queries: Vec<(Vec<i8>, f32)> = q_group
+        let picked: Vec<Vec<f32>> = q_group
             .chunks_exact(hd)
-            .map(|q| {
-                let picked: Vec<f32> = self.channels.iter().map(|&c| q[c]).collect();
-                let mut quants = vec![0i8; r];
-                let scale = quantize_row(&picked, &mut quants);
-                (quants, scale)
-            })
+            .map(|q| self.channels.iter().map(|&c| q[c]).collect())
             .collect();
+        let queries = Int8Queries::new(self.channels.len(), picked.iter().map(Vec::as_slice));
         let mut logits = vec![0f32; queries.len() * n];
-        let level = Level::active();
-        for start in (0..n).step_by(CHUNK) {
-            let len = CHUNK.min(n - start);
-            let (rows, scales) = (&self.quants[start * r..], &self.scales[start..]);
-            for (h, (quants, scale)) in queries.iter().enumerate() {
-                let out = &mut logits[h * n + start..][..len];
-                scaled_row_dots(level, rows, scales, quants, *scale, out);
-            }
-        }
+        tile_scores(Level::active(), &self.sketches, &queries, n, &mut logits);
         logits
     }
 
     fn truncate(&mut self, positions: usize) {
-        self.quants.truncate(positions * self.channels.len());
-        self.scales.truncate(positions);
+        self.sketches.truncate(positions);
     }
 }
 
@@ -579,7 +558,7 @@ impl SparsePolicy for SketchAttention {
     fn summary_bytes(&self, n_ctx: usize, kv_dim: usize) -> usize {
         let heads = kv_dim.div_ceil(self.groups.iter().map(Vec::len).sum::<usize>().max(1));
         let channels = self.settings.channels.min(kv_dim / heads.max(1));
-        self.layers.len() * n_ctx * heads * (channels + 4)
+        self.layers.len() * n_ctx * heads * (channels.div_ceil(4) * 4 + 4)
     }
 }
 
