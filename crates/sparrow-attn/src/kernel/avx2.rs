@@ -396,167 +396,102 @@ pub(crate) unsafe fn scaled_i8_dots(
     }
 }
 
-/// `out[h · n + r] = Σ_d q_h[d] · row_r[d] · (scales[r] · q_scales[h])` over tiles of eight
-/// rows (`policy::int8_tiles`, whose portable loop this twins bit for bit): `tiles` holds
-/// `[channel / 4][row][channel % 4]` bytes, each a quant plus 128, `width` channels a row
-/// (a multiple of 4); `queries` holds `width` quants per query, `sums` each query's quant
-/// sum. One 32-byte load is four channels of eight rows; each query's four quants of those
-/// channels, broadcast, multiply it into eight per-row i32 sums — with `vnni`, by one
-/// `vpdpbusd` on the offset bytes (the offset's `128 · Σ q` taken off at the end); without,
-/// by flipping the offset back and the sign trick (`|q|` times the row signed as `q`,
-/// `maddubs` then `madd` by ones: no pair of products of quants within ±127 overflows i16).
-/// Queries go eight at a time, so each tile is loaded once per eight queries.
+/// What [`int8_tile_scores`] scores: `n` rows of `tiles` (`[channel / 4][row][channel % 4]`
+/// bytes, each a quant plus 128, `width` channels a row, a multiple of 4; `scales` one per
+/// row) against `queries` (`width` quants each, `q_scales` one per query, `sums` each
+/// query's quant sum).
+pub(crate) struct TileJob<'a> {
+    pub tiles: &'a [u8],
+    pub scales: &'a [f32],
+    pub width: usize,
+    pub queries: &'a [i8],
+    pub q_scales: &'a [f32],
+    pub sums: &'a [i32],
+    pub n: usize,
+}
+
+/// Queries a pass over the tiles takes (one accumulator register each).
+const TILE_QUERIES: usize = 8;
+
+/// `out[h · n + r] = Σ_d q_h[d] · row_r[d] · (scales[r] · q_scales[h])` (`policy::int8_tiles`,
+/// whose portable loop this twins bit for bit). One 32-byte load is four channels of eight
+/// rows; each query's four quants of those channels, broadcast, multiply it into eight
+/// per-row i32 sums — with `vnni`, by one `vpdpbusd` on the offset bytes (the offset's
+/// `128 · Σ q` taken off at the end); without, by flipping the offset back and the sign
+/// trick (`|q|` times the row signed as `q`, `maddubs` then `madd` by ones: no pair of
+/// products of quants within ±127 overflows i16). Queries go eight at a time (the last
+/// pass padded with zero queries), so each tile is loaded once per eight queries.
 ///
 /// # Safety
-/// AVX2 must be available, and AVX-512 VL + VNNI when `vnni`; `tiles` must hold
-/// `⌈n / 8⌉ · 8 · width` bytes, `scales` `n` rows, `queries` `width` quants per query of
-/// `q_scales`, `out` `q_scales.len() · n` values.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn int8_tile_scores(
-    vnni: bool,
-    tiles: &[u8],
-    scales: &[f32],
-    width: usize,
-    queries: &[i8],
-    q_scales: &[f32],
-    sums: &[i32],
-    n: usize,
-    out: &mut [f32],
-) {
-    debug_assert!(width.is_multiple_of(4) && tiles.len() >= n.div_ceil(8) * 8 * width);
-    debug_assert!(queries.len() >= q_scales.len() * width && out.len() >= q_scales.len() * n);
-    let heads = q_scales.len();
-    let mut h0 = 0;
-    while h0 < heads {
-        let block = (heads - h0).min(8);
-        // SAFETY: as this function's contract, for queries `h0..h0 + block`.
+/// AVX2 must be available, and AVX-512 VL + VNNI when `vnni`; `job.tiles` must hold
+/// `⌈n / 8⌉ · 8 · width` bytes, `job.scales` `n` rows, `job.queries` `width` quants per
+/// query of `job.q_scales`, `out` `q_scales.len() · n` values.
+pub(crate) unsafe fn int8_tile_scores(vnni: bool, job: &TileJob<'_>, out: &mut [f32]) {
+    debug_assert!(job.width.is_multiple_of(4));
+    debug_assert!(job.tiles.len() >= job.n.div_ceil(8) * 8 * job.width);
+    debug_assert!(job.queries.len() >= job.q_scales.len() * job.width);
+    debug_assert!(out.len() >= job.q_scales.len() * job.n);
+    for h0 in (0..job.q_scales.len()).step_by(TILE_QUERIES) {
+        // SAFETY: as this function's contract.
         unsafe {
-            match (vnni, block) {
-                (true, 8) => {
-                    tiles_vnni::<8>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (true, 7) => {
-                    tiles_vnni::<7>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (true, 6) => {
-                    tiles_vnni::<6>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (true, 5) => {
-                    tiles_vnni::<5>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (true, 4) => {
-                    tiles_vnni::<4>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (true, 3) => {
-                    tiles_vnni::<3>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (true, 2) => {
-                    tiles_vnni::<2>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (true, _) => {
-                    tiles_vnni::<1>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (false, 8) => {
-                    tiles_avx2::<8>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (false, 7) => {
-                    tiles_avx2::<7>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (false, 6) => {
-                    tiles_avx2::<6>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (false, 5) => {
-                    tiles_avx2::<5>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (false, 4) => {
-                    tiles_avx2::<4>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (false, 3) => {
-                    tiles_avx2::<3>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (false, 2) => {
-                    tiles_avx2::<2>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
-                (false, _) => {
-                    tiles_avx2::<1>(tiles, scales, width, queries, q_scales, sums, n, h0, out)
-                }
+            if vnni {
+                tiles_vnni(job, h0, out)
+            } else {
+                tiles_avx2(job, h0, out)
             }
         }
-        h0 += block;
     }
 }
 
-/// [`int8_tile_scores`] for queries `h0..h0 + H`, with AVX-512 VL + VNNI.
+/// [`int8_tile_scores`] for queries `h0..h0 + 8`, with AVX-512 VL + VNNI.
 ///
 /// # Safety
 /// As [`int8_tile_scores`], on a CPU with AVX-512 VL + VNNI.
 #[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tiles_vnni<const H: usize>(
-    tiles: &[u8],
-    scales: &[f32],
-    width: usize,
-    queries: &[i8],
-    q_scales: &[f32],
-    sums: &[i32],
-    n: usize,
-    h0: usize,
-    out: &mut [f32],
-) {
+unsafe fn tiles_vnni(job: &TileJob<'_>, h0: usize, out: &mut [f32]) {
     // SAFETY: forwarded contract; VNNI is enabled here.
-    unsafe { tiles_body::<H, true>(tiles, scales, width, queries, q_scales, sums, n, h0, out) }
+    unsafe { tiles_body::<true>(job, h0, out) }
 }
 
-/// [`int8_tile_scores`] for queries `h0..h0 + H`, with plain AVX2.
+/// [`int8_tile_scores`] for queries `h0..h0 + 8`, with plain AVX2.
 ///
 /// # Safety
 /// As [`int8_tile_scores`].
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tiles_avx2<const H: usize>(
-    tiles: &[u8],
-    scales: &[f32],
-    width: usize,
-    queries: &[i8],
-    q_scales: &[f32],
-    sums: &[i32],
-    n: usize,
-    h0: usize,
-    out: &mut [f32],
-) {
+unsafe fn tiles_avx2(job: &TileJob<'_>, h0: usize, out: &mut [f32]) {
     // SAFETY: forwarded contract.
-    unsafe { tiles_body::<H, false>(tiles, scales, width, queries, q_scales, sums, n, h0, out) }
+    unsafe { tiles_body::<false>(job, h0, out) }
 }
 
-/// The body of both entry points (inlined into each, under its target features).
+/// The body of both entry points (inlined into each, under its target features): queries
+/// `h0..h0 + 8` (those past the last, zeros whose scores are not stored).
 ///
 /// # Safety
 /// As [`int8_tile_scores`]; AVX-512 VL + VNNI enabled by the caller when `V`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tiles_body<const H: usize, const V: bool>(
-    tiles: &[u8],
-    scales: &[f32],
-    width: usize,
-    queries: &[i8],
-    q_scales: &[f32],
-    sums: &[i32],
-    n: usize,
-    h0: usize,
-    out: &mut [f32],
-) {
+unsafe fn tiles_body<const V: bool>(job: &TileJob<'_>, h0: usize, out: &mut [f32]) {
+    const H: usize = TILE_QUERIES;
+    let TileJob {
+        tiles,
+        scales,
+        width,
+        queries,
+        q_scales,
+        sums,
+        n,
+    } = *job;
+    let heads = (q_scales.len() - h0).min(H);
     let groups = width / 4;
     let tile_bytes = 8 * width;
-    // Each query's quants as i32 lanes of four (what a broadcast takes), and for plain AVX2
-    // their absolute values too.
-    let lane = |h: usize, g: usize| -> i32 {
-        let q = &queries[(h0 + h) * width + 4 * g..][..4];
-        i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
-    };
-    let q4: Vec<i32> = (0..groups)
-        .flat_map(|g| (0..H).map(move |h| (g, h)))
-        .map(|(g, h)| lane(h, g))
-        .collect();
+    // Each query's quants as i32 lanes of four (what a broadcast takes), group by group.
+    let mut q4 = vec![0i32; groups * H];
+    for h in 0..heads {
+        let q = &queries[(h0 + h) * width..][..width];
+        for g in 0..groups {
+            let b = &q[4 * g..4 * g + 4];
+            q4[g * H + h] = i32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8]);
+        }
+    }
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
     let mut tail = [0f32; 8];
@@ -564,37 +499,33 @@ unsafe fn tiles_body<const H: usize, const V: bool>(
         let tile = &tiles[t * tile_bytes..][..tile_bytes];
         let mut acc = [_mm256_setzero_si256(); H];
         for g in 0..groups {
-            // SAFETY: `32 · g + 32 <= tile_bytes`, and `q4` holds `groups · H` lanes.
-            unsafe {
-                let k = _mm256_loadu_si256(tile.as_ptr().add(32 * g) as *const __m256i);
-                if V {
-                    for (h, a) in acc.iter_mut().enumerate() {
-                        let q = _mm256_set1_epi32(*q4.get_unchecked(g * H + h));
-                        *a = _mm256_dpbusd_epi32(*a, k, q);
-                    }
-                } else {
-                    let k = _mm256_xor_si256(k, flip);
-                    for (h, a) in acc.iter_mut().enumerate() {
-                        let q = _mm256_set1_epi32(*q4.get_unchecked(g * H + h));
-                        let p =
-                            _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(k, q));
-                        *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, ones));
-                    }
+            let q = &q4[g * H..][..H];
+            // SAFETY: `32 · g + 32 <= tile_bytes`.
+            let k = unsafe { _mm256_loadu_si256(tile.as_ptr().add(32 * g) as *const __m256i) };
+            if V {
+                for (a, &q) in acc.iter_mut().zip(q) {
+                    *a = _mm256_dpbusd_epi32(*a, k, _mm256_set1_epi32(q));
+                }
+            } else {
+                let k = _mm256_xor_si256(k, flip);
+                for (a, &q) in acc.iter_mut().zip(q) {
+                    let q = _mm256_set1_epi32(q);
+                    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(k, q));
+                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, ones));
                 }
             }
         }
         let rows = (n - 8 * t).min(8);
-        // SAFETY: `8 · t + rows <= n <= scales.len()`; a partial tile's scales are copied.
-        let row_scales = unsafe {
-            if rows == 8 {
-                _mm256_loadu_ps(scales.as_ptr().add(8 * t))
-            } else {
-                tail = [0f32; 8];
-                tail[..rows].copy_from_slice(&scales[8 * t..n]);
-                _mm256_loadu_ps(tail.as_ptr())
-            }
+        let row_scales = if rows == 8 {
+            // SAFETY: `8 · t + 8 <= n <= scales.len()`.
+            unsafe { _mm256_loadu_ps(scales.as_ptr().add(8 * t)) }
+        } else {
+            tail = [0f32; 8];
+            tail[..rows].copy_from_slice(&scales[8 * t..n]);
+            // SAFETY: `tail` holds 8 floats.
+            unsafe { _mm256_loadu_ps(tail.as_ptr()) }
         };
-        for (h, a) in acc.iter().enumerate() {
+        for (h, a) in acc.iter().enumerate().take(heads) {
             let hq = h0 + h;
             let dots = if V {
                 _mm256_sub_epi32(*a, _mm256_set1_epi32(128 * sums[hq]))

@@ -100,6 +100,20 @@ impl Int8Tiles {
         }
     }
 
+    /// What the AVX2 kernel scores: the first `n` rows against `queries`.
+    #[cfg(target_arch = "x86_64")]
+    fn job<'a>(&'a self, queries: &'a Int8Queries, n: usize) -> crate::kernel::avx2::TileJob<'a> {
+        crate::kernel::avx2::TileJob {
+            tiles: &self.bytes,
+            scales: &self.scales,
+            width: self.width,
+            queries: &queries.quants,
+            q_scales: &queries.scales,
+            sums: &queries.sums,
+            n,
+        }
+    }
+
     /// Row `row`'s quants and scale.
     pub fn row(&self, row: usize) -> (Vec<i8>, f32) {
         let tile = row / TILE_ROWS * self.tile_bytes();
@@ -174,19 +188,7 @@ pub fn tile_scores(
         let vnni = crate::kernel::vnni_available();
         // SAFETY: AVX2 is available (`usable`), and AVX-512 VL + VNNI when `vnni`; the
         // lengths are checked above.
-        unsafe {
-            crate::kernel::avx2::int8_tile_scores(
-                vnni,
-                &tiles.bytes,
-                &tiles.scales,
-                tiles.width,
-                &queries.quants,
-                &queries.scales,
-                &queries.sums,
-                n,
-                out,
-            )
-        };
+        unsafe { crate::kernel::avx2::int8_tile_scores(vnni, &tiles.job(queries, n), out) };
         return;
     }
     let _ = level; // (elsewhere than x86_64 only the portable loop below exists)
@@ -327,10 +329,7 @@ mod tests {
                         // SAFETY: AVX2 is usable, VNNI when asked for; lengths as checked
                         // by `tile_scores`.
                         unsafe {
-                            crate::kernel::avx2::int8_tile_scores(
-                                vnni, &t.bytes, &t.scales, t.width, &qs.quants, &qs.scales,
-                                &qs.sums, n, &mut got,
-                            )
+                            crate::kernel::avx2::int8_tile_scores(vnni, &t.job(&qs, n), &mut got)
                         };
                         assert_eq!(
                             got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
