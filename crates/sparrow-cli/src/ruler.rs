@@ -323,23 +323,77 @@ fn print_family_table(grid: &Grid, labels: &[String], tasks: &[Task], length: us
         .into_iter()
         .filter(|f| tasks.iter().any(|t| t.family() == *f))
         .collect();
-    let head: Vec<&str> = families.iter().map(|f| f.name()).collect();
-    println!("| policy | {} | average |", head.join(" | "));
-    println!("| :--- |{} ---: |", " ---: |".repeat(families.len()));
-    for label in labels {
-        let row: Vec<String> = families
+    let members =
+        |f: Family| -> Vec<Task> { tasks.iter().copied().filter(|t| t.family() == f).collect() };
+    // Per label: each family's score, then the average.
+    let scores = |label: &str| -> Vec<Option<f64>> {
+        families
             .iter()
-            .map(|f| {
-                let members: Vec<Task> =
-                    tasks.iter().copied().filter(|t| t.family() == *f).collect();
-                cell(grid.average(label, &members, length))
-            })
-            .collect();
-        println!(
-            "| {label} | {} | {} |",
-            row.join(" | "),
-            cell(grid.average(label, tasks, length))
-        );
+            .map(|&f| grid.average(label, &members(f), length))
+            .chain(std::iter::once(grid.average(label, tasks, length)))
+            .collect()
+    };
+    let reference = labels.iter().any(|l| l == "full").then(|| scores("full"));
+    let head: Vec<&str> = families.iter().map(|f| f.name()).collect();
+    let verdict_head = if reference.is_some() {
+        " vs full |"
+    } else {
+        ""
+    };
+    println!("| policy | {} | average |{verdict_head}", head.join(" | "));
+    println!(
+        "| :--- |{} ---: |{}",
+        " ---: |".repeat(families.len()),
+        if reference.is_some() { " :--- |" } else { "" }
+    );
+    for label in labels {
+        let own = scores(label);
+        let cells: Vec<String> = own.iter().map(|&v| cell(v)).collect();
+        let verdict = match &reference {
+            Some(full) if label != "full" => {
+                format!(" {} |", against_full(&own, full, &head, FULL_MARGIN))
+            }
+            Some(_) => " reference |".to_string(),
+            None => String::new(),
+        };
+        println!("| {label} | {} |{verdict}", cells.join(" | "));
+    }
+}
+
+/// Points (of 100) a policy may lose to full attention and still count as keeping up: the
+/// issue's goal, on the average and on every task family.
+const FULL_MARGIN: f64 = 3.0;
+
+/// Whether `own` (each family's score, then the average; 0 to 1) stays within `margin`
+/// points of `full` (the same, for full attention) everywhere, and if not by how much it
+/// falls short where: `within 3 (avg −2.5)` or `short: multi-value −12.5, avg −3.4`.
+fn against_full(
+    own: &[Option<f64>],
+    full: &[Option<f64>],
+    families: &[&str],
+    margin: f64,
+) -> String {
+    let gap = |i: usize| -> Option<f64> { Some((own[i]? - full[i]?) * 100.0) };
+    let avg = own.len() - 1;
+    if (0..own.len()).any(|i| gap(i).is_none()) {
+        return "–".into();
+    }
+    let short: Vec<String> = (0..avg)
+        .filter_map(|i| {
+            gap(i)
+                .filter(|g| *g < -margin)
+                .map(|g| format!("{} {g:+.1}", families[i]))
+        })
+        .chain(
+            gap(avg)
+                .filter(|g| *g < -margin)
+                .map(|g| format!("avg {g:+.1}")),
+        )
+        .collect();
+    if short.is_empty() {
+        format!("within {margin:.0} (avg {:+.1})", gap(avg).unwrap_or(0.0))
+    } else {
+        format!("short: {}", short.join(", "))
     }
 }
 
@@ -364,6 +418,33 @@ fn write_results(path: &std::path::Path, results: &[CaseResult]) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_verdict_names_every_family_short_of_full_and_only_those() {
+        let fams = ["single", "aggregation"];
+        let full = [Some(1.0), Some(0.5), Some(0.75)];
+        // Two points under on one family, within the margin.
+        let close = [Some(1.0), Some(0.48), Some(0.74)];
+        assert_eq!(
+            against_full(&close, &full, &fams, 3.0),
+            "within 3 (avg -1.0)"
+        );
+        // Above full everywhere: within, with a positive gap.
+        let above = [Some(1.0), Some(0.7), Some(0.85)];
+        assert_eq!(
+            against_full(&above, &full, &fams, 3.0),
+            "within 3 (avg +10.0)"
+        );
+        // Short on one family by 12.5, the average by 6.25.
+        let short = [Some(1.0), Some(0.375), Some(0.6875)];
+        assert_eq!(
+            against_full(&short, &full, &fams, 3.0),
+            "short: aggregation -12.5, avg -6.2"
+        );
+        // A family without a score: no verdict.
+        let missing = [Some(1.0), None, Some(0.5)];
+        assert_eq!(against_full(&missing, &full, &fams, 3.0), "–");
+    }
 
     #[test]
     fn a_read_share_sets_every_budget_for_the_length() {
