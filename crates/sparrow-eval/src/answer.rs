@@ -8,6 +8,8 @@
 //! first decode step and answers greedily; the state is rewound to the prompt's head for
 //! the next choice. Sealed blocks are summarised for a newly installed policy at its first
 //! forward pass, so a decode policy sees the same cache whether it prefilled it or not.
+//! With a [`PrefillCache`], a group's prefilled state is read from disk when an earlier run
+//! kept it, and kept when it had to be computed.
 
 use crate::prefill_cache::{PrefillCache, PrefillRecipe};
 use sparrow::attention::AttentionChoice;
