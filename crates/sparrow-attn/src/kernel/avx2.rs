@@ -413,6 +413,9 @@ pub(crate) struct TileJob<'a> {
 /// Queries a pass over the tiles takes (one accumulator register each).
 const TILE_QUERIES: usize = 8;
 
+/// How many tiles ahead a pass asks the memory for.
+const PREFETCH_TILES: usize = 4;
+
 /// `out[h · n + r] = Σ_d q_h[d] · row_r[d] · (scales[r] · q_scales[h])` (`policy::int8_tiles`,
 /// whose portable loop this twins bit for bit). One 32-byte load is four channels of eight
 /// rows; each query's four quants of those channels, broadcast, multiply it into eight
@@ -497,6 +500,15 @@ unsafe fn tiles_body<const V: bool>(job: &TileJob<'_>, h0: usize, out: &mut [f32
     let mut tail = [0f32; 8];
     for t in 0..n.div_ceil(8) {
         let tile = &tiles[t * tile_bytes..][..tile_bytes];
+        // The tiles are read once per pass, from memory: ask for one a few ahead.
+        if let Some(ahead) =
+            tiles.get((t + PREFETCH_TILES) * tile_bytes..(t + PREFETCH_TILES + 1) * tile_bytes)
+        {
+            for line in (0..tile_bytes).step_by(64) {
+                // SAFETY: `line < tile_bytes`, within `ahead`; a prefetch has no effect on results.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(line) as *const i8) };
+            }
+        }
         let mut acc = [_mm256_setzero_si256(); H];
         for g in 0..groups {
             let q = &q4[g * H..][..H];
