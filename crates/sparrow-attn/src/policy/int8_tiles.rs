@@ -27,7 +27,8 @@ pub struct Int8Tiles {
     /// Tiles of `TILE_ROWS × width` bytes, each a quant plus 128.
     bytes: Vec<u8>,
     scales: Vec<f32>,
-    quants: Vec<i8>,
+    /// Scratch: the row being pushed, quantized.
+    scratch: Vec<i8>,
 }
 
 impl Int8Tiles {
@@ -72,11 +73,11 @@ impl Int8Tiles {
             let size = self.bytes.len() + self.tile_bytes();
             self.bytes.resize(size, 128);
         }
-        self.quants.resize(self.dim, 0);
-        let scale = quantize_row(values, &mut self.quants);
+        self.scratch.resize(self.dim, 0);
+        let scale = quantize_row(values, &mut self.scratch);
         let tile = row / TILE_ROWS * self.tile_bytes();
         let r = row % TILE_ROWS;
-        for (c, &q) in self.quants.iter().enumerate() {
+        for (c, &q) in self.scratch.iter().enumerate() {
             self.bytes[tile + (c / 4) * 4 * TILE_ROWS + r * 4 + c % 4] = (q as u8) ^ 0x80;
         }
         self.scales.push(scale);
