@@ -3,9 +3,12 @@
 //! prefill took, each prefill policy and batch size has its own file, and a damaged file is
 //! refused with the reason, prefilled again and rewritten.
 
+#[path = "../../sparrow/tests/common.rs"]
+mod common;
+
 use sparrow::attention::AttentionChoice;
 use sparrow::policy::QuestSettings;
-use sparrow::synthetic::{synthetic_gguf, synthetic_tokens, SyntheticSpec};
+use sparrow::synthetic::{synthetic_tokens, SyntheticSpec};
 use sparrow::{Engine, KvOptions, KvType};
 use sparrow_eval::answer::{answer_with_policies, PolicyAnswer, RunSettings};
 use sparrow_eval::prefill_cache::{PrefillCache, PrefillRecipe};
@@ -22,17 +25,12 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn engine(dir: &std::path::Path) -> Engine {
-    let path = dir.join("synthetic.gguf");
-    std::fs::write(
-        &path,
-        synthetic_gguf(&SyntheticSpec {
-            context_length: 1024,
-            seed: 11,
-            ..Default::default()
-        }),
-    )
-    .unwrap();
-    Engine::load(&path).unwrap()
+    let spec = SyntheticSpec {
+        context_length: 1024,
+        seed: 11,
+        ..Default::default()
+    };
+    common::synthetic_engine(&dir.join("synthetic.gguf"), &spec)
 }
 
 /// Full attention, Quest decoding after a full prefill, and full decoding after an

@@ -25,8 +25,8 @@ use sparrow::attention::AttentionChoice;
 use sparrow::policy::quest::QuestSettings;
 use sparrow::policy::saap::{Layout, Router, SaapSettings};
 use sparrow::policy::sketch::SketchSettings;
-use sparrow::synthetic::synthetic_saap_index;
-use sparrow::{Logits, Model, State};
+use sparrow::synthetic::{synthetic_gguf, synthetic_saap_index, SyntheticSpec};
+use sparrow::{Engine, Logits, Model, State};
 use std::path::{Path, PathBuf};
 
 pub fn models_dir() -> PathBuf {
@@ -419,4 +419,11 @@ pub fn ram_beside_rows(
         policy.summary_bytes(n_ctx, c.kv_dim()),
         sparrow::kv::arranged::ram_bytes(&partitions, &rings, dims, types),
     )
+}
+
+/// `spec`'s synthetic model written to `path` as a GGUF file and loaded as an engine (with
+/// the file's tokenizer), for tests of what goes through files and engines.
+pub fn synthetic_engine(path: &Path, spec: &SyntheticSpec) -> Engine {
+    std::fs::write(path, synthetic_gguf(spec)).unwrap();
+    Engine::load(path).unwrap()
 }

@@ -7,7 +7,7 @@ mod common;
 
 use sparrow::kv::minimum_budget;
 use sparrow::prompt_cache::{self, model_fingerprint};
-use sparrow::synthetic::{synthetic_gguf, SyntheticSpec};
+use sparrow::synthetic::SyntheticSpec;
 use sparrow::{
     ColdTier, Engine, Generation, KvOptions, KvType, Sampler, SamplerConfig, Session, State,
 };
@@ -23,16 +23,11 @@ fn tmpdir() -> PathBuf {
 
 /// The synthetic model (2,048 positions) written to `dir/name` and loaded.
 fn synthetic_engine(dir: &Path, name: &str) -> Engine {
-    let p = dir.join(name);
-    std::fs::write(
-        &p,
-        synthetic_gguf(&SyntheticSpec {
-            context_length: 2048,
-            ..Default::default()
-        }),
-    )
-    .unwrap();
-    Engine::load(&p).unwrap()
+    let spec = SyntheticSpec {
+        context_length: 2048,
+        ..Default::default()
+    };
+    common::synthetic_engine(&dir.join(name), &spec)
 }
 
 /// `n` greedy tokens after `question`, continuing a state whose cache holds `held`; the
@@ -153,17 +148,14 @@ fn synthetic_restored_prefix_matches_full_prefill() {
     );
 
     // Another model (same shapes, other weights) refuses the file.
-    let p2 = dir.join("syn2.gguf");
-    std::fs::write(
-        &p2,
-        synthetic_gguf(&SyntheticSpec {
+    let other = common::synthetic_engine(
+        &dir.join("syn2.gguf"),
+        &SyntheticSpec {
             context_length: 2048,
             seed: 9,
             ..Default::default()
-        }),
-    )
-    .unwrap();
-    let other = Engine::load(&p2).unwrap();
+        },
+    );
     assert_ne!(
         model_fingerprint(&other.model),
         model_fingerprint(&engine.model)
