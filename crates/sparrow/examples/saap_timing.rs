@@ -1,6 +1,6 @@
 //! Times one decode token's attention over every layer of a real model's shape at a given
-//! depth — plan and read, no matrix products — for full, quest and saap (both
-//! `--saap-layout`s) and kmeans at their defaults, on the model's trained Saap index and an f16
+//! depth — plan and read, no matrix products — for full, quest, saap (both
+//! `--saap-layout`s), kmeans and the sketch at their defaults, on the model's trained Saap index and an f16
 //! cache of keys drawn around its centroids, random values (decode cost does not depend
 //! on their content beyond how the keys fill the buckets).
 //!
@@ -27,6 +27,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         head_dim: config.head_dim,
     };
     let (kv_dim, n_layer, n) = (config.kv_dim(), config.n_layer, depth + 1);
+    // Each timed step is one position further, as a decode is (the sketch keeps
+    // per-sequence state that a step at the same position again would rebuild).
+    let room = n + reps + 1;
     let mut rnd = sparrow_attn::kernel::reference::uniform(7);
     // Keys spread over the index's buckets as real ones are (a centroid, chosen at random,
     // plus a little noise, rotated to its position); uniform random keys would crowd into a
@@ -37,9 +40,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     let rope = sparrow::model::rope::Rope::of(&config);
     let (hd, c) = (config.head_dim, index.meta.clusters);
-    let mut cache = RamStore::new(KvType::F16, n_layer, n, kv_dim);
+    let mut cache = RamStore::new(KvType::F16, n_layer, room, kv_dim);
     for l in 0..n_layer {
-        for t in 0..n {
+        for t in 0..room {
             let mut k = vec![0f32; kv_dim];
             for (h, head) in k.chunks_exact_mut(hd).enumerate() {
                 let b = ((rnd() * 0.5 + 0.5) * c as f32) as usize % c;
@@ -70,6 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("saap (buckets)", with_layout(Layout::Buckets)),
         ("saap (positions)", with_layout(Layout::Positions)),
         ("kmeans", AttentionChoice::named("kmeans")),
+        ("sketch", AttentionChoice::named("sketch")),
     ];
     for (name, choice) in policies {
         // `ONLY=quest` times one policy (for a profiler).
@@ -87,23 +91,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
         }
-        let mut step = |p: &mut Box<dyn SparsePolicy>| {
+        let mut step = |p: &mut Box<dyn SparsePolicy>, pos: usize| {
             for (l, q) in q.iter().enumerate() {
-                attend(p.as_mut(), shape, &cache, l, q, n - 1, &mut out);
+                attend(p.as_mut(), shape, &cache, l, q, pos, &mut out);
             }
         };
-        step(&mut p); // warm-up (copies saap's rows)
-                      // Share of the context each (layer, KV head) reads.
+        step(&mut p, n - 1); // warm-up (copies saap's rows, sketches every key)
+                             // Share of the context each (layer, KV head) reads.
         let shares: Vec<f64> = (0..n_layer)
-            .flat_map(|l| read_set(p.as_mut(), shape, &cache, l, &q[l], n - 1))
+            .flat_map(|l| read_set(p.as_mut(), shape, &cache, l, &q[l], n))
             .map(|r| r.iter().map(|r| r.len()).sum::<usize>() as f64 / n as f64)
             .collect();
         let mean = shares.iter().sum::<f64>() / shares.len() as f64;
         let max = shares.iter().cloned().fold(0.0, f64::max);
         let mut times: Vec<f64> = (0..reps)
-            .map(|_| {
+            .map(|r| {
                 let t0 = Instant::now();
-                step(&mut p);
+                step(&mut p, n + r);
                 t0.elapsed().as_secs_f64() * 1e3
             })
             .collect();

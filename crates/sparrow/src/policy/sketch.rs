@@ -45,6 +45,7 @@ use sparrow_attn::policy::{
     add_softmax, tile_scores, Int8Queries, Int8Tiles, KeysView, PlanContext, PlanEntry, ReadPlan,
     Source, SparsePolicy,
 };
+use std::cell::RefCell;
 use std::ops::Range;
 
 /// The registry's entry: a decode policy; `--kv-block` is the block a sketch is made for.
@@ -173,10 +174,12 @@ fn choose_channels(weight: &[f64], groups: &[Vec<usize>], count: usize) -> Vec<u
 }
 
 /// The `k` positions of `mass` (non-negative) with the most, ascending; ties go to the later
-/// positions (recent keys are the safer guess). One selection over the values' bits (a
-/// non-negative float orders as its bits do) and one scan, rather than a sort of positions
-/// by a comparison that looks each value up: this runs over every sketched key per KV head
-/// and decode step.
+/// positions (recent keys are the safer guess). This runs over every sketched key per KV head
+/// and decode step, so it ranks values by their bits (a non-negative float orders as its
+/// bits do) and ranks few of them: an evenly spaced sample, ranked with room to spare, gives
+/// a floor at or below the `k`-th largest value; one pass gathers the positions at or above
+/// it (or every position, if the sample misjudged and fewer than `k` are), and the `k`-th
+/// largest is found among those alone.
 fn most_mass(mass: &[f32], k: usize) -> Vec<usize> {
     let n = mass.len();
     if k >= n {
@@ -186,12 +189,32 @@ fn most_mass(mass: &[f32], k: usize) -> Vec<usize> {
         return Vec::new();
     }
     let key = |m: f32| if m > 0.0 { m.to_bits() } else { 0 };
-    let mut bits: Vec<u32> = mass.iter().map(|&m| key(m)).collect();
-    let threshold = *bits.select_nth_unstable(n - k).1;
-    let mut ties = k - mass.iter().filter(|&&m| key(m) > threshold).count();
+    let step = (n / 2048).max(1);
+    let mut sample: Vec<u32> = mass.iter().step_by(step).map(|&m| key(m)).collect();
+    let s = sample.len();
+    // The k-th largest's expected rank in the sample, a quarter more and 8 more.
+    let rank = (k * s / n + k * s / n / 4 + 8).min(s);
+    let floor = *sample.select_nth_unstable(s - rank).1;
+    let gather = |floor: u32| {
+        let mut out = Vec::with_capacity(2 * k + 64);
+        for (t, &m) in mass.iter().enumerate() {
+            let b = key(m);
+            if b >= floor {
+                out.push((b, t));
+            }
+        }
+        out
+    };
+    let mut candidates = gather(floor);
+    if candidates.len() < k {
+        candidates = gather(0);
+    }
+    let mut keys: Vec<u32> = candidates.iter().map(|c| c.0).collect();
+    let at = keys.len() - k;
+    let threshold = *keys.select_nth_unstable(at).1;
+    let mut ties = k - candidates.iter().filter(|c| c.0 > threshold).count();
     let mut chosen = Vec::with_capacity(k);
-    for (t, &m) in mass.iter().enumerate().rev() {
-        let b = key(m);
+    for &(b, t) in candidates.iter().rev() {
         if b > threshold || (b == threshold && ties > 0) {
             ties -= usize::from(b == threshold);
             chosen.push(t);
@@ -199,6 +222,25 @@ fn most_mass(mass: &[f32], k: usize) -> Vec<usize> {
     }
     chosen.reverse();
     chosen
+}
+
+thread_local! {
+    /// Per-thread buffers for a selection's logits (every query head's over every sketched
+    /// key: about a megabyte at 32K) and masses, so a decode step does not allocate and
+    /// zero them for each layer and KV head.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = RefCell::default();
+}
+
+/// Runs `f` with this thread's logits and mass buffers, or fresh ones if they are in use (a
+/// selection nested in another on the same thread, through rayon's work stealing).
+fn with_scratch<T>(f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> T) -> T {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => {
+            let (logits, mass) = &mut *s;
+            f(logits, mass)
+        }
+        Err(_) => f(&mut Vec::new(), &mut Vec::new()),
+    })
 }
 
 /// One KV head's sketches: its channels, their mean at the choice, and per sketched position
@@ -280,17 +322,26 @@ impl HeadSketch {
     }
 
     /// Each query head's estimated logits (unscaled) over the first `n` sketched positions,
-    /// head after head: the query rows of `q_group` (`hd` each) on the channels, 8-bit,
-    /// against the sketches, every tile of eight sketches read once for the whole group.
-    fn logits(&self, q_group: &[f32], hd: usize, n: usize) -> Vec<f32> {
+    /// head after head, into `out` (grown if short; its first `heads × n` values written):
+    /// the query rows of `q_group` (`hd` each) on the channels, 8-bit, against the sketches,
+    /// every tile of eight sketches read once for the whole group.
+    fn logits(&self, q_group: &[f32], hd: usize, n: usize, out: &mut Vec<f32>) {
         let picked: Vec<Vec<f32>> = q_group
             .chunks_exact(hd)
             .map(|q| self.channels.iter().map(|&c| q[c]).collect())
             .collect();
         let queries = Int8Queries::new(self.channels.len(), picked.iter().map(Vec::as_slice));
-        let mut logits = vec![0f32; queries.len() * n];
-        tile_scores(Level::active(), &self.sketches, &queries, n, &mut logits);
-        logits
+        let len = queries.len() * n;
+        if out.len() < len {
+            out.resize(len, 0.0);
+        }
+        tile_scores(
+            Level::active(),
+            &self.sketches,
+            &queries,
+            n,
+            &mut out[..len],
+        );
     }
 
     fn truncate(&mut self, positions: usize) {
@@ -420,20 +471,24 @@ impl SketchAttention {
             return std::iter::once(0..n).collect();
         }
         let head = &layer.heads[kv_head];
-        // Each query head's softmax over its logits, in place, summed: the oracle's
-        // criterion on the sketches.
-        let mut logits = head.logits(q_group, shape.head_dim, sealed);
-        let mut mass = vec![0f32; sealed];
-        let (level, scale) = (Level::active(), 1.0 / (shape.head_dim as f32).sqrt());
-        for row in logits.chunks_exact_mut(sealed) {
-            add_softmax(level, row, scale, &mut mass);
-        }
         let candidates = if self.settings.rerank > 1 {
             (slots * self.settings.rerank).min(sealed)
         } else {
             slots
         };
-        let chosen = most_mass(&mass, candidates);
+        // Each query head's softmax over its logits, in place, summed: the oracle's
+        // criterion on the sketches.
+        let chosen = with_scratch(|logits, mass| {
+            head.logits(q_group, shape.head_dim, sealed, logits);
+            mass.clear();
+            mass.resize(sealed, 0.0);
+            let (level, scale) = (Level::active(), 1.0 / (shape.head_dim as f32).sqrt());
+            let heads = q_group.len() / shape.head_dim;
+            for row in logits[..heads * sealed].chunks_exact_mut(sealed) {
+                add_softmax(level, row, scale, mass);
+            }
+            most_mass(mass, candidates)
+        });
         let mut ranges = if candidates > slots {
             top_by_exact_mass(store, shape, kv_head, q_group, &chosen, slots)
         } else {
@@ -605,11 +660,26 @@ mod tests {
             .collect()
     }
 
-    /// The selection equals a sort by mass (ties to the later position) on values with
-    /// many ties, zeros and a negative zero, at every k.
+    /// The selection equals a sort by mass (ties to the later position) at every k: on values
+    /// with many ties, zeros and a negative zero; on values crowded into a
+    /// few top bits, with ties among them, NaN (no mass), a subnormal and infinity; on a
+    /// spread of a few thousand; and on values long enough to be sampled, the sample
+    /// misjudging where the k-th largest lies.
     #[test]
     fn most_mass_is_the_top_of_a_sort_with_ties_to_later_positions() {
-        let mass: Vec<f32> = (0..50)
+        let check = |mass: &[f32], ks: &mut dyn Iterator<Item = usize>| {
+            let n = mass.len();
+            // Zero, negative zero and NaN are one value: no mass.
+            let v = |t: usize| if mass[t] > 0.0 { mass[t] } else { 0.0 };
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by(|&a, &b| v(b).total_cmp(&v(a)).then(b.cmp(&a)));
+            for k in ks {
+                let mut want = order[..k.min(n)].to_vec();
+                want.sort_unstable();
+                assert_eq!(most_mass(mass, k), want, "n {n}, k {k}");
+            }
+        };
+        let few: Vec<f32> = (0..50)
             .map(|i| match i % 7 {
                 0 => 0.0,
                 1 => -0.0,
@@ -617,15 +687,47 @@ mod tests {
                 _ => ((i * 37) % 11) as f32 * 0.1,
             })
             .collect();
-        for k in 0..=51 {
-            let mut want: Vec<usize> = (0..50).collect();
-            // Zero and negative zero are one value: no mass.
-            let v = |t: usize| if mass[t] > 0.0 { mass[t] } else { 0.0 };
-            want.sort_by(|&a, &b| v(b).total_cmp(&v(a)).then(b.cmp(&a)));
-            want.truncate(k);
-            want.sort_unstable();
-            assert_eq!(most_mass(&mass, k), want, "k {k}");
-        }
+        check(&few, &mut (0..=51));
+        let crowded: Vec<f32> = (0..200)
+            .map(|i| match i % 23 {
+                3 => f32::NAN,
+                7 => 1e-40,
+                19 => f32::INFINITY,
+                _ => 1.0 + ((i * 7) % 13) as f32 * 0.001,
+            })
+            .collect();
+        check(&crowded, &mut (0..=201));
+        let mut r = sparrow_attn::kernel::reference::uniform(11);
+        let spread: Vec<f32> = (0..3000)
+            .map(|_| {
+                let x = r();
+                // Masses over many octaves, and a tenth of them exactly equal.
+                if x > 0.8 {
+                    0.5
+                } else {
+                    (x * 20.0).exp() * 1e-6
+                }
+            })
+            .collect();
+        check(
+            &spread,
+            &mut [1, 2, 150, 299, 300, 301, 1500, 2999, 3000].into_iter(),
+        );
+        // Long enough to be sampled (every fourth value here), and laid out so the sample
+        // misjudges: every sampled value is large, most of the others small.
+        let sampled: Vec<f32> = (0..10_000)
+            .map(|t| {
+                if t % 4 == 0 {
+                    1.0 + (t % 97) as f32 * 0.01
+                } else {
+                    (t % 89) as f32 * 1e-3
+                }
+            })
+            .collect();
+        check(
+            &sampled,
+            &mut [1, 100, 2499, 2500, 2501, 5000, 9999].into_iter(),
+        );
     }
 
     #[test]
