@@ -233,7 +233,7 @@ const PREFETCH_BYTES: usize = 1024;
 /// Asks for the cache line `PREFETCH_BYTES` past `p` (a hint: never faults, even past the
 /// end of the row).
 #[inline(always)]
-fn prefetch_ahead(p: *const u8) {
+pub(super) fn prefetch_ahead(p: *const u8) {
     // SAFETY: a prefetch is a hint that cannot fault on any address; `wrapping_add` keeps
     // the pointer arithmetic defined past the end of the allocation. SSE is baseline on
     // x86_64.
@@ -483,14 +483,14 @@ unsafe fn q5_0_packed_body<const V: bool, const N: usize>(
 
 /// `vpshufb` control that broadcasts 16-bit lane `j` (of each 128-bit half) to all lanes.
 #[inline(always)]
-unsafe fn splat_i16_lane(j: usize) -> __m256i {
+pub(super) unsafe fn splat_i16_lane(j: usize) -> __m256i {
     _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16)
 }
 
 /// Number of whole super-blocks (of `block_bytes`) a k-quant row has in common with every
 /// token's Q8_K activations (the shortest decides, as a zip of the blocks would).
 #[inline(always)]
-fn common_k_blocks<const N: usize>(
+pub(super) fn common_k_blocks<const N: usize>(
     row: &[u8],
     block_bytes: usize,
     xs: &[Q8KSlice<'_>; N],
@@ -844,6 +844,20 @@ multi_entries! {
 multi_entries! {
     features = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", vnni = true;
     q5_0_packed_vnni, q5_0_packed_vnni_multi [4, 3, 2, 1] = q5_0_packed_body(Q8_0Slice<'_>);
-    q4_k_vnni, q4_k_vnni_multi [2, 1] = q4_k_body(Q8KSlice<'_>);
-    q6_k_vnni, q6_k_vnni_multi [2, 1] = q6_k_body(Q8KSlice<'_>);
+}
+
+/// Q4_K with 256-bit VNNI, one token. (The AVX-512 level's multi-token Q4_K and Q6_K are
+/// `super::avx512`'s 512-bit bodies, which give each token these kernels' bits.)
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) fn q4_k_vnni(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+    // SAFETY: the body with `V = true` needs AVX2, FMA, F16C and AVX-512 VL + VNNI: the
+    // features enabled here.
+    unsafe { q4_k_body::<true, 1>(row, &[x])[0] }
+}
+
+/// Q6_K with 256-bit VNNI, one token (see [`q4_k_vnni`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) fn q6_k_vnni(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+    // SAFETY: as for `q4_k_vnni`.
+    unsafe { q6_k_body::<true, 1>(row, &[x])[0] }
 }

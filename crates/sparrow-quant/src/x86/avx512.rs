@@ -8,13 +8,16 @@
 //!   the weight work), Q5_0's `-16` offset by starting the i32 accumulator at `-16 * sum(x)`
 //!   per block.
 //! * int8, every other format: the AVX2 algorithms with 256-bit VNNI (`vpdpbusd`,
-//!   `vpdpwssd`), i.e. the `*_vnni` entry points of [`super::avx2`].
+//!   `vpdpwssd`), i.e. the `*_vnni` entry points of [`super::avx2`] — except the
+//!   multi-token Q4_K and Q6_K kernels (a speculative check's or a batch's few tokens),
+//!   which take two 32-byte steps of each token per 512-bit product and give every token the
+//!   256-bit single-token kernel's bits (see [`q4_k_body`]).
 
 use core::arch::x86_64::*;
 
 use super::avx2::{self, ld16, ld32};
 use crate::formats::BlockFormat;
-use crate::q8::{Q8_0Slice, Q8_0_BLOCK};
+use crate::q8::{scales_mins_k4, Q8KSlice, Q8_0Slice, Q8K_BLOCK, Q8_0_BLOCK};
 
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -241,4 +244,163 @@ pub(crate) fn q5_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
         s += avx2::q5_0_vnni(&row[pairs * 44..], tail);
     }
     s
+}
+
+// ---- int8, k-quants against several tokens: two 32-byte steps per register ---------------
+
+/// The 256-bit halves of `v` added: the sums of a 512-bit accumulator whose halves held two
+/// steps of what the 256-bit kernels accumulate in one register (integers, so exactly theirs).
+#[inline(always)]
+unsafe fn fold_halves(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+}
+
+/// Q4_K against `N` tokens, as [`super::avx2`]'s Q4_K body computes it, with each 32-byte
+/// step's low nibbles (sub-block `2c`) and high nibbles (`2c + 1`) in the two halves of one
+/// register, against the token's 64 contiguous quants of that step in one load: one
+/// `maddubs` and one `vpdpwssd` per token and step instead of two of each. The halves are
+/// added as integers before the block's float scaling, so every token's result is the
+/// 256-bit kernel's to the bit (the floats see the same i32 lanes in the same order).
+///
+/// # Safety
+/// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
+#[inline(always)]
+unsafe fn q4_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
+    let m4 = _mm512_set1_epi8(0x0F);
+    let nsb = avx2::common_k_blocks(row, 144, xs);
+    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
+    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
+    let bs: [*const i16; N] = core::array::from_fn(|t| xs[t].bsums.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut macc = [_mm256_setzero_ps(); N];
+    for (i, b) in row.chunks_exact(144).take(nsb).enumerate() {
+        avx2::prefetch_ahead(b.as_ptr());
+        let (sc8, m8) = scales_mins_k4(&b[4..16]);
+        let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8 as i64)));
+        let mut sumi = [_mm512_setzero_si512(); N];
+        for c in 0..4 {
+            let qv = ld32(&b[16 + 32 * c..]);
+            let w = _mm512_and_si512(join(qv, _mm256_srli_epi16(qv, 4)), m4);
+            let pick = join(avx2::splat_i16_lane(2 * c), avx2::splat_i16_lane(2 * c + 1));
+            let s = _mm512_shuffle_epi8(sc, pick);
+            for t in 0..N {
+                // SAFETY: super-block `i < nsb`: 256 quants of every token in bounds.
+                let xq = _mm512_loadu_si512(q[t].add(Q8K_BLOCK * i + 64 * c).cast());
+                sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(w, xq), s);
+            }
+        }
+        let m = _mm_cvtsi64_si128(m8 as i64);
+        let m_pairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+        let (dw, dmin) = (avx2::f16s(b, 0), avx2::f16s(b, 2));
+        for t in 0..N {
+            // SAFETY: super-block `i < nsb`: its 16 bsums and scale are in bounds.
+            let bsums = _mm256_loadu_si256(bs[t].add(16 * i).cast());
+            let dx = *d[t].add(i);
+            let msum = _mm256_madd_epi16(m_pairs, bsums);
+            let sum = fold_halves(sumi[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw), _mm256_cvtepi32_ps(sum), acc[t]);
+            macc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dmin), _mm256_cvtepi32_ps(msum), macc[t]);
+        }
+    }
+    core::array::from_fn(|t| avx2::hsum_ps(acc[t]) - avx2::hsum_ps(macc[t]))
+}
+
+/// Q6_K against `N` tokens, as [`super::avx2`]'s Q6_K body computes it, two 32-byte steps
+/// (`s`, `s + 1` of a half) per register against the token's 64 contiguous quants of them;
+/// the `-32` correction starts the low half, and the halves are added as integers before
+/// the block's float scaling, so every token's result is the 256-bit kernel's to the bit.
+///
+/// # Safety
+/// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
+#[inline(always)]
+unsafe fn q6_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x03);
+    let nsb = avx2::common_k_blocks(row, 210, xs);
+    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
+    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
+    let bs: [*const i16; N] = core::array::from_fn(|t| xs[t].bsums.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (i, b) in row.chunks_exact(210).take(nsb).enumerate() {
+        avx2::prefetch_ahead(b.as_ptr());
+        let sc = ld16(&b[192..]);
+        let sc16 = _mm256_cvtepi8_epi16(sc);
+        let mut sumi: [__m512i; N] = core::array::from_fn(|t| {
+            // SAFETY: super-block `i < nsb`: its 16 bsums are in bounds.
+            let bsums = _mm256_loadu_si256(bs[t].add(16 * i).cast());
+            let corr = _mm256_madd_epi16(sc16, bsums);
+            let low = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+            _mm512_zextsi256_si512(low)
+        });
+        for h in 0..2 {
+            let ql0 = ld32(&b[h * 64..]);
+            let ql1 = ld32(&b[h * 64 + 32..]);
+            let qh = ld32(&b[128 + h * 32..]);
+            // One 32-byte step's unsigned 6-bit quants and its two scales (groups `g`, `g +
+            // 1`, widened to i16 over the step's low and high 16 bytes).
+            let step = |s: usize| {
+                let lo = match s {
+                    0 => _mm256_and_si256(ql0, m4),
+                    1 => _mm256_and_si256(ql1, m4),
+                    2 => _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _ => _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                };
+                let hb =
+                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s as i32)), m2);
+                let qv = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+                let g = (h * 8 + 2 * s) as i8;
+                let pair = _mm_setr_epi8(
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                    g + 1,
+                );
+                (qv, _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pair)))
+            };
+            for s in [0, 2] {
+                let (q0, s0) = step(s);
+                let (q1, s1) = step(s + 1);
+                let (w, scv) = (join(q0, q1), join(s0, s1));
+                for t in 0..N {
+                    // SAFETY: super-block `i < nsb`: 256 quants of every token in bounds.
+                    let xq = q[t].add(Q8K_BLOCK * i + h * 128 + s * 32);
+                    let x = _mm512_loadu_si512(xq.cast());
+                    sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(w, x), scv);
+                }
+            }
+        }
+        let dw = avx2::f16s(b, 208);
+        for t in 0..N {
+            // SAFETY: super-block `i < nsb`: its scale is in bounds.
+            let d = _mm256_set1_ps(*d[t].add(i) * dw);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi[t])), acc[t]);
+        }
+    }
+    core::array::from_fn(|t| avx2::hsum_ps(acc[t]))
+}
+
+/// Q4_K weights, any number of tokens (see [`q4_k_body`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q4_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { avx2::run_groups!(q4_k_body, row, xs, out, [4, 3, 2, 1]) }
+}
+
+/// Q6_K weights, any number of tokens (see [`q6_k_body`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q6_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { avx2::run_groups!(q6_k_body, row, xs, out, [4, 3, 2, 1]) }
 }

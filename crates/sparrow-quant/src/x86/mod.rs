@@ -59,7 +59,9 @@ impl KernelSet for Avx2 {
 }
 
 /// The AVX-512 (F/BW/VL + VNNI) kernels: AVX-512 bodies where they pay, else the AVX2
-/// bodies compiled with VNNI (their `*_vnni` entry points).
+/// bodies compiled with VNNI (their `*_vnni` entry points). Q4_K's and Q6_K's single-token
+/// kernels are the 256-bit ones (decode reads weights, it does not wait on products), their
+/// multi-token kernels 512-bit with the same bits.
 pub(crate) struct Avx512;
 
 impl KernelSet for Avx512 {
@@ -79,12 +81,12 @@ impl KernelSet for Avx512 {
     const Q3_K: int8::Q8K = Int8::new(checked!(avx2::q3_k_vnni: Q8KSlice<'_>));
     const Q4_K: int8::Q8K = Int8::multi(
         checked!(avx2::q4_k_vnni: Q8KSlice<'_>),
-        checked!(multi avx2::q4_k_vnni_multi: Q8KSlice<'_>),
+        checked!(multi avx512::q4_k_multi: Q8KSlice<'_>),
     );
     const Q5_K: int8::Q8K = Int8::new(checked!(avx2::q5_k_vnni: Q8KSlice<'_>));
     const Q6_K: int8::Q8K = Int8::multi(
         checked!(avx2::q6_k_vnni: Q8KSlice<'_>),
-        checked!(multi avx2::q6_k_vnni_multi: Q8KSlice<'_>),
+        checked!(multi avx512::q6_k_multi: Q8KSlice<'_>),
     );
     const Q8_K: int8::Q8K = Int8::new(checked!(avx2::q8_k_vnni: Q8KSlice<'_>));
     const Q5_0_PACKED: int8::Q8_0 = Int8::multi(
