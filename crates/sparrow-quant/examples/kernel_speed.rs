@@ -1,6 +1,7 @@
 //! Rough timing of `matvec` / `matmul` on Qwen2.5-0.5B-shaped random matrices:
 //! `cargo run --release -p sparrow-quant --example kernel_speed [threads]`.
-//! Prints GB/s of weights for matvec (decode) and GMAC/s for matmul (prefill).
+//! Prints GB/s of weights for matvec (decode) and GMAC/s for matmul of 4 and 8 tokens (the
+//! multi-token row kernels: speculative checks, batched slots) and of 512 (prefill).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -63,25 +64,30 @@ fn main() {
         });
         let s = t.elapsed().as_secs_f64() / reps as f64;
         let gbs = w.len() as f64 / s / 1e9;
-        let n = 512;
-        let xs: Vec<f32> = (0..n * cols)
-            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-            .collect();
-        let mut outs = vec![0f32; n * rows];
-        pool.install(|| matmul(&m, &xs, &mut outs).unwrap());
-        let t = Instant::now();
-        let mreps = 3;
-        pool.install(|| {
-            for _ in 0..mreps {
-                matmul(&m, &xs, &mut outs).unwrap();
-            }
-        });
-        let sm = t.elapsed().as_secs_f64() / mreps as f64;
-        let gmacs = (rows * cols * n) as f64 / sm / 1e9;
+        // A few tokens (a speculative check, a batch of slots: the multi-token row
+        // kernels below the panel threshold) and a prefill batch (the panels).
+        let mut batches = Vec::new();
+        for n in [4usize, 8, 512] {
+            let xs: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+                .collect();
+            let mut outs = vec![0f32; n * rows];
+            pool.install(|| matmul(&m, &xs, &mut outs).unwrap());
+            let mreps = (2048 / n).max(3);
+            let t = Instant::now();
+            pool.install(|| {
+                for _ in 0..mreps {
+                    matmul(&m, &xs, &mut outs).unwrap();
+                }
+            });
+            let sm = t.elapsed().as_secs_f64() / mreps as f64;
+            let gmacs = (rows * cols * n) as f64 / sm / 1e9;
+            batches.push(format!("x{n} {gmacs:.1}"));
+        }
         println!(
-            "{ty:?} {rows}x{cols}: matvec {:.1} us ({gbs:.1} GB/s)  matmul x{n}: {:.1} ms ({gmacs:.1} GMAC/s)",
+            "{ty:?} {rows}x{cols}: matvec {:.1} us ({gbs:.1} GB/s)  matmul GMAC/s: {}",
             s * 1e6,
-            sm * 1e3
+            batches.join(", ")
         );
     }
 }
