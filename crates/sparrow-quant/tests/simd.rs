@@ -409,9 +409,10 @@ fn check_batched_against(
 /// kernels) at every level, and the portable panel reference,
 /// against the scalar int8 kernel row by row. Shapes cover a partial last panel (37 rows),
 /// rows wider than one column chunk of the AVX2 kernel (512), batches from 16 tokens (the
-/// AVX2 threshold) that are exact multiples of the AVX2 tiles (4 tokens, 3 for Q5_0 / Q5_1
-/// / Q6_K) or leave every remainder, 9 tokens (AVX-512 panels, AVX2 per-row kernels) and
-/// the small-batch fallback (2 tokens); blocks carry edge scales (see `edge_row`).
+/// panels' threshold for most formats) that are exact multiples of the AVX2 tiles (4
+/// tokens, 3 for Q5_0 / Q5_1 / Q6_K) or leave every remainder, 64 and 65 (Q4_K's and Q6_K's
+/// AVX-512 threshold, below which their multi-token row kernels run), 9 tokens and the
+/// small-batch fallback (2 tokens); blocks carry edge scales (see `edge_row`).
 #[test]
 fn batched_matmul_matches_scalar_int8_for_every_format_and_level() {
     use sparrow_quant::QMatrix;
@@ -433,7 +434,7 @@ fn batched_matmul_matches_scalar_int8_for_every_format_and_level() {
                 data.extend(edge_row(&mut rng, ty, cols));
             }
             let m = QMatrix::new(ty, &data, rows, cols).unwrap();
-            for n_tokens in [16, 17, 18, 19, 9, 2] {
+            for n_tokens in [16, 17, 18, 19, 64, 65, 9, 2] {
                 let xs: Vec<f32> = (0..n_tokens)
                     .flat_map(|_| activations(&mut rng, cols))
                     .collect();
