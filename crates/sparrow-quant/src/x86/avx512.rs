@@ -248,6 +248,22 @@ pub(crate) fn q5_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
 
 // ---- int8, k-quants against several tokens: two 32-byte steps per register ---------------
 
+/// `[a, b]` as one 512-bit register of floats (`a` in the low half).
+#[inline(always)]
+unsafe fn join_ps(a: __m256, b: __m256) -> __m512 {
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castpd256_pd512(_mm256_castps_pd(a)),
+        _mm256_castps_pd(b),
+    ))
+}
+
+/// The low and high 256-bit halves of `v`.
+#[inline(always)]
+unsafe fn split_ps(v: __m512) -> (__m256, __m256) {
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    (_mm512_castps512_ps256(v), high)
+}
+
 /// The 256-bit halves of `v` added: the sums of a 512-bit accumulator whose halves held two
 /// steps of what the 256-bit kernels accumulate in one register (integers, so exactly theirs).
 #[inline(always)]
@@ -259,8 +275,10 @@ unsafe fn fold_halves(v: __m512i) -> __m256i {
 /// step's low nibbles (sub-block `2c`) and high nibbles (`2c + 1`) in the two halves of one
 /// register, against the token's 64 contiguous quants of that step in one load: one
 /// `maddubs` and one `vpdpwssd` per token and step instead of two of each. The halves are
-/// added as integers before the block's float scaling, so every token's result is the
-/// 256-bit kernel's to the bit (the floats see the same i32 lanes in the same order).
+/// added as integers before the block's float scaling, and the block's sums and its
+/// minimums' sums are scaled in one 16-lane FMA (eight lanes each, as the 256-bit kernel's
+/// two accumulators), so every token's result is the 256-bit kernel's to the bit (the
+/// floats see the same i32 lanes, products and sums in the same order).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
@@ -271,8 +289,10 @@ unsafe fn q4_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32;
     let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
     let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
     let bs: [*const i16; N] = core::array::from_fn(|t| xs[t].bsums.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut macc = [_mm256_setzero_ps(); N];
+    // Per token, the block sums in the low eight f32 lanes and the minimums' in the high
+    // eight: one conversion and one FMA a block where the 256-bit kernel takes two of each,
+    // lane for lane the same products and sums.
+    let mut acc = [_mm512_setzero_ps(); N];
     for (i, b) in row.chunks_exact(144).take(nsb).enumerate() {
         avx2::prefetch_ahead(b.as_ptr());
         let (sc8, m8) = scales_mins_k4(&b[4..16]);
@@ -292,17 +312,23 @@ unsafe fn q4_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32;
         let m = _mm_cvtsi64_si128(m8 as i64);
         let m_pairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
         let (dw, dmin) = (avx2::f16s(b, 0), avx2::f16s(b, 2));
+        let scales = join_ps(_mm256_set1_ps(dw), _mm256_set1_ps(dmin));
         for t in 0..N {
             // SAFETY: super-block `i < nsb`: its 16 bsums and scale are in bounds.
             let bsums = _mm256_loadu_si256(bs[t].add(16 * i).cast());
-            let dx = *d[t].add(i);
             let msum = _mm256_madd_epi16(m_pairs, bsums);
-            let sum = fold_halves(sumi[t]);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw), _mm256_cvtepi32_ps(sum), acc[t]);
-            macc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dmin), _mm256_cvtepi32_ps(msum), macc[t]);
+            // [high half of the sums, minimums' sums], then the low half added to the first.
+            let high_mins =
+                _mm512_shuffle_i64x2::<0b01_00_11_10>(sumi[t], _mm512_castsi256_si512(msum));
+            let both = _mm512_mask_add_epi32(high_mins, 0x00FF, sumi[t], high_mins);
+            let dx = _mm512_set1_ps(*d[t].add(i));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dx, scales), _mm512_cvtepi32_ps(both), acc[t]);
         }
     }
-    core::array::from_fn(|t| avx2::hsum_ps(acc[t]) - avx2::hsum_ps(macc[t]))
+    core::array::from_fn(|t| {
+        let (sums, mins) = split_ps(acc[t]);
+        avx2::hsum_ps(sums) - avx2::hsum_ps(mins)
+    })
 }
 
 /// Q6_K against `N` tokens, as [`super::avx2`]'s Q6_K body computes it, two 32-byte steps
@@ -395,12 +421,12 @@ unsafe fn q6_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn q4_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
     // SAFETY: every feature the body needs is enabled here.
-    unsafe { avx2::run_groups!(q4_k_body, row, xs, out, [4, 3, 2, 1]) }
+    unsafe { avx2::run_groups!(q4_k_body, row, xs, out, [8, 4, 3, 2, 1]) }
 }
 
 /// Q6_K weights, any number of tokens (see [`q6_k_body`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn q6_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
     // SAFETY: every feature the body needs is enabled here.
-    unsafe { avx2::run_groups!(q6_k_body, row, xs, out, [4, 3, 2, 1]) }
+    unsafe { avx2::run_groups!(q6_k_body, row, xs, out, [8, 4, 3, 2, 1]) }
 }
