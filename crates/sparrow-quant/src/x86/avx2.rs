@@ -596,6 +596,39 @@ unsafe fn q5_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     hsum_ps(acc) - macc
 }
 
+/// Step `s` (0..4) of half `h` of a Q6_K super-block: its 32 unsigned 6-bit quants (from
+/// `ql0`, `ql1`, the half's two 32-byte runs of low nibbles, and `qh`, its high bits) and
+/// its two scales (groups `8h + 2s` and `8h + 2s + 1` of the block's sixteen signed scales
+/// `sc`), widened to i16 over the step's low and high 16 bytes.
+///
+/// # Safety
+/// AVX2 must be available.
+#[inline(always)]
+pub(super) unsafe fn q6_k_step(
+    ql0: __m256i,
+    ql1: __m256i,
+    qh: __m256i,
+    sc: __m128i,
+    h: usize,
+    s: usize,
+) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let lo = match s {
+        0 => _mm256_and_si256(ql0, m4),
+        1 => _mm256_and_si256(ql1, m4),
+        2 => _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+        _ => _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+    };
+    let hb = _mm256_and_si256(
+        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s as i32)),
+        _mm256_set1_epi8(0x03),
+    );
+    let qv = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+    let (g, g1) = ((h * 8 + 2 * s) as i8, (h * 8 + 2 * s + 1) as i8);
+    let pair = _mm_setr_epi8(g, g, g, g, g, g, g, g, g1, g1, g1, g1, g1, g1, g1, g1);
+    (qv, _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pair)))
+}
+
 /// Q6_K against `N` tokens: unsigned 6-bit quants `ql | qh << 4`. The sixteen signed
 /// scales are widened to i16 once per super-block; each pair `(g, g+1)` (low and high 16
 /// elements of a 32-byte step) is spread over the two halves with one shuffle and one
@@ -606,8 +639,6 @@ unsafe fn q5_k_body<const V: bool>(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 /// As [`acc_u8i8`], plus FMA and F16C.
 #[inline(always)]
 unsafe fn q6_k_body<const V: bool, const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m2 = _mm256_set1_epi8(0x03);
     let nsb = common_k_blocks(row, 210, xs);
     let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
     let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
@@ -628,35 +659,7 @@ unsafe fn q6_k_body<const V: bool, const N: usize>(row: &[u8], xs: &[Q8KSlice<'_
             let ql1 = ld32(&b[h * 64 + 32..]);
             let qh = ld32(&b[128 + h * 32..]);
             for s in 0..4 {
-                let lo = match s {
-                    0 => _mm256_and_si256(ql0, m4),
-                    1 => _mm256_and_si256(ql1, m4),
-                    2 => _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                    _ => _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                };
-                let hb =
-                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s as i32)), m2);
-                let qv = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-                let g = (h * 8 + 2 * s) as i8;
-                let pair = _mm_setr_epi8(
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                );
-                let scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pair));
+                let (qv, scv) = q6_k_step(ql0, ql1, qh, sc, h, s);
                 for t in 0..N {
                     // SAFETY: super-block `i < nsb`: 256 quants of every token in bounds.
                     let xq = q[t].add(Q8K_BLOCK * i + h * 128 + s * 32);

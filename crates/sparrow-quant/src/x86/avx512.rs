@@ -340,8 +340,6 @@ unsafe fn q4_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32;
 /// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
 #[inline(always)]
 unsafe fn q6_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m2 = _mm256_set1_epi8(0x03);
     let nsb = avx2::common_k_blocks(row, 210, xs);
     let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
     let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
@@ -362,42 +360,9 @@ unsafe fn q6_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32;
             let ql0 = ld32(&b[h * 64..]);
             let ql1 = ld32(&b[h * 64 + 32..]);
             let qh = ld32(&b[128 + h * 32..]);
-            // One 32-byte step's unsigned 6-bit quants and its two scales (groups `g`, `g +
-            // 1`, widened to i16 over the step's low and high 16 bytes).
-            let step = |s: usize| {
-                let lo = match s {
-                    0 => _mm256_and_si256(ql0, m4),
-                    1 => _mm256_and_si256(ql1, m4),
-                    2 => _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                    _ => _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                };
-                let hb =
-                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s as i32)), m2);
-                let qv = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-                let g = (h * 8 + 2 * s) as i8;
-                let pair = _mm_setr_epi8(
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                    g + 1,
-                );
-                (qv, _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pair)))
-            };
             for s in [0, 2] {
-                let (q0, s0) = step(s);
-                let (q1, s1) = step(s + 1);
+                let (q0, s0) = avx2::q6_k_step(ql0, ql1, qh, sc, h, s);
+                let (q1, s1) = avx2::q6_k_step(ql0, ql1, qh, sc, h, s + 1);
                 let (w, scv) = (join(q0, q1), join(s0, s1));
                 for t in 0..N {
                     // SAFETY: super-block `i < nsb`: 256 quants of every token in bounds.
