@@ -143,12 +143,20 @@ fn put_q(panel: &mut [u8], off: u8, r: usize, c0: usize, q: &[i8]) {
     }
 }
 
-/// The panel micro-kernel of `level`, if it has one, and the fewest tokens it is used for.
-fn panel_kernel(level: SimdLevel) -> Option<(PanelKernel, usize)> {
+/// The panel micro-kernel of `level`, if it has one, and the fewest tokens of `ty` it is
+/// used for (more for a format whose multi-token row kernels at that level stay ahead for
+/// longer).
+fn panel_kernel(level: SimdLevel, ty: crate::types::GgmlType) -> Option<(PanelKernel, usize)> {
+    let _ = ty; // (only x86_64's AVX-512 level has a per-format threshold)
     match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 if level.is_supported() => {
-            Some((crate::x86::gemm::panel_avx512, MIN_TOKENS))
+            use crate::types::GgmlType::{Q4_K, Q6_K};
+            let min = match ty {
+                Q4_K | Q6_K => MIN_TOKENS_AVX512_K,
+                _ => MIN_TOKENS,
+            };
+            Some((crate::x86::gemm::panel_avx512, min))
         }
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 if level.is_supported() => {
@@ -162,22 +170,6 @@ fn panel_kernel(level: SimdLevel) -> Option<(PanelKernel, usize)> {
     }
 }
 
-/// The fewest tokens the panels take `ty` at `level` from: the level's `default`, or more
-/// for a format whose multi-token row kernels at that level stay ahead for longer.
-fn min_tokens_for(level: SimdLevel, ty: crate::types::GgmlType, default: usize) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512
-        && matches!(
-            ty,
-            crate::types::GgmlType::Q4_K | crate::types::GgmlType::Q6_K
-        )
-    {
-        return MIN_TOKENS_AVX512_K;
-    }
-    let _ = (level, ty); // (elsewhere than x86_64 every format takes the default)
-    default
-}
-
 /// `out[t * rows + r]` for every token and every row, through panels, if `level` has a
 /// panel kernel for `m`'s type and the batch is big enough; `false` (nothing written)
 /// otherwise. `xs` holds `n` rows of `m.cols()` elements; `out` holds `n * m.rows()`.
@@ -188,11 +180,12 @@ pub(crate) fn matmul_panels(
     n: usize,
     out: &mut [f32],
 ) -> bool {
-    let (Some(lay), Some((kernel, min_tokens))) = (panel_layout(m.ty()), panel_kernel(level))
+    let (Some(lay), Some((kernel, min_tokens))) =
+        (panel_layout(m.ty()), panel_kernel(level, m.ty()))
     else {
         return false;
     };
-    if n < min_tokens_for(level, m.ty(), min_tokens) || m.cols() == 0 {
+    if n < min_tokens || m.cols() == 0 {
         return false;
     }
     run_panels(lay, kernel, m, xs, n, out);

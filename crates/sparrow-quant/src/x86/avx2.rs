@@ -487,6 +487,19 @@ pub(super) unsafe fn splat_i16_lane(j: usize) -> __m256i {
     _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16)
 }
 
+/// Every token's Q8_K quants, super-block scales and 16-element sums as pointers, which a
+/// k-quant body steps through by super-block once [`common_k_blocks`] has bounded the count.
+#[inline(always)]
+pub(super) fn k_pointers<const N: usize>(
+    xs: &[Q8KSlice<'_>; N],
+) -> ([*const i8; N], [*const f32; N], [*const i16; N]) {
+    (
+        core::array::from_fn(|t| xs[t].qs.as_ptr()),
+        core::array::from_fn(|t| xs[t].d.as_ptr()),
+        core::array::from_fn(|t| xs[t].bsums.as_ptr()),
+    )
+}
+
 /// Number of whole super-blocks (of `block_bytes`) a k-quant row has in common with every
 /// token's Q8_K activations (the shortest decides, as a zip of the blocks would).
 #[inline(always)]
@@ -514,9 +527,7 @@ pub(super) fn common_k_blocks<const N: usize>(
 unsafe fn q4_k_body<const V: bool, const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
     let m4 = _mm256_set1_epi8(0x0F);
     let nsb = common_k_blocks(row, 144, xs);
-    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
-    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
-    let bs: [*const i16; N] = core::array::from_fn(|t| xs[t].bsums.as_ptr());
+    let (q, d, bs) = k_pointers(xs);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut macc = [_mm256_setzero_ps(); N];
     for (i, b) in row.chunks_exact(144).take(nsb).enumerate() {
@@ -640,9 +651,7 @@ pub(super) unsafe fn q6_k_step(
 #[inline(always)]
 unsafe fn q6_k_body<const V: bool, const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
     let nsb = common_k_blocks(row, 210, xs);
-    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
-    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
-    let bs: [*const i16; N] = core::array::from_fn(|t| xs[t].bsums.as_ptr());
+    let (q, d, bs) = k_pointers(xs);
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, b) in row.chunks_exact(210).take(nsb).enumerate() {
         prefetch_ahead(b.as_ptr());

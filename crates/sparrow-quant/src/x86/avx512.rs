@@ -286,9 +286,7 @@ unsafe fn fold_halves(v: __m512i) -> __m256i {
 unsafe fn q4_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
     let m4 = _mm512_set1_epi8(0x0F);
     let nsb = avx2::common_k_blocks(row, 144, xs);
-    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
-    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
-    let bs: [*const i16; N] = core::array::from_fn(|t| xs[t].bsums.as_ptr());
+    let (q, d, bs) = avx2::k_pointers(xs);
     // Per token, the block sums in the low eight f32 lanes and the minimums' in the high
     // eight: one conversion and one FMA a block where the 256-bit kernel takes two of each,
     // lane for lane the same products and sums.
@@ -341,9 +339,7 @@ unsafe fn q4_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32;
 #[inline(always)]
 unsafe fn q6_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
     let nsb = avx2::common_k_blocks(row, 210, xs);
-    let q: [*const i8; N] = core::array::from_fn(|t| xs[t].qs.as_ptr());
-    let d: [*const f32; N] = core::array::from_fn(|t| xs[t].d.as_ptr());
-    let bs: [*const i16; N] = core::array::from_fn(|t| xs[t].bsums.as_ptr());
+    let (q, d, bs) = avx2::k_pointers(xs);
     let mut acc = [_mm256_setzero_ps(); N];
     for (i, b) in row.chunks_exact(210).take(nsb).enumerate() {
         avx2::prefetch_ahead(b.as_ptr());
