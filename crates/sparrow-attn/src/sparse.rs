@@ -145,6 +145,7 @@ impl SparseAttention {
             plan.entries.push(PlanEntry {
                 kv_heads: 0..shape.n_head_kv,
                 source: Source::Side(0),
+                weight: 1.0,
                 visible: blocks,
             });
             plan.side.push(SideTable {

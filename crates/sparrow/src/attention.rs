@@ -142,6 +142,7 @@ impl SparsePolicy for FixedReads {
                 .map(|(h, r)| PlanEntry {
                     kv_heads: h..h + 1,
                     source: Source::Store,
+                    weight: 1.0,
                     visible: vec![r.clone(); ctx.n_tokens()],
                 })
                 .collect(),

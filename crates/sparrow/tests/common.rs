@@ -328,8 +328,9 @@ pub fn small_quest() -> AttentionChoice {
     })
 }
 
-/// The sketch at 8 of the small models' 32 channels, reading `budget` positions per step
-/// after an exact second pass over twice as many, layer 0 dense.
+/// The sketch at 8 of the small models' 32 channels, reading `budget` positions per step —
+/// half ranked after an exact second pass over twice as many, half a weighted sample of the
+/// rest — layer 0 dense.
 pub fn small_sketch(budget: usize) -> AttentionChoice {
     AttentionChoice::named("sketch").with(SketchSettings {
         block: 16,
@@ -337,6 +338,7 @@ pub fn small_sketch(budget: usize) -> AttentionChoice {
         channels: 8,
         dense_layers: vec![0],
         rerank: 2,
+        sample: 50,
     })
 }
 

@@ -13,15 +13,33 @@ pub fn attention_f64(
     q: &[f32],
     visible: &[Vec<usize>],
 ) -> Vec<f32> {
+    let weighted: Vec<Vec<(usize, f64)>> = visible
+        .iter()
+        .map(|keys| keys.iter().map(|&t| (t, 1.0)).collect())
+        .collect();
+    weighted_attention_f64(shape, keys, values, q, &weighted).0
+}
+
+/// [`attention_f64`] with each visible key counted `w` times (`(position, w)` per KV
+/// head), and each query head's log-sum-exp `ln Σ w·e^s`: what a plan's weighted entries
+/// compute.
+pub fn weighted_attention_f64(
+    shape: AttnShape,
+    keys: &[Vec<f32>],
+    values: &[Vec<f32>],
+    q: &[f32],
+    visible: &[Vec<(usize, f64)>],
+) -> (Vec<f32>, Vec<f64>) {
     let hd = shape.head_dim;
     let group = shape.group();
     let mut out = vec![0.0f32; shape.n_head * hd];
+    let mut lse = vec![0.0f64; shape.n_head];
     for h in 0..shape.n_head {
         let g = h / group;
         let qh = &q[h * hd..(h + 1) * hd];
         let s: Vec<f64> = visible[g]
             .iter()
-            .map(|&t| {
+            .map(|&(t, _)| {
                 let k = &keys[t][g * hd..(g + 1) * hd];
                 qh.iter()
                     .zip(k)
@@ -31,18 +49,23 @@ pub fn attention_f64(
             })
             .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let w: Vec<f64> = s
+            .iter()
+            .zip(&visible[g])
+            .map(|(x, &(_, weight))| weight * (x - m).exp())
+            .collect();
         let z: f64 = w.iter().sum();
+        lse[h] = m + z.ln();
         for d in 0..hd {
             let v: f64 = visible[g]
                 .iter()
                 .enumerate()
-                .map(|(i, &t)| w[i] * values[t][g * hd + d] as f64)
+                .map(|(i, &(t, _))| w[i] * values[t][g * hd + d] as f64)
                 .sum();
             out[h * hd + d] = (v / z) as f32;
         }
     }
-    out
+    (out, lse)
 }
 
 /// Deterministic test inputs, uniform in `[-1, 1)`: a 64-bit linear congruential generator

@@ -392,6 +392,7 @@ fn per_head_scattered_plans_match_f64_reference() {
             .map(|h| PlanEntry {
                 kv_heads: h..h + 1,
                 source: Source::Store,
+                weight: 1.0,
                 visible: vec![runs(per_head[h].iter().copied())],
             })
             .collect(),
@@ -415,6 +416,106 @@ fn per_head_scattered_plans_match_f64_reference() {
                     assert!(
                         (a - b).abs() < 2e-5,
                         "{level:?} {threads} {ty:?}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A weighted entry counts each of its keys `weight` times: a plan of exact keys plus an
+/// every-7th sample of the rest weighted 7.5 equals the f64 reference with those weights —
+/// outputs and log-sum-exps — at every level, thread count and element type.
+#[test]
+fn weighted_entries_match_weighted_f64_reference() {
+    use crate::policy::{execute, Batch, PlanEntry, ReadPlan, Source};
+    let mut rnd = rng(5);
+    let shape = QWEN;
+    let (kv_dim, q_dim, depth) = (shape.kv_dim(), shape.q_dim(), 1500);
+    let (keys, vals) = random_kv(&mut rnd, depth, kv_dim);
+    let weight = 7.5f32;
+    let exact: Vec<Vec<usize>> = (0..shape.n_head_kv)
+        .map(|h| {
+            (0..depth)
+                .filter(|&p| (p * 31 + h * 7) % 50 == 0 || p >= depth - 9)
+                .collect()
+        })
+        .collect();
+    let sample: Vec<Vec<usize>> = (0..shape.n_head_kv)
+        .map(|h| {
+            (0..depth)
+                .filter(|&p| !exact[h].contains(&p) && (p + h) % 7 == 3)
+                .collect()
+        })
+        .collect();
+    let mut entries = Vec::new();
+    for h in 0..shape.n_head_kv {
+        entries.push(PlanEntry::exact(
+            h..h + 1,
+            Source::Store,
+            vec![runs(exact[h].iter().copied())],
+        ));
+        entries.push(PlanEntry {
+            kv_heads: h..h + 1,
+            source: Source::Store,
+            visible: vec![runs(sample[h].iter().copied())],
+            weight,
+        });
+    }
+    let plan = ReadPlan {
+        entries,
+        side: Vec::new(),
+    };
+    let weighted: Vec<Vec<(usize, f64)>> = (0..shape.n_head_kv)
+        .map(|h| {
+            let mut v: Vec<(usize, f64)> = exact[h].iter().map(|&p| (p, 1.0)).collect();
+            v.extend(sample[h].iter().map(|&p| (p, weight as f64)));
+            v
+        })
+        .collect();
+    let q: Vec<f32> = (0..q_dim).map(|_| 3.0 * rnd()).collect();
+    for ty in [Ty::F32, Ty::F16, Ty::Q8] {
+        let store = Store::new(ty, &keys, ty, &vals, 256);
+        let (hk, hv) = (store.k.held(kv_dim), store.v.held(kv_dim));
+        let (want, want_lse) =
+            super::reference::weighted_attention_f64(shape, &hk, &hv, &q, &weighted);
+        let unweighted = super::reference::attention_f64(
+            shape,
+            &hk,
+            &hv,
+            &q,
+            &weighted
+                .iter()
+                .map(|v| v.iter().map(|&(p, _)| p).collect::<Vec<_>>())
+                .collect::<Vec<_>>(),
+        );
+        // The weights move the result, so the comparison below can see them dropped.
+        let moved = want
+            .iter()
+            .zip(&unweighted)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(moved > 1e-2, "weights barely move the output ({moved})");
+        for level in Level::supported() {
+            for threads in [1, 2, 16] {
+                let mut got = vec![0.0; q_dim];
+                let mut lse = vec![0.0; shape.n_head];
+                let batch = Batch {
+                    q: &q,
+                    out: &mut got,
+                    lse: Some(&mut lse),
+                };
+                execute(level, threads, shape, &store, &plan, batch);
+                for (a, b) in got.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() < 2e-5,
+                        "{level:?} {threads} {ty:?}: {a} vs {b}"
+                    );
+                }
+                for (a, b) in lse.iter().zip(&want_lse) {
+                    assert!(
+                        (*a as f64 - b).abs() < 1e-4 * b.abs().max(1.0),
+                        "{level:?} {threads} {ty:?}: lse {a} vs {b}"
                     );
                 }
             }

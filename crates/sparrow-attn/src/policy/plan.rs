@@ -31,8 +31,8 @@ pub enum Source {
 }
 
 /// One part of a plan: for the KV heads `kv_heads`, batch token `i` reads the keys
-/// `visible[i]` of `source`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `visible[i]` of `source`, each counting `weight` times in the softmax.
+#[derive(Clone, Debug, PartialEq)]
 pub struct PlanEntry {
     /// KV heads the entry applies to.
     pub kv_heads: Range<usize>,
@@ -40,6 +40,25 @@ pub struct PlanEntry {
     pub source: Source,
     /// Per batch token: ascending, disjoint key ranges (rows of the source).
     pub visible: Vec<Vec<Range<usize>>>,
+    /// How many keys each key read stands for: 1 for exact attention over the keys listed;
+    /// `N / m` for a uniform sample of `m` keys drawn from `N` left out of the other entries,
+    /// which then estimates those keys' part of the softmax numerator and denominator
+    /// (top-k alone drops that part and renormalises over the few keys kept: what loses the
+    /// tasks that aggregate over the whole context). Finite and positive.
+    pub weight: f32,
+}
+
+impl PlanEntry {
+    /// An exact entry: for the KV heads `kv_heads`, batch token `i` reads `visible[i]` of
+    /// `source`, each key once.
+    pub fn exact(kv_heads: Range<usize>, source: Source, visible: Vec<Vec<Range<usize>>>) -> Self {
+        PlanEntry {
+            kv_heads,
+            source,
+            visible,
+            weight: 1.0,
+        }
+    }
 }
 
 /// A key/value table a policy owns and a plan reads: summaries (landmarks, centroids), or
@@ -125,11 +144,7 @@ impl<'p> ReadPlan<'p> {
     /// One store entry covering every KV head, token `i` reading `visible[i]`.
     pub fn same_for_all_heads(shape: AttnShape, visible: Vec<Vec<Range<usize>>>) -> ReadPlan<'p> {
         ReadPlan {
-            entries: vec![PlanEntry {
-                kv_heads: 0..shape.n_head_kv,
-                source: Source::Store,
-                visible,
-            }],
+            entries: vec![PlanEntry::exact(0..shape.n_head_kv, Source::Store, visible)],
             side: Vec::new(),
         }
     }
@@ -258,7 +273,7 @@ pub fn execute<S: KvSource + ?Sized>(
     }
     let run = |(ei, u): &(usize, Unit)| -> BlockPartial {
         let e = &plan.entries[*ei];
-        match e.source {
+        let mut part = match e.source {
             Source::Store => crate::kernel::attend_block(level, shape, store, q, u, &e.visible),
             Source::Slots => {
                 crate::kernel::attend_block(level, shape, &SlotView(store), q, u, &e.visible)
@@ -271,7 +286,17 @@ pub fn execute<S: KvSource + ?Sized>(
                 u,
                 &e.visible,
             ),
+        };
+        // A weight multiplies every exp-score of the entry: it shifts the partial's maxima
+        // by its log, and the log-sum-exp merge carries it into numerator and denominator.
+        if e.weight != 1.0 {
+            let shift = e.weight.ln();
+            part.m
+                .iter_mut()
+                .filter(|m| m.is_finite())
+                .for_each(|m| *m += shift);
         }
+        part
     };
     #[cfg(feature = "parallel")]
     let parts: Vec<BlockPartial> = {

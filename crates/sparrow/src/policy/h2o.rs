@@ -329,6 +329,7 @@ impl SparsePolicy for H2oAttention {
                 .map(|h| PlanEntry {
                     kv_heads: h..h + 1,
                     source: Source::Side(h),
+                    weight: 1.0,
                     visible: vec![vec![0..st.heads[h].pos.len()]],
                 })
                 .collect(),

@@ -290,11 +290,13 @@ impl SparsePolicy for LadderAttention {
                 PlanEntry {
                     kv_heads: heads.clone(),
                     source: Source::Store,
+                    weight: 1.0,
                     visible: exact,
                 },
                 PlanEntry {
                     kv_heads: heads,
                     source: Source::Side(0),
+                    weight: 1.0,
                     visible: marks,
                 },
             ],

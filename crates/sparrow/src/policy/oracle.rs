@@ -202,6 +202,7 @@ impl SparsePolicy for OracleAttention {
             .map(|h| PlanEntry {
                 kv_heads: h..h + 1,
                 source: Source::Store,
+                weight: 1.0,
                 visible: vec![self.select(
                     ctx.group_queries(0, h),
                     &keys,

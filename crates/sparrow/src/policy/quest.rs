@@ -332,6 +332,7 @@ impl SparsePolicy for QuestAttention {
             .map(|h| PlanEntry {
                 kv_heads: h..h + 1,
                 source: Source::Store,
+                weight: 1.0,
                 visible: vec![self.select(
                     ctx.store,
                     &pages,

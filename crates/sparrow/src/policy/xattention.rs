@@ -382,6 +382,7 @@ pub fn block_plan<'p>(
             PlanEntry {
                 kv_heads: g..g + 1,
                 source: Source::Store,
+                weight: 1.0,
                 visible,
             }
         })

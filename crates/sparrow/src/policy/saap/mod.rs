@@ -351,12 +351,14 @@ impl SparsePolicy for SaapAttention {
             plan.entries.push(PlanEntry {
                 kv_heads: h..h + 1,
                 source: Source::Store,
+                weight: 1.0,
                 visible: vec![r.store],
             });
             if !r.slots.is_empty() {
                 plan.entries.push(PlanEntry {
                     kv_heads: h..h + 1,
                     source: Source::Slots,
+                    weight: 1.0,
                     visible: vec![r.slots],
                 });
             }
