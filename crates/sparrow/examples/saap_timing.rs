@@ -8,7 +8,7 @@
 //! (`ONLY=name` times the policies whose name starts with it)
 
 use sparrow::attention::{attend, read_set, AttentionChoice, AttnShape, KeysView, SparsePolicy};
-use sparrow::policy::SaapSettings;
+use sparrow::policy::{SaapSettings, SketchSettings};
 use sparrow::{KvType, RamStore};
 use std::time::Instant;
 
@@ -74,6 +74,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("saap (positions)", with_layout(Layout::Positions)),
         ("kmeans", AttentionChoice::named("kmeans")),
         ("sketch", AttentionChoice::named("sketch")),
+        (
+            "sketch (ranked only)",
+            AttentionChoice::named("sketch").with(SketchSettings {
+                sample: 0,
+                ..Default::default()
+            }),
+        ),
     ];
     for (name, choice) in policies {
         // `ONLY=quest` times one policy (for a profiler).

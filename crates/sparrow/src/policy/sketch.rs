@@ -28,14 +28,17 @@
 //! read). With `--sketch-rerank F`, `F` times as many candidates are taken and their keys
 //! read to keep the best by exact mass. Prefill and the dense layers read everything.
 //!
-//! **The sample.** Half the budget by default (`--sketch-sample`) is not ranked: it is an
-//! even sample of the sketched keys the ranking left out, read in a plan entry whose keys
-//! each count `N / m` times (`N` left out, `m` sampled), so the softmax's numerator and
-//! denominator get an unbiased estimate of the part a top-k drops instead of nothing (after
-//! MagicPIG, Chen et al. 2024, and vAttention, Desai et al. 2025: top-k alone renormalises
-//! over its few keys). Retrieval lives on the ranked half; aggregation over the whole
-//! context — counting words in RULER's cwe/fwe — lives on the many small weights. The
-//! sample's offset comes from the layer, step and head, so runs repeat.
+//! **The sample.** Up to three quarters of the budget by default (`--sketch-sample`) is
+//! not ranked: it is an even sample of the sketched keys the ranking left out, read in a
+//! plan entry whose keys each count `N / m` times (`N` left out, `m` sampled), so the softmax's numerator
+//! and denominator get an unbiased estimate of the part a top-k drops instead of nothing
+//! (after MagicPIG, Chen et al. 2024, and vAttention, Desai et al. 2025: top-k alone
+//! renormalises over its few keys). Retrieval lives on the ranked keys; aggregation over
+//! the whole context — counting words in RULER's cwe/fwe — on the many small weights. So
+//! the sample's size follows the estimated mass the ranked keys would leave out: the whole
+//! share where that is a tenth of a head's mass or more, proportionally less below it (a
+//! sharp head keeps its budget for ranking). The sample's offset comes from the layer, step
+//! and head, so runs repeat.
 //!
 //! The choice and the sketches are per-sequence state. The channels are chosen at the first
 //! decode step after a prompt (a pass of several tokens, or positions imported from a
@@ -107,11 +110,12 @@ pub struct SketchSettings {
     /// them (0 or 1: sketches alone).
     #[cfg_attr(feature = "cli", arg(id = "SKETCH_RERANK", long = "sketch-rerank", default_value_t = 0, help_heading = crate::policy::HELP_HEADING))]
     pub rerank: usize,
-    /// Sketch: percent of the budget spent on an even sample of the keys the ranking leaves
-    /// out, each sampled key weighted to stand for its share of them (0: the ranked keys
-    /// alone). What aggregation over the whole context needs: the many small weights a top-k
-    /// drops (RULER at 8K on the 1.5B: aggregation 29.2 with none, 35.3 at 50, full 36.9).
-    #[cfg_attr(feature = "cli", arg(id = "SKETCH_SAMPLE", long = "sketch-sample", default_value_t = 50, help_heading = crate::policy::HELP_HEADING))]
+    /// Sketch: percent of the budget at most spent on an even sample of the keys the ranking
+    /// leaves out, each sampled key weighted to stand for its share of them — all of it
+    /// where the ranked keys would leave a tenth of a head's estimated mass out, less where
+    /// they hold more (0: the ranked keys alone). What aggregation over the whole context
+    /// needs: the many small weights a top-k drops.
+    #[cfg_attr(feature = "cli", arg(id = "SKETCH_SAMPLE", long = "sketch-sample", default_value_t = 75, help_heading = crate::policy::HELP_HEADING))]
     pub sample: usize,
 }
 
@@ -123,7 +127,7 @@ impl Default for SketchSettings {
             channels: 64,
             dense_layers: vec![0, 1],
             rerank: 0,
-            sample: 50,
+            sample: 75,
         }
     }
 }
@@ -477,9 +481,9 @@ impl SketchAttention {
     /// What the query heads of `kv_head` (rows `q_group`) read at a context of `n` positions:
     /// the sketched positions with the most estimated mass within the budget (or, with a
     /// re-rank factor, the best of more candidates by exact mass), ascending, then the
-    /// positions not yet sketched — less the budget's sample share, spent on an even sample
-    /// of the sketched positions left out (placed by the layer, step and head, so a run is
-    /// repeatable).
+    /// positions not yet sketched — less the sample's part of the budget ([`sample_size`]),
+    /// spent on an even sample of the sketched positions left out (placed by the layer, step
+    /// and head, so a run is repeatable).
     fn select(&self, layer: &LayerSketch, ctx: &PlanContext<'_>, kv_head: usize) -> Selection {
         let (store, shape, n) = (ctx.store, ctx.shape, ctx.pos0 + 1);
         let q_group = ctx.group_queries(0, kv_head);
@@ -488,17 +492,10 @@ impl SketchAttention {
         if slots >= sealed {
             return Selection::everything(n);
         }
-        let sampled = slots * self.settings.sample / 100;
-        let ranked = slots - sampled;
         let head = &layer.heads[kv_head];
-        let candidates = if self.settings.rerank > 1 {
-            (ranked * self.settings.rerank).min(sealed)
-        } else {
-            ranked
-        };
         // Each query head's softmax over its logits, in place, summed: the oracle's
         // criterion on the sketches.
-        let chosen = with_scratch(|logits, mass| {
+        let (chosen, ranked, sampled) = with_scratch(|logits, mass| {
             head.logits(q_group, shape.head_dim, sealed, logits);
             mass.clear();
             mass.resize(sealed, 0.0);
@@ -507,8 +504,17 @@ impl SketchAttention {
             for row in logits[..heads * sealed].chunks_exact_mut(sealed) {
                 add_softmax(level, row, scale, mass);
             }
-            most_mass(mass, candidates)
+            let best = most_mass(mass, slots);
+            let sampled = sample_size(mass, &best, self.settings.sample);
+            let ranked = slots - sampled;
+            let chosen = if self.settings.rerank > 1 {
+                most_mass(mass, (ranked * self.settings.rerank).min(sealed))
+            } else {
+                most_of(mass, best, ranked)
+            };
+            (chosen, ranked, sampled)
         });
+        let candidates = chosen.len();
         let mut ranges = if candidates > ranked {
             top_by_exact_mass(store, shape, kv_head, q_group, &chosen, ranked)
         } else {
@@ -602,6 +608,47 @@ fn even_sample(
         index += gap.len();
     }
     Some((runs(picks), (population as f64 / m as f64) as f32))
+}
+
+/// The share of a head's estimated mass the ranked keys may leave out before the whole
+/// sample share is spent: below it the sample shrinks in proportion. Chosen on RULER at 8K
+/// on the 1.5B (every family within 3 of full at 0.05 and 0.1; 0.25 gave back most of the
+/// aggregation gain; a fixed share lost a variable chain's last hop).
+const TAIL_FOR_FULL_SAMPLE: f32 = 0.1;
+
+/// How many of the budget's `best.len()` reads go to the sample: `share`% of them, scaled
+/// by how much of the estimated mass the ranked rest would leave out (up to
+/// [`TAIL_FOR_FULL_SAMPLE`]) — a head whose mass the ranked keys hold nearly whole (a
+/// needle, a chain's next hop) keeps its budget for ranking; one whose mass is spread thin
+/// (counting over the whole text) samples the full share. `best` are the budget's best
+/// positions by `mass`.
+fn sample_size(mass: &[f32], best: &[usize], share: usize) -> usize {
+    let nominal = best.len() * share / 100;
+    if nominal == 0 {
+        return 0;
+    }
+    let mut top: Vec<f32> = best.iter().map(|&t| mass[t]).collect();
+    top.sort_unstable_by(|a, b| b.total_cmp(a));
+    let total: f32 = mass.iter().sum();
+    let kept: f32 = top[..best.len() - nominal].iter().sum();
+    if total <= 0.0 {
+        return 0;
+    }
+    let left_out = (1.0 - kept / total).max(0.0);
+    (nominal as f32 * (left_out / TAIL_FOR_FULL_SAMPLE).min(1.0)).round() as usize
+}
+
+/// The `k` of `best` (positions, ascending) with the most `mass`, ascending; ties go to
+/// the later positions, as [`most_mass`]'s.
+fn most_of(mass: &[f32], best: Vec<usize>, k: usize) -> Vec<usize> {
+    if k >= best.len() {
+        return best;
+    }
+    let mut order = best;
+    order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]).then(b.cmp(&a)));
+    order.truncate(k);
+    order.sort_unstable();
+    order
 }
 
 /// A number in `[0, 1)` from `seed` (SplitMix64's finaliser): the sample's offset, the same
@@ -1050,6 +1097,32 @@ mod tests {
         assert_eq!(left_out(&[5..40, 41..80], 90), vec![0..5, 40..41, 80..90]);
     }
 
+    /// The sample's size follows the mass the ranked keys leave out: none when they hold
+    /// it all, the whole share at a tenth left out or more, in proportion between.
+    #[test]
+    fn the_sample_grows_with_the_mass_the_ranked_keys_leave_out() {
+        // 1000 positions; the budget's best 100 are the first 100, ranking 50 of them.
+        let best: Vec<usize> = (0..100).collect();
+        let even = vec![0.001f32; 1000];
+        assert_eq!(
+            sample_size(&even, &best, 50),
+            50,
+            "a spread head: the whole share"
+        );
+        let sharp = {
+            let mut mass = vec![0.0f32; 1000];
+            mass[3] = 1.0;
+            sample_size(&mass, &best, 50)
+        };
+        assert_eq!(sharp, 0, "one key holds everything");
+        let mut mass = vec![0.0f32; 1000];
+        mass[..50].iter_mut().for_each(|m| *m = 0.95 / 50.0);
+        mass[50..].iter_mut().for_each(|m| *m = 0.05 / 950.0);
+        // 5% left out: half the share.
+        assert_eq!(sample_size(&mass, &best, 50), 25);
+        assert_eq!(sample_size(&mass, &best, 0), 0);
+    }
+
     /// Most of the mass on a long flat tail (aggregation's shape): the ranked keys alone
     /// renormalise over a few and miss the tail's share of the output; spending half the
     /// budget on a weighted sample of the tail recovers it, at the same reads.
@@ -1063,7 +1136,7 @@ mod tests {
             q[h * 8 + 2] = 3.0;
         }
         for p in 0..n {
-            // Eight heavy keys (logit ~ +3.5 each), the rest ~0: the tail holds ~80% of the
+            // Eight heavy keys (logit ~ +3.5 each), the rest ~0: the tail holds ~60% of the
             // mass; the values tell the two apart (+1 / -1 on channel 0).
             let heavy = p % 50 == 7;
             let mut k: Vec<f32> = (0..16).map(|_| 0.05 * r()).collect();
