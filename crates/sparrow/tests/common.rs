@@ -328,17 +328,22 @@ pub fn small_quest() -> AttentionChoice {
     })
 }
 
-/// The sketch at 8 of the small models' 32 channels, reading `budget` positions per step —
-/// half ranked after an exact second pass over twice as many, half a weighted sample of the
-/// rest — layer 0 dense.
+/// The sketch at 8 of the small models' 32 channels, reading `budget` positions per step
+/// after an exact second pass over twice as many, layer 0 dense.
 pub fn small_sketch(budget: usize) -> AttentionChoice {
+    small_sketch_sampling(budget, 0)
+}
+
+/// [`small_sketch`] with up to `sample`% of the budget a weighted sample of the keys the
+/// ranking leaves out (`--sketch-sample`).
+pub fn small_sketch_sampling(budget: usize, sample: usize) -> AttentionChoice {
     AttentionChoice::named("sketch").with(SketchSettings {
         block: 16,
         budget,
         channels: 8,
         dense_layers: vec![0],
         rerank: 2,
-        sample: 50,
+        sample,
     })
 }
 

@@ -106,9 +106,14 @@ fn tiered_store_gives_the_ram_stores_logits_bit_for_bit() {
             * m.config.n_layer;
         let mut exact = None;
         let saaps = [Layout::Positions, Layout::Buckets].map(|l| saap(&m, dir.path(), l));
-        for choice in [full(), quest(), common::small_sketch(64)]
-            .iter()
-            .chain(&saaps)
+        for choice in [
+            full(),
+            quest(),
+            common::small_sketch(64),
+            common::small_sketch_sampling(64, 75),
+        ]
+        .iter()
+        .chain(&saaps)
         {
             let mut ram = sequence(&m, types, None, choice);
             let want = run(&m, &mut ram, &prompt, 100, &steps);
@@ -153,9 +158,14 @@ fn rewinds_and_prefix_imports_match_the_ram_store() {
     let prompt = synthetic_tokens(300, 3);
     let dir = tempfile::tempdir().unwrap();
     let saaps = [Layout::Positions, Layout::Buckets].map(|l| saap(&m, dir.path(), l));
-    for choice in [full(), quest(), common::small_sketch(64)]
-        .iter()
-        .chain(&saaps)
+    for choice in [
+        full(),
+        quest(),
+        common::small_sketch(64),
+        common::small_sketch_sampling(64, 75),
+    ]
+    .iter()
+    .chain(&saaps)
     {
         let choice = choice.clone();
         let budget = min + {
