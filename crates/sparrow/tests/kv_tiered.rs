@@ -48,6 +48,19 @@ fn quest() -> AttentionChoice {
     })
 }
 
+/// Every policy the tiered store must serve as the RAM store does: full, Quest, the sketch
+/// ranked and with its weighted sample, Saap in both layouts (indexes written into `dir`).
+fn policies(m: &Model, dir: &std::path::Path) -> Vec<AttentionChoice> {
+    let mut all = vec![
+        full(),
+        quest(),
+        common::small_sketch(64),
+        common::small_sketch_sampling(64, 75),
+    ];
+    all.extend([Layout::Positions, Layout::Buckets].map(|l| saap(m, dir, l)));
+    all
+}
+
 /// Saap over a random index (8 buckets, 2 visited): see [`common::random_saap`].
 fn saap(m: &Model, dir: &std::path::Path, layout: Layout) -> AttentionChoice {
     common::random_saap(m, &dir.join("random.saap"), (8, 2, 7), layout)
@@ -105,16 +118,7 @@ fn tiered_store_gives_the_ram_stores_logits_bit_for_bit() {
         let row = (types.k.row_bytes(m.config.kv_dim()) + types.v.row_bytes(m.config.kv_dim()))
             * m.config.n_layer;
         let mut exact = None;
-        let saaps = [Layout::Positions, Layout::Buckets].map(|l| saap(&m, dir.path(), l));
-        for choice in [
-            full(),
-            quest(),
-            common::small_sketch(64),
-            common::small_sketch_sampling(64, 75),
-        ]
-        .iter()
-        .chain(&saaps)
-        {
+        for choice in &policies(&m, dir.path()) {
             let mut ram = sequence(&m, types, None, choice);
             let want = run(&m, &mut ram, &prompt, 100, &steps);
             // The selecting policies must really select here, or this tests only full.
@@ -157,16 +161,7 @@ fn rewinds_and_prefix_imports_match_the_ram_store() {
     let min = min_budget(&m, types);
     let prompt = synthetic_tokens(300, 3);
     let dir = tempfile::tempdir().unwrap();
-    let saaps = [Layout::Positions, Layout::Buckets].map(|l| saap(&m, dir.path(), l));
-    for choice in [
-        full(),
-        quest(),
-        common::small_sketch(64),
-        common::small_sketch_sampling(64, 75),
-    ]
-    .iter()
-    .chain(&saaps)
-    {
+    for choice in &policies(&m, dir.path()) {
         let choice = choice.clone();
         let budget = min + {
             let (need, open) = summaries(&m, &choice, types);
