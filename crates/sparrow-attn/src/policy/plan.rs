@@ -289,6 +289,11 @@ pub fn execute<S: KvSource + ?Sized>(
         };
         // A weight multiplies every exp-score of the entry: it shifts the partial's maxima
         // by its log, and the log-sum-exp merge carries it into numerator and denominator.
+        debug_assert!(
+            e.weight.is_finite() && e.weight > 0.0,
+            "a plan entry's weight must be finite and positive, not {}",
+            e.weight
+        );
         if e.weight != 1.0 {
             let shift = e.weight.ln();
             part.m

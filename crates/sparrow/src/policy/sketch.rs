@@ -508,13 +508,21 @@ impl SketchAttention {
             for row in logits[..heads * sealed].chunks_exact_mut(sealed) {
                 add_softmax(level, row, scale, mass);
             }
-            let best = most_mass(mass, slots);
-            let sampled = sample_size(mass, &best, self.settings.sample);
-            let ranked = slots - sampled;
-            let chosen = if self.settings.rerank > 1 {
-                most_mass(mass, (ranked * self.settings.rerank).min(sealed))
+            // With a sample, its size needs the budget's best first.
+            let (best, sampled) = if self.settings.sample == 0 {
+                (None, 0)
             } else {
-                most_of(mass, best, ranked)
+                let best = most_mass(mass, slots);
+                let sampled = sample_size(mass, &best, self.settings.sample);
+                (Some(best), sampled)
+            };
+            let ranked = slots - sampled;
+            let chosen = match best {
+                _ if self.settings.rerank > 1 => {
+                    most_mass(mass, (ranked * self.settings.rerank).min(sealed))
+                }
+                Some(best) => most_of(mass, best, ranked),
+                None => most_mass(mass, ranked),
             };
             (chosen, ranked, sampled)
         });
