@@ -1,6 +1,6 @@
 //! Rough timing of `matvec` / `matmul` on Qwen2.5-0.5B-shaped random matrices:
 //! `cargo run --release -p sparrow-quant --example kernel_speed [threads]`.
-//! Prints GB/s of weights for matvec (decode) and GMAC/s for matmul of 4 and 8 tokens (the
+//! Prints GB/s of weights for matvec (decode) and GMAC/s for matmul of 2 to 16 tokens (the
 //! multi-token row kernels: speculative checks, batched slots) and of 512 (prefill).
 
 #[path = "../tests/common/mod.rs"]
@@ -38,6 +38,7 @@ fn main() {
         (GgmlType::Q8_0, 4864, 896),
         (GgmlType::Q4_K, 896, 4864),
         (GgmlType::Q6_K, 896, 4864),
+        (GgmlType::Q4_K, 8960, 1536),
     ];
     println!(
         "level {:?}, {threads} threads",
@@ -67,7 +68,7 @@ fn main() {
         // A few tokens (a speculative check, a batch of slots: the multi-token row
         // kernels below the panel threshold) and a prefill batch (the panels).
         let mut batches = Vec::new();
-        for n in [4usize, 8, 512] {
+        for n in [2usize, 4, 8, 16, 512] {
             let xs: Vec<f32> = (0..n * cols)
                 .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
                 .collect();

@@ -23,7 +23,7 @@ use crate::formats::{float, kquants, legacy, BlockFormat};
 use crate::level::SimdLevel;
 use crate::packed;
 use crate::panel::Layout;
-use crate::q8::{self, Q8Dot, Q8DotMulti};
+use crate::q8::{self, Q8Dot, Q8DotMulti, Q8KRows};
 use crate::types::GgmlType;
 
 /// The kernels of one block format at one [`SimdLevel`].
@@ -47,6 +47,10 @@ pub struct Kernels {
     /// block unpacked once; bit-identical to `dot_q8` per token), where this level has one.
     /// [`crate::matmul`] uses it for batches below the panel threshold.
     pub dot_q8_multi: Option<Q8DotMulti>,
+    /// The rows form of `dot_q8` (many weight rows against up to sixteen tokens in a
+    /// matrix unit; bit-identical to `dot_q8` per row and token), where this level has one
+    /// (AMX, Q8_K formats). [`crate::matmul`] prefers it to `dot_q8_multi`.
+    pub dot_q8_rows: Option<Q8KRows>,
     /// Whether these kernels read rows in sparrow's packed layout (see [`crate::packed`])
     /// rather than ggml's.
     pub packed: bool,
@@ -62,12 +66,17 @@ pub(crate) type RowDot = fn(&[u8], &[f32]) -> f32;
 pub(crate) struct Int8<D, M> {
     pub(crate) dot: D,
     pub(crate) multi: Option<M>,
+    pub(crate) rows: Option<Q8KRows>,
 }
 
 impl<D: Copy, M: Copy> Int8<D, M> {
     /// A single-token kernel; batches below the panel threshold call it once per token.
     pub(crate) const fn new(dot: D) -> Self {
-        Int8 { dot, multi: None }
+        Int8 {
+            dot,
+            multi: None,
+            rows: None,
+        }
     }
 
     /// A single-token kernel and its multi-token form (see [`Kernels::dot_q8_multi`]).
@@ -76,6 +85,16 @@ impl<D: Copy, M: Copy> Int8<D, M> {
         Int8 {
             dot,
             multi: Some(multi),
+            rows: None,
+        }
+    }
+
+    /// These kernels plus a rows form (see [`Kernels::dot_q8_rows`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only AMX has them so far
+    pub(crate) const fn with_rows(self, rows: Q8KRows) -> Self {
+        Int8 {
+            rows: Some(rows),
+            ..self
         }
     }
 }
@@ -176,6 +195,7 @@ macro_rules! catalogue {
                             dot: K::$f,
                             dot_q8: None,
                             dot_q8_multi: None,
+                            dot_q8_rows: None,
                             packed: false,
                         },)*
                         $(catalogue!(@int8 $q, K::LEVEL, false,
@@ -213,6 +233,7 @@ macro_rules! catalogue {
                 Some(m) => Some(Q8DotMulti::$act(m)),
                 None => None,
             },
+            dot_q8_rows: $int8.rows,
             packed: $packed,
         }
     };

@@ -150,7 +150,7 @@ fn panel_kernel(level: SimdLevel, ty: crate::types::GgmlType) -> Option<(PanelKe
     let _ = ty; // (only x86_64's AVX-512 level has a per-format threshold)
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 if level.is_supported() => {
+        SimdLevel::Avx512 | SimdLevel::Amx if level.is_supported() => {
             use crate::types::GgmlType::{Q4_K, Q6_K};
             let min = match ty {
                 Q4_K | Q6_K => MIN_TOKENS_AVX512_K,

@@ -7,11 +7,11 @@
 //!
 //! There is one table per [`SimdLevel`], built from the format catalogue
 //! (`crate::catalogue`) and the level's kernel set: the scalar reference (always present, the oracle
-//! the others are tested against), AVX2 (+FMA, F16C) and AVX-512 (F, BW, VL, VNNI) on
+//! the others are tested against), AVX2 (+FMA, F16C), AVX-512 (F, BW, VL, VNNI) and AMX (AVX-512 with the tile unit) on
 //! x86_64, NEON and NEON with `sdot` (the `dotprod` extension) on AArch64.
 //! [`Kernels::get`] returns the best level this CPU supports, detected once with
 //! `is_x86_feature_detected!` / `is_aarch64_feature_detected!` and cached; the
-//! `SPARROW_SIMD` environment variable (`scalar`, `avx2`, `avx512`, `neon`, `neondot`)
+//! `SPARROW_SIMD` environment variable (`scalar`, `avx2`, `avx512`, `amx`, `neon`, `neondot`)
 //! caps it, for benchmarking and debugging (a level of another architecture is ignored).
 //! [`Kernels::for_level`] reaches a specific level, so tests can force each one.
 //!
@@ -32,6 +32,8 @@ static SCALAR: Tables = Tables::of::<Scalar>();
 static AVX2: Tables = Tables::of::<crate::x86::Avx2>();
 #[cfg(target_arch = "x86_64")]
 static AVX512: Tables = Tables::of::<crate::x86::Avx512>();
+#[cfg(target_arch = "x86_64")]
+static AMX: Tables = Tables::of::<crate::x86::Amx>();
 #[cfg(target_arch = "aarch64")]
 static NEON: Tables = Tables::of::<crate::aarch64::Neon>();
 #[cfg(target_arch = "aarch64")]
@@ -49,6 +51,8 @@ fn tables(level: SimdLevel) -> Option<&'static Tables> {
         SimdLevel::Avx2 => Some(&AVX2),
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 => Some(&AVX512),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Amx => Some(&AMX),
         #[cfg(target_arch = "aarch64")]
         SimdLevel::Neon => Some(&NEON),
         #[cfg(target_arch = "aarch64")]

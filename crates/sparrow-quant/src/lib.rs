@@ -57,6 +57,7 @@ pub mod packed;
 mod panel;
 mod products;
 pub mod q8;
+pub mod q8_tiles;
 mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -11,7 +11,8 @@ use crate::error::QuantError;
 use crate::kernels::Kernels;
 use crate::level::SimdLevel;
 use crate::matrix::QMatrix;
-use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8_0Acts};
+use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8KRows, Q8_0Acts};
+use crate::q8_tiles::{Q8KTiles, TILE_TOKENS};
 use crate::types::GgmlType;
 
 /// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).
@@ -258,6 +259,13 @@ fn matmul_with(
         return Ok(());
     }
     let tokens = || xs.chunks_exact(m.cols()).take(n_tokens);
+    if let (Acts::Int8, Some(Q8Dot::Q8K(_)), Some(rows), TILE_MIN_TOKENS..) =
+        (acts, k.dot_q8, k.dot_q8_rows, n_tokens)
+    {
+        let a: Vec<Q8KActs> = tokens().map(Q8KActs::new).collect();
+        matmul_tiles(m, &a, rows, out);
+        return Ok(());
+    }
     // Below the panel threshold each weight row is dotted with every token while it sits in
     // L1: through the multi-token kernel where the level has one (each block unpacked once
     // for a group of tokens, results bit-identical to `dot_q8`), else once per token.
@@ -326,11 +334,43 @@ fn matmul_int8<X: Copy + Sync>(
 /// take 2 to 8 by format and level), for sizing parallel tasks by the passes they make.
 const MULTI_WIDTH: usize = 4;
 
+/// The fewest tokens a product runs through a rows kernel ([`Kernels::dot_q8_rows`]) for.
+/// Below it the multi-token row kernels (same bits) are faster: a tile product costs about
+/// as much as the row kernels' work for two tokens, whatever the token count. Measured
+/// (`cargo run --release -p sparrow-quant --example kernel_speed 2`, Q4_K 8960 × 1536, AMX
+/// against the AVX-512 row kernels, GMAC/s): 2 tokens 37 vs 61, 4 tokens 71 vs 77, 8 tokens
+/// 113 vs 91, 16 tokens 184 vs 94.
+const TILE_MIN_TOKENS: usize = 8;
+
+/// [`matmul`] through a rows kernel (a matrix unit's): the tokens in sets of up to
+/// [`TILE_TOKENS`], each rearranged once ([`Q8KTiles`]) and run through every row in
+/// parallel chunks of whole tiles (16 rows). Results equal [`crate::dot_q8`] exactly (the
+/// rows kernel's contract).
+fn matmul_tiles(m: &QMatrix<'_>, acts: &[Q8KActs], rows_kernel: Q8KRows, out: &mut [f32]) {
+    let chunk = rows_per_task(m, 1).next_multiple_of(16);
+    for (set, tokens) in acts.chunks(TILE_TOKENS).enumerate() {
+        let slices: Vec<_> = tokens.iter().map(|a| a.as_slice()).collect();
+        let tiles = Q8KTiles::new(&slices);
+        let n = tokens.len();
+        let set_out = &mut out[set * TILE_TOKENS * m.rows()..][..n * m.rows()];
+        par_row_chunks(m, n, chunk, set_out, |c, outs| {
+            let rows = outs[0].len();
+            let first = c * chunk;
+            let data = &m.data()[first * m.row_bytes()..(first + rows) * m.row_bytes()];
+            let mut vals = vec![0f32; rows * n];
+            rows_kernel(data, rows, &tiles, &mut vals);
+            for (t, o) in outs.iter_mut().enumerate() {
+                for (j, v) in o.iter_mut().enumerate() {
+                    *v = vals[j * n + t];
+                }
+            }
+        });
+    }
+}
+
 /// `out[t * rows + r]` for every token `t` and row `r`, `f(row r, o)` writing row `r`'s
 /// value for every token into `o` (`n_tokens` long); parallel over chunks of rows, sized as
-/// `n_tokens / per_pass` passes over each row. Each task writes its rows of every token's
-/// output directly (the outputs are split into per-chunk, per-token slices up front), so
-/// nothing is allocated per task and nothing transposed afterwards.
+/// `n_tokens / per_pass` passes over each row.
 fn matmul_rows(
     m: &QMatrix<'_>,
     n_tokens: usize,
@@ -339,20 +379,7 @@ fn matmul_rows(
     f: impl Fn(&[u8], &mut [f32]) + Sync,
 ) {
     let chunk = rows_per_task(m, n_tokens.div_ceil(per_pass));
-    let n_chunks = m.rows().div_ceil(chunk);
-    // Chunk-major: chunk `c`'s slice of token 0's outputs, of token 1's, ...
-    let mut per_token: Vec<_> = out
-        .chunks_exact_mut(m.rows())
-        .map(|o| o.chunks_mut(chunk))
-        .collect();
-    let mut parts: Vec<&mut [f32]> = Vec::with_capacity(n_chunks * n_tokens);
-    for _ in 0..n_chunks {
-        for it in per_token.iter_mut() {
-            parts.extend(it.next());
-        }
-    }
-    // Rows `c * chunk..` of every token, `outs[t]` token `t`'s slice of them.
-    let run = |c: usize, outs: &mut [&mut [f32]]| {
+    par_row_chunks(m, n_tokens, chunk, out, |c, outs| {
         let mut stack = [0f32; 16];
         let mut heap = Vec::new();
         let vals: &mut [f32] = if n_tokens <= stack.len() {
@@ -369,7 +396,33 @@ fn matmul_rows(
                 o[j] = v;
             }
         }
-    };
+    });
+}
+
+/// Runs `run(c, outs)` for each chunk `c` of `chunk` rows of `m`, in parallel, `outs[t]`
+/// being token `t`'s outputs for those rows (`out` holds `n_tokens` × `m.rows()`,
+/// token-major). Each task writes its rows of every token's output directly (the outputs
+/// are split into per-chunk, per-token slices up front), so nothing is transposed
+/// afterwards.
+fn par_row_chunks(
+    m: &QMatrix<'_>,
+    n_tokens: usize,
+    chunk: usize,
+    out: &mut [f32],
+    run: impl Fn(usize, &mut [&mut [f32]]) + Sync,
+) {
+    let n_chunks = m.rows().div_ceil(chunk);
+    // Chunk-major: chunk `c`'s slice of token 0's outputs, of token 1's, ...
+    let mut per_token: Vec<_> = out
+        .chunks_exact_mut(m.rows())
+        .map(|o| o.chunks_mut(chunk))
+        .collect();
+    let mut parts: Vec<&mut [f32]> = Vec::with_capacity(n_chunks * n_tokens);
+    for _ in 0..n_chunks {
+        for it in per_token.iter_mut() {
+            parts.extend(it.next());
+        }
+    }
     if n_chunks == 1 {
         run(0, &mut parts);
     } else {

@@ -627,7 +627,9 @@ fn packed_matrix_products_match_the_ggml_layout() {
 /// tokens, each block unpacked once), which `matmul` runs below the panel threshold, give
 /// every token exactly what the same level's single-token `dot_q8` gives, to the bit: for
 /// every level and format that has one (on x86_64 at least Q8_0, Q4_K, Q6_K and packed
-/// Q5_0), 1..=9 tokens (whole groups and every remainder), rows with edge scales (see
+/// Q5_0), 1..=9 tokens (whole groups and every remainder) and 16 and 17 (where `matmul`
+/// takes a level's rows kernel, `Kernels::dot_q8_rows`: AMX's tiles of 16 rows and up to 16
+/// tokens, here with 37 rows for whole and partial tiles), rows with edge scales (see
 /// `edge_row`) and rows of all-extreme quants, row lengths with an odd last block (Q8_0's
 /// AVX-512 pairs) and, packed, a row shorter than a group, whole groups, and whole groups
 /// plus a partial trailing group in ggml's layout. Checked through `matmul_at_level`, the
@@ -657,8 +659,8 @@ fn multi_token_kernels_equal_the_single_token_kernel_bit_for_bit() {
                     32 => &[32 * 7, 32 * 8],
                     _ => &[256, 256 * 3],
                 };
-                for &cols in col_counts {
-                    let rows = 13;
+                // 37 rows: two whole tiles of 16 rows and a partial one (AMX)
+                for (&cols, rows) in col_counts.iter().zip([13, 37, 13]) {
                     let mut data = Vec::new();
                     for r in 0..rows {
                         let mut row = edge_row(&mut rng, ty, cols);
@@ -687,7 +689,13 @@ fn multi_token_kernels_equal_the_single_token_kernel_bit_for_bit() {
                     } else {
                         QMatrix::new(ty, &data, rows, cols).unwrap()
                     };
-                    for n_tokens in 1..=9 {
+                    // 16 and 17 tokens: one whole set of tiles, and one more token (below
+                    // the panel threshold only where the level has a rows kernel)
+                    let tiles: &[usize] = match k.dot_q8_rows {
+                        Some(_) => &[16, 17],
+                        None => &[],
+                    };
+                    for n_tokens in (1..=9).chain(tiles.iter().copied()) {
                         let mut xs: Vec<f32> = (0..n_tokens)
                             .flat_map(|_| activations(&mut rng, cols))
                             .collect();

@@ -283,7 +283,10 @@ unsafe fn fold_halves(v: __m512i) -> __m256i {
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
 #[inline(always)]
-unsafe fn q4_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
+unsafe fn q4_k_body<const TOTALS: bool, const N: usize>(
+    row: &[u8],
+    xs: &[Q8KSlice<'_>; N],
+) -> [f32; N] {
     let m4 = _mm512_set1_epi8(0x0F);
     let nsb = avx2::common_k_blocks(row, 144, xs);
     let (q, d, bs) = avx2::k_pointers(xs);
@@ -318,12 +321,20 @@ unsafe fn q4_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32;
             // [high half of the sums, minimums' sums], then the low half added to the first.
             let high_mins =
                 _mm512_shuffle_i64x2::<0b01_00_11_10>(sumi[t], _mm512_castsi256_si512(msum));
-            let both = _mm512_mask_add_epi32(high_mins, 0x00FF, sumi[t], high_mins);
+            let mut both = _mm512_mask_add_epi32(high_mins, 0x00FF, sumi[t], high_mins);
+            if TOTALS {
+                both = half_totals(both);
+            }
             let dx = _mm512_set1_ps(*d[t].add(i));
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dx, scales), _mm512_cvtepi32_ps(both), acc[t]);
         }
     }
     core::array::from_fn(|t| {
+        if TOTALS {
+            // every lane of a half holds that half's sum (see `half_totals`)
+            let (sums, mins) = split_ps(acc[t]);
+            return _mm256_cvtss_f32(sums) - _mm256_cvtss_f32(mins);
+        }
         let (sums, mins) = split_ps(acc[t]);
         avx2::hsum_ps(sums) - avx2::hsum_ps(mins)
     })
@@ -382,7 +393,7 @@ unsafe fn q6_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn q4_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
     // SAFETY: every feature the body needs is enabled here.
-    unsafe { avx2::run_groups!(q4_k_body, row, xs, out, [8, 4, 3, 2, 1]) }
+    unsafe { avx2::run_groups!(q4_k_body::<false>, row, xs, out, [8, 4, 3, 2, 1]) }
 }
 
 /// Q6_K weights, any number of tokens (see [`q6_k_body`]).
@@ -390,4 +401,36 @@ pub(crate) fn q4_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
 pub(crate) fn q6_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
     // SAFETY: every feature the body needs is enabled here.
     unsafe { avx2::run_groups!(q6_k_body, row, xs, out, [8, 4, 3, 2, 1]) }
+}
+
+// ---- k-quants in block totals: the numerics a matrix unit can reproduce ------------------
+
+/// Each 256-bit half of `v` summed into every lane of that half (integers: exact).
+///
+/// This is what the AMX level's Q4_K kernels sum in: *block totals*, each super-block's
+/// integer sums (and its minimums' sums) reduced to one integer before any float, then
+/// `acc = fma(dx * d, total, acc)` block after block (a second accumulator, `dx * dmin`,
+/// for the minimums) and `acc - mins` at the end. The tile kernels (`super::amx`), which get
+/// whole sub-block sums out of the tiles rather than the row kernels' vector lanes, compute
+/// exactly that per row and token, so the level's single-token, multi-token and rows
+/// kernels all give the same bits.
+#[inline(always)]
+unsafe fn half_totals(v: __m512i) -> __m512i {
+    let v = _mm512_add_epi32(v, _mm512_shuffle_i32x4::<0b10_11_00_01>(v, v));
+    let v = _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b01_00_11_10>(v));
+    _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b10_11_00_01>(v))
+}
+
+/// Q4_K weights in block totals (see [`half_totals`]), one token.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q4_k_totals(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { q4_k_body::<true, 1>(row, &[x])[0] }
+}
+
+/// Q4_K weights in block totals, any number of tokens.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q4_k_totals_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { avx2::run_groups!(q4_k_body::<true>, row, xs, out, [8, 4, 3, 2, 1]) }
 }

@@ -112,7 +112,7 @@ fn panel_impl<const MINS: bool>(g: usize, p: &Panel, a: &BatchActs, n: usize, re
 
 /// The AVX-512 VNNI panel kernel: same contract as `crate::gemm::panel_scalar`.
 pub(crate) fn panel_avx512(lay: Layout, p: &Panel, a: &BatchActs, n: usize, res: &mut [f32]) {
-    // SAFETY: only handed out by `crate::gemm` for `SimdLevel::Avx512` after
+    // SAFETY: only handed out by `crate::gemm` for `SimdLevel::Avx512` (or `Amx`) after
     // `is_supported()` confirmed AVX-512 F/BW/VL/VNNI, AVX2 and FMA on this CPU.
     unsafe {
         if lay.mins {

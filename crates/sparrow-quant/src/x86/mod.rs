@@ -8,6 +8,7 @@
 //! [`SimdLevel::is_supported`] confirmed the features, which is what makes the wrappers
 //! sound.
 
+pub(crate) mod amx;
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod gemm;
@@ -62,10 +63,22 @@ impl KernelSet for Avx2 {
 /// bodies compiled with VNNI (their `*_vnni` entry points). Q4_K's and Q6_K's single-token
 /// kernels are the 256-bit ones (decode reads weights, it does not wait on products), their
 /// multi-token kernels 512-bit with the same bits.
-pub(crate) struct Avx512;
+pub(crate) type Avx512 = Avx512Set<false>;
 
-impl KernelSet for Avx512 {
-    const LEVEL: SimdLevel = SimdLevel::Avx512;
+/// The AMX level: the AVX-512 kernels, except Q4_K, whose kernels sum in block totals
+/// (`avx512::q4_k_totals`) so that its rows kernel in the tiles (`amx::q4_k_rows`) gives
+/// the same bits.
+pub(crate) type Amx = Avx512Set<true>;
+
+/// The AVX-512 kernel set, with (`AMX`) or without the tile unit.
+pub(crate) struct Avx512Set<const AMX: bool>;
+
+impl<const AMX: bool> KernelSet for Avx512Set<AMX> {
+    const LEVEL: SimdLevel = if AMX {
+        SimdLevel::Amx
+    } else {
+        SimdLevel::Avx512
+    };
     const F32: RowDot = checked!(avx512::dot_f32: &[f32]);
     const F16: RowDot = checked!(avx512::dot_f16: &[f32]);
     const BF16: RowDot = checked!(avx512::dot_bf16: &[f32]);
@@ -79,10 +92,18 @@ impl KernelSet for Avx512 {
     );
     const Q2_K: int8::Q8K = Int8::new(checked!(avx2::q2_k_vnni: Q8KSlice<'_>));
     const Q3_K: int8::Q8K = Int8::new(checked!(avx2::q3_k_vnni: Q8KSlice<'_>));
-    const Q4_K: int8::Q8K = Int8::multi(
-        checked!(avx2::q4_k_vnni: Q8KSlice<'_>),
-        checked!(multi avx512::q4_k_multi: Q8KSlice<'_>),
-    );
+    const Q4_K: int8::Q8K = if AMX {
+        int8::Q8K::multi(
+            checked!(avx512::q4_k_totals: Q8KSlice<'_>),
+            checked!(multi avx512::q4_k_totals_multi: Q8KSlice<'_>),
+        )
+        .with_rows(checked!(rows amx::q4_k_rows))
+    } else {
+        Int8::multi(
+            checked!(avx2::q4_k_vnni: Q8KSlice<'_>),
+            checked!(multi avx512::q4_k_multi: Q8KSlice<'_>),
+        )
+    };
     const Q5_K: int8::Q8K = Int8::new(checked!(avx2::q5_k_vnni: Q8KSlice<'_>));
     const Q6_K: int8::Q8K = Int8::multi(
         checked!(avx2::q6_k_vnni: Q8KSlice<'_>),

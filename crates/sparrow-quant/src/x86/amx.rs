@@ -1,0 +1,294 @@
+//! AMX-INT8 kernels: Q4_K weight rows sixteen at a time against up to sixteen tokens in
+//! the tile unit.
+//!
+//! A pass of a few tokens (a speculative check, a batch of serving slots) is bound by
+//! arithmetic, not by reading weights: the row kernels spend two vector instructions per
+//! token and 64 weights. A tile product (`tdpbusd`) multiplies 16 rows × 32 columns of
+//! weights by 32 columns × up to 16 tokens in one instruction, so what is left is
+//! unpacking the weights' nibbles and scaling the sub-block sums.
+//!
+//! Per group of 16 rows and Q4_K super-block: the rows' nibbles are unpacked to bytes
+//! (one 16 × 32 tile per sub-block), each sub-block's tile product gives its integer sum
+//! for every (row, token), and the vector unit weighs those sums with the rows' 6-bit
+//! scales into the super-block's integer total, then scales it in floats. That is the
+//! *block totals* order of `super::avx512::q4_k_totals`, the AMX level's single-token
+//! kernel, so every row and token gets that kernel's bits.
+//!
+//! The sums are kept `[row][token]`, sixteen to a vector; the lane of element `e` holds row
+//! `e / tokens` and token `e % tokens`, and per-row or per-token values are spread to those
+//! lanes by one permute each.
+
+use core::arch::asm;
+use core::arch::x86_64::*;
+
+use crate::q8::scales_mins_k4;
+use crate::q8_tiles::{Q8KTiles, SUBS, SUB_COLS, TILE_TOKENS};
+
+/// Rows a tile holds.
+const TILE_ROWS: usize = 16;
+/// Bytes of a Q4_K super-block.
+const Q4_K_BYTES: usize = 144;
+
+/// A tile configuration (`ldtilecfg`'s 64-byte operand), palette 1.
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+impl TileConfig {
+    /// Tiles 0–3: sums (`rows` × `tokens` i32); 4 and 5: weights (`rows` × 32 bytes); 6
+    /// and 7: activations (8 × `4 * tokens` bytes).
+    fn new(rows: usize, tokens: usize) -> TileConfig {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        for tile in 0..8 {
+            let (r, colsb) = match tile {
+                0..4 => (rows, 4 * tokens),
+                4 | 5 => (rows, SUB_COLS),
+                _ => (SUB_COLS / 4, 4 * tokens),
+            };
+            c[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&(colsb as u16).to_le_bytes());
+            c[48 + tile] = r as u8;
+        }
+        TileConfig(c)
+    }
+
+    /// Loads this configuration into the tile unit.
+    ///
+    /// # Safety
+    /// AMX-TILE must be available and granted to the process.
+    #[inline(always)]
+    unsafe fn load(&self) {
+        asm!("ldtilecfg [{}]", in(reg) self.0.as_ptr(), options(nostack, readonly));
+    }
+}
+
+/// One sub-block's product into tile `$c`: zeroed, weights `$a` loaded from `$w` (row
+/// stride 64), activations `$b` from `$x` (row stride `$xs`), `tdpbusd`, stored to `$out`
+/// (row stride `$os`).
+macro_rules! sub_product {
+    ($c:literal, $a:literal, $b:literal, $w:expr, $x:expr, $xs:expr, $out:expr, $os:expr) => {
+        asm!(
+            concat!("tilezero tmm", $c),
+            concat!("tileloadd tmm", $a, ", [{w} + {ws}]"),
+            concat!("tileloadd tmm", $b, ", [{x} + {xs}]"),
+            concat!("tdpbusd tmm", $c, ", tmm", $a, ", tmm", $b),
+            concat!("tilestored [{o} + {os}], tmm", $c),
+            w = in(reg) $w,
+            ws = in(reg) 64usize,
+            x = in(reg) $x,
+            xs = in(reg) $xs,
+            o = in(reg) $out,
+            os = in(reg) $os,
+            options(nostack),
+        )
+    };
+}
+
+/// Per super-block, a group's unpacked nibbles (four quarters of 16 rows × 64 bytes; see
+/// [`unpack_row`]) and its sub-block sums (`[sub][row][token]`).
+#[repr(C, align(64))]
+struct Scratch {
+    nibbles: [[[u8; 64]; TILE_ROWS]; 4],
+    sums: [[i32; TILE_ROWS * TILE_TOKENS]; SUBS],
+}
+
+/// Row `r`'s 128 nibble bytes of a Q4_K super-block (`qs`) as bytes: quarter 0 holds
+/// sub-blocks 0 and 2, quarter 1 sub-blocks 1 and 3, quarters 2 and 3 the same for 4–7
+/// (each 32-byte step of `qs` is sub-block `2c` in its low nibbles, `2c + 1` in its high).
+#[inline(always)]
+unsafe fn unpack_row(qs: *const u8, r: usize, scratch: &mut Scratch) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    for h in 0..2 {
+        let v = _mm512_loadu_si512(qs.add(64 * h).cast());
+        let lo = _mm512_and_si512(v, m4);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+        _mm512_store_si512(scratch.nibbles[2 * h][r].as_mut_ptr().cast(), lo);
+        _mm512_store_si512(scratch.nibbles[2 * h + 1][r].as_mut_ptr().cast(), hi);
+    }
+}
+
+/// Where sub-block `s` starts in [`Scratch::nibbles`]: its quarter and byte offset.
+const fn sub_place(s: usize) -> (usize, usize) {
+    (s / 4 * 2 + s % 2, s / 2 % 2 * 32)
+}
+
+/// Byte `16 s + r` of the result ← row `r`'s byte `s` of the 128 bytes [`per_sub`]
+/// permutes, for sub-blocks 0–3, then 4–7.
+static TRANSPOSE: [[u8; 64]; 2] = [transpose_index(0), transpose_index(4)];
+
+const fn transpose_index(first: usize) -> [u8; 64] {
+    let mut ix = [0u8; 64];
+    let mut k = 0;
+    while k < 64 {
+        ix[k] = ((k % 16) * 8 + first + k / 16) as u8;
+        k += 1;
+    }
+    ix
+}
+
+/// The rows' 8 bytes of one field (scales or minimums, one byte per sub-block), transposed
+/// to eight vectors of 16 i32 lanes (lane = row), one per sub-block.
+#[inline(always)]
+unsafe fn per_sub(bytes: &[u64; TILE_ROWS]) -> [__m512i; SUBS] {
+    let lo = _mm512_loadu_si512(bytes.as_ptr().cast());
+    let hi = _mm512_loadu_si512(bytes.as_ptr().add(8).cast());
+    let t = [
+        _mm512_permutex2var_epi8(lo, _mm512_loadu_si512(TRANSPOSE[0].as_ptr().cast()), hi),
+        _mm512_permutex2var_epi8(lo, _mm512_loadu_si512(TRANSPOSE[1].as_ptr().cast()), hi),
+    ];
+    core::array::from_fn(|s| {
+        let v = t[s / 4];
+        let q = match s % 4 {
+            0 => _mm512_extracti32x4_epi32::<0>(v),
+            1 => _mm512_extracti32x4_epi32::<1>(v),
+            2 => _mm512_extracti32x4_epi32::<2>(v),
+            _ => _mm512_extracti32x4_epi32::<3>(v),
+        };
+        _mm512_cvtepu8_epi32(q)
+    })
+}
+
+/// What every group of one call shares: the tokens, their lanes, the rows' shape.
+struct Pass<'a> {
+    xs: &'a Q8KTiles,
+    lanes: Lanes,
+    row_bytes: usize,
+    blocks: usize,
+}
+
+/// One group of `rows` (≤ 16) Q4_K rows from `w`, against every token of the pass;
+/// `out[r * tokens + t]`.
+#[inline(always)]
+unsafe fn q4_k_group(
+    pass: &Pass<'_>,
+    w: *const u8,
+    rows: usize,
+    scratch: &mut Scratch,
+    out: &mut [f32],
+) {
+    let (xs, lanes, row_bytes, blocks) = (pass.xs, &pass.lanes, pass.row_bytes, pass.blocks);
+    let m = xs.tokens();
+    let mut acc = [_mm512_setzero_ps(); TILE_TOKENS];
+    let mut macc = [_mm512_setzero_ps(); TILE_TOKENS];
+    let (mut sc, mut mn) = ([0u64; TILE_ROWS], [0u64; TILE_ROWS]);
+    let (mut dw, mut dmin) = ([0f32; TILE_ROWS], [0f32; TILE_ROWS]);
+    for i in 0..blocks {
+        for r in 0..rows {
+            let b = w.add(r * row_bytes + i * Q4_K_BYTES);
+            super::avx2::prefetch_ahead(b);
+            let head = core::slice::from_raw_parts(b, 16);
+            (sc[r], mn[r]) = scales_mins_k4(&head[4..16]);
+            dw[r] = super::avx2::f16s(head, 0);
+            dmin[r] = super::avx2::f16s(head, 2);
+            unpack_row(b.add(16), r, scratch);
+        }
+        for s in 0..SUBS {
+            let (q, off) = sub_place(s);
+            let a = scratch.nibbles[q].as_ptr().cast::<u8>().add(off);
+            let x = xs.quants(i, s).as_ptr();
+            let c = scratch.sums[s].as_mut_ptr();
+            match s % 4 {
+                0 => sub_product!("0", "4", "6", a, x, 4 * m, c, 4 * m),
+                1 => sub_product!("1", "5", "7", a, x, 4 * m, c, 4 * m),
+                2 => sub_product!("2", "4", "6", a, x, 4 * m, c, 4 * m),
+                _ => sub_product!("3", "5", "7", a, x, 4 * m, c, 4 * m),
+            }
+        }
+        let scales = per_sub(&sc);
+        let mins = per_sub(&mn);
+        // lane r: row r's minimums of sub-blocks 2p (low half) and 2p + 1 (high half)
+        let min_pairs: [__m512i; SUBS / 2] = core::array::from_fn(|p| {
+            _mm512_or_si512(mins[2 * p], _mm512_slli_epi32::<16>(mins[2 * p + 1]))
+        });
+        let dx = _mm512_loadu_ps(xs.scales(i).as_ptr());
+        let sum_pairs: [__m512i; SUBS / 2] =
+            core::array::from_fn(|p| _mm512_loadu_si512(xs.sum_pairs(i, p).as_ptr().cast()));
+        let (dwv, dminv) = (_mm512_loadu_ps(dw.as_ptr()), _mm512_loadu_ps(dmin.as_ptr()));
+        for j in 0..m {
+            let (ri, ti) = (lanes.row[j], lanes.token[j]);
+            let mut total = _mm512_setzero_si512();
+            for (s, &scale) in scales.iter().enumerate() {
+                let sums = _mm512_load_si512(scratch.sums[s].as_ptr().add(16 * j).cast());
+                let scale = _mm512_permutexvar_epi32(ri, scale);
+                total = _mm512_add_epi32(total, _mm512_mullo_epi32(sums, scale));
+            }
+            let mut min_total = _mm512_setzero_si512();
+            for p in 0..SUBS / 2 {
+                let mp = _mm512_permutexvar_epi32(ri, min_pairs[p]);
+                let sp = _mm512_permutexvar_epi32(ti, sum_pairs[p]);
+                min_total = _mm512_dpwssd_epi32(min_total, mp, sp);
+            }
+            let dxl = _mm512_permutexvar_ps(ti, dx);
+            let a = _mm512_mul_ps(dxl, _mm512_permutexvar_ps(ri, dwv));
+            let b = _mm512_mul_ps(dxl, _mm512_permutexvar_ps(ri, dminv));
+            acc[j] = _mm512_fmadd_ps(a, _mm512_cvtepi32_ps(total), acc[j]);
+            macc[j] = _mm512_fmadd_ps(b, _mm512_cvtepi32_ps(min_total), macc[j]);
+        }
+    }
+    let mut all = [0f32; TILE_ROWS * TILE_TOKENS];
+    for j in 0..m {
+        _mm512_storeu_ps(all.as_mut_ptr().add(16 * j), _mm512_sub_ps(acc[j], macc[j]));
+    }
+    out.copy_from_slice(&all[..rows * m]);
+}
+
+/// For each vector `j` of a group's `[row][token]` sums, the row and the token of each lane.
+struct Lanes {
+    row: [__m512i; TILE_TOKENS],
+    token: [__m512i; TILE_TOKENS],
+}
+
+impl Lanes {
+    #[inline(always)]
+    unsafe fn new(m: usize) -> Lanes {
+        let at = |j: usize, f: &dyn Fn(usize) -> usize| {
+            let v: [i32; 16] = core::array::from_fn(|l| f(16 * j + l) as i32);
+            _mm512_loadu_si512(v.as_ptr().cast())
+        };
+        Lanes {
+            row: core::array::from_fn(|j| at(j, &|e| e / m % TILE_ROWS)),
+            token: core::array::from_fn(|j| at(j, &|e| e % m)),
+        }
+    }
+}
+
+/// Q4_K rows against up to sixteen tokens in the tiles (see the module docs and
+/// [`crate::q8::Q8KRows`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+pub(crate) fn q4_k_rows(rows: &[u8], n_rows: usize, xs: &Q8KTiles, out: &mut [f32]) {
+    let m = xs.tokens();
+    assert!(
+        n_rows > 0 && rows.len().is_multiple_of(n_rows),
+        "whole rows"
+    );
+    assert_eq!(out.len(), n_rows * m, "one output per row and token");
+    let row_bytes = rows.len() / n_rows;
+    let blocks = xs.blocks().min(row_bytes / Q4_K_BYTES);
+    let mut scratch = Scratch {
+        nibbles: [[[0; 64]; TILE_ROWS]; 4],
+        sums: [[0; TILE_ROWS * TILE_TOKENS]; SUBS],
+    };
+    // SAFETY: AMX-INT8 is granted (this level's tables are only handed out after
+    // `SimdLevel::Amx.is_supported()`), and every feature the vector code needs is enabled
+    // here. Each group reads its rows of `rows` (`blocks` super-blocks each, within
+    // `row_bytes`) and `blocks` super-blocks of `xs`; the tiles write only `scratch`, whose
+    // sums hold 16 rows × 16 tokens per sub-block and whose nibbles 16 rows × 64 bytes.
+    unsafe {
+        let pass = Pass {
+            xs,
+            lanes: Lanes::new(m),
+            row_bytes,
+            blocks,
+        };
+        let mut configured = 0;
+        for (g, out) in out.chunks_mut(TILE_ROWS * m).enumerate() {
+            let group_rows = out.len() / m;
+            if group_rows != configured {
+                TileConfig::new(group_rows, m).load();
+                configured = group_rows;
+            }
+            let w = rows.as_ptr().add(g * TILE_ROWS * row_bytes);
+            q4_k_group(&pass, w, group_rows, &mut scratch, out);
+        }
+        asm!("tilerelease", options(nostack, nomem));
+    }
+}
