@@ -23,7 +23,8 @@ use crate::formats::{float, kquants, legacy, BlockFormat};
 use crate::level::SimdLevel;
 use crate::packed;
 use crate::panel::Layout;
-use crate::q8::{self, Q8Dot, Q8DotMulti, Q8KRows};
+use crate::q8::{self, Q8Dot, Q8DotMulti};
+use crate::q8_tiles::Q8KRows;
 use crate::types::GgmlType;
 
 /// The kernels of one block format at one [`SimdLevel`].

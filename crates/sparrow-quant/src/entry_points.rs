@@ -35,7 +35,7 @@ macro_rules! entry_pairs {
 pub(crate) use entry_pairs;
 
 /// A plain `fn` around the `#[target_feature]` kernel `$f` taking `(row, x: $x)` (or, with
-/// `multi`, `(row, xs: &[$x], out)`; with `rows`, a [`crate::q8::Q8KRows`]), for the [`crate::catalogue::KernelSet`] of a level
+/// `multi`, `(row, xs: &[$x], out)`; with `rows`, a [`crate::q8_tiles::Q8KRows`]), for the [`crate::catalogue::KernelSet`] of a level
 /// that needs features beyond the target's baseline.
 ///
 /// A named `fn`, not a closure: a closure coerced to a `fn` pointer goes through a shim

@@ -11,8 +11,8 @@ use crate::error::QuantError;
 use crate::kernels::Kernels;
 use crate::level::SimdLevel;
 use crate::matrix::QMatrix;
-use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8KRows, Q8_0Acts};
-use crate::q8_tiles::{Q8KTiles, TILE_TOKENS};
+use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8_0Acts};
+use crate::q8_tiles::{Q8KRows, Q8KTiles, TILE_TOKENS};
 use crate::types::GgmlType;
 
 /// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).

@@ -305,12 +305,6 @@ pub enum Q8DotMulti {
     Q8K(fn(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32])),
 }
 
-/// A rows kernel on Q8_K activations: `n_rows` weight rows (contiguous, `rows.len() /
-/// n_rows` bytes each) against every token of `xs` at once, for a matrix unit that
-/// multiplies blocks of rows by blocks of tokens. `out[r * xs.tokens() + t]` is bit for bit
-/// what the same level's [`Q8Dot`] gives for row `r` and token `t`.
-pub type Q8KRows = fn(rows: &[u8], n_rows: usize, xs: &crate::q8_tiles::Q8KTiles, out: &mut [f32]);
-
 /// The bound on `|int8 dot - f32 dot|` due to quantizing `x` as the kernel for `ty` does,
 /// given the dequantized weights `w` (see the module docs). Per activation block of largest
 /// magnitude `a`, each activation moves by at most `d/2 = a/254` (rounding to the grid)

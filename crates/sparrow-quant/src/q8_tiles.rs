@@ -1,5 +1,5 @@
 //! Up to sixteen tokens' Q8_K activations rearranged for a kernel that multiplies many
-//! weight rows at a time in a matrix unit (see [`crate::q8::Q8KRows`]).
+//! weight rows at a time in a matrix unit (see [`Q8KRows`]).
 //!
 //! A row kernel walks one weight row against each token's quants in turn; a matrix unit
 //! (AMX's tiles) multiplies a block of weight rows by a block of tokens in one
@@ -9,6 +9,12 @@
 //! per row.
 
 use crate::q8::{Q8KSlice, Q8K_BLOCK};
+
+/// A rows kernel on Q8_K activations: `n_rows` weight rows (contiguous, `rows.len() /
+/// n_rows` bytes each) against every token of `xs` at once, for a matrix unit that
+/// multiplies blocks of rows by blocks of tokens. `out[r * xs.tokens() + t]` is bit for bit
+/// what the same level's [`crate::q8::Q8Dot`] gives for row `r` and token `t`.
+pub type Q8KRows = fn(rows: &[u8], n_rows: usize, xs: &Q8KTiles, out: &mut [f32]);
 
 /// Most tokens one [`Q8KTiles`] holds (a tile row is 64 bytes: sixteen tokens' four
 /// quants).

@@ -252,7 +252,7 @@ impl Lanes {
 }
 
 /// Q4_K rows against up to sixteen tokens in the tiles (see the module docs and
-/// [`crate::q8::Q8KRows`]).
+/// [`crate::q8_tiles::Q8KRows`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
 pub(crate) fn q4_k_rows(rows: &[u8], n_rows: usize, xs: &Q8KTiles, out: &mut [f32]) {
     let m = xs.tokens();
