@@ -336,10 +336,12 @@ const MULTI_WIDTH: usize = 4;
 
 /// The fewest tokens a product runs through a rows kernel ([`Kernels::dot_q8_rows`]) for.
 /// Below it the multi-token row kernels (same bits) are faster: a tile product costs about
-/// as much as the row kernels' work for two tokens, whatever the token count. Measured
-/// (`cargo run --release -p sparrow-quant --example kernel_speed 2`, Q4_K 8960 × 1536, AMX
-/// against the AVX-512 row kernels, GMAC/s): 2 tokens 37 vs 61, 4 tokens 71 vs 77, 8 tokens
-/// 113 vs 91, 16 tokens 184 vs 94.
+/// as much as the row kernels' work for two tokens, whatever the token count, and on a
+/// two-thread host whose threads seem to share one tile unit the tiles gain little from the
+/// second thread. Measured (`cargo run --release -p sparrow-quant --example kernel_speed
+/// 2`, Q4_K 8960 × 1536, tiles at every count against the AVX-512 row kernels, GMAC/s): 4
+/// tokens 83.7 vs 86.5, 8 tokens 143.7 vs 98.9, 16 tokens 217.1 vs 99.4 (and a whole 4-row
+/// pass of the 1.5B model was 0.9× with tiles).
 const TILE_MIN_TOKENS: usize = 8;
 
 /// [`matmul`] through a rows kernel (a matrix unit's): the tokens in sets of up to

@@ -491,20 +491,42 @@ impl PromptLookup {
     }
 }
 
-/// Up to `want` tokens that followed the latest earlier occurrence of `seq`'s last n-gram,
-/// trying n = `ngram_max` down to 1; empty when none occurs earlier.
+/// Up to `want` tokens that followed an earlier occurrence of `seq`'s last n-gram, trying
+/// n = `ngram_max` down to 1; empty when none occurs earlier. Of several occurrences, the
+/// one whose preceding tokens also match `seq`'s for longest (up to [`CONTEXT_MAX`] more),
+/// the latest on a tie: in a rewrite of code, the short n-gram at the end of the output
+/// (`) {` and a newline, an indent) occurs all over the input, and the occurrence at the
+/// same place in the input as the output has reached is the one whose context matches.
 pub fn lookup(seq: &[u32], ngram_max: usize, want: usize) -> &[u32] {
     let len = seq.len();
     for n in (1..=ngram_max.min(len.saturating_sub(1))).rev() {
         let tail = &seq[len - n..];
-        // The latest start before the tail itself whose n tokens equal it.
-        if let Some(start) = (0..len - n).rev().find(|&s| &seq[s..s + n] == tail) {
+        // Tokens before position `end` (exclusive) that equal those before the tail.
+        let context = |end: usize| {
+            (1..=CONTEXT_MAX.min(end))
+                .take_while(|&k| seq[end - k] == seq[len - n - k])
+                .count()
+        };
+        let best = (0..len - n)
+            .rev()
+            .filter(|&s| &seq[s..s + n] == tail)
+            .map(|s| (context(s), s))
+            // the first of the longest, going backwards: the latest on a tie
+            .fold(None, |best: Option<(usize, usize)>, c| match best {
+                Some(b) if b.0 >= c.0 => Some(b),
+                _ => Some(c),
+            });
+        if let Some((_, start)) = best {
             let from = start + n;
             return &seq[from..(from + want).min(len)];
         }
     }
     &[]
 }
+
+/// Most tokens of context before an n-gram that [`lookup`] compares to choose among its
+/// occurrences (bounding the cost of a proposal).
+pub const CONTEXT_MAX: usize = 32;
 
 /// How a check of drafts ended: the drafts kept, and the generation's last step (a token
 /// to feed next — the one it sampled instead of a draft, or after the last — or its end).
@@ -596,6 +618,20 @@ pub fn check_vocabularies(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lookup_takes_the_occurrence_whose_context_matches_longest() {
+        // "5 6 1 2 | 8 1 2 | 9 | 5 6 1 2": "1 2" occurs at 2 and at 5; the tokens before
+        // the one at 2 ("5 6") match those before the tail, so 8 follows, not 9.
+        let seq = [5, 6, 1, 2, 8, 1, 2, 9, 5, 6, 1, 2];
+        assert_eq!(lookup(&seq, 2, 2), &[8, 1]);
+        // Contexts of equal length (none): the latest occurrence, as before.
+        let seq = [3, 1, 2, 8, 4, 1, 2, 9, 7, 1, 2];
+        assert_eq!(lookup(&seq, 2, 1), &[9]);
+        // The context does not reach before the start of the sequence.
+        let seq = [1, 2, 7, 1, 2];
+        assert_eq!(lookup(&seq, 2, 1), &[7]);
+    }
 
     #[test]
     fn lookup_takes_the_longest_latest_match() {

@@ -21,7 +21,6 @@
 use core::arch::asm;
 use core::arch::x86_64::*;
 
-use crate::q8::scales_mins_k4;
 use crate::q8_tiles::{Q8KTiles, SUBS, SUB_COLS, TILE_TOKENS};
 
 /// Rows a tile holds.
@@ -111,40 +110,80 @@ const fn sub_place(s: usize) -> (usize, usize) {
     (s / 4 * 2 + s % 2, s / 2 % 2 * 32)
 }
 
-/// Byte `16 s + r` of the result ← row `r`'s byte `s` of the 128 bytes [`per_sub`]
-/// permutes, for sub-blocks 0–3, then 4–7.
-static TRANSPOSE: [[u8; 64]; 2] = [transpose_index(0), transpose_index(4)];
-
-const fn transpose_index(first: usize) -> [u8; 64] {
-    let mut ix = [0u8; 64];
-    let mut k = 0;
-    while k < 64 {
-        ix[k] = ((k % 16) * 8 + first + k / 16) as u8;
-        k += 1;
-    }
-    ix
+/// The heads (factors, scales, minimums) of one super-block of a group's 16 rows, one row
+/// per 32-bit lane, decoded in vectors as `scales_mins_k4` decodes one row.
+struct Head {
+    d: __m512,
+    dmin: __m512,
+    /// bytes 0–3: the 6-bit scales of sub-blocks 0–3; `sc_hi` those of 4–7
+    sc_lo: __m512i,
+    sc_hi: __m512i,
+    m_lo: __m512i,
+    m_hi: __m512i,
 }
 
-/// The rows' 8 bytes of one field (scales or minimums, one byte per sub-block), transposed
-/// to eight vectors of 16 i32 lanes (lane = row), one per sub-block.
-#[inline(always)]
-unsafe fn per_sub(bytes: &[u64; TILE_ROWS]) -> [__m512i; SUBS] {
-    let lo = _mm512_loadu_si512(bytes.as_ptr().cast());
-    let hi = _mm512_loadu_si512(bytes.as_ptr().add(8).cast());
-    let t = [
-        _mm512_permutex2var_epi8(lo, _mm512_loadu_si512(TRANSPOSE[0].as_ptr().cast()), hi),
-        _mm512_permutex2var_epi8(lo, _mm512_loadu_si512(TRANSPOSE[1].as_ptr().cast()), hi),
-    ];
-    core::array::from_fn(|s| {
-        let v = t[s / 4];
-        let q = match s % 4 {
-            0 => _mm512_extracti32x4_epi32::<0>(v),
-            1 => _mm512_extracti32x4_epi32::<1>(v),
-            2 => _mm512_extracti32x4_epi32::<2>(v),
-            _ => _mm512_extracti32x4_epi32::<3>(v),
+impl Head {
+    /// The heads of the super-block at `block` (row 0's) in each live row, `offsets` bytes on
+    /// (lanes outside `live` read nothing and are zero).
+    #[inline(always)]
+    unsafe fn gather(block: *const u8, offsets: __m512i, live: __mmask16) -> Head {
+        let word = |at: i32| {
+            let at = _mm512_add_epi32(offsets, _mm512_set1_epi32(at));
+            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), live, at, block.cast())
         };
-        _mm512_cvtepu8_epi32(q)
-    })
+        let (factors, a, b, c) = (word(0), word(4), word(8), word(12));
+        let low6 = _mm512_set1_epi32(0x3F3F_3F3F);
+        let low4 = _mm512_set1_epi32(0x0F0F_0F0F);
+        let top2 = |v: __m512i| {
+            let v = _mm512_and_si512(_mm512_srli_epi32::<6>(v), _mm512_set1_epi32(0x0303_0303));
+            _mm512_slli_epi32::<4>(v)
+        };
+        Head {
+            d: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(factors)),
+            dmin: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(factors))),
+            sc_lo: _mm512_and_si512(a, low6),
+            m_lo: _mm512_and_si512(b, low6),
+            sc_hi: _mm512_or_si512(_mm512_and_si512(c, low4), top2(a)),
+            m_hi: _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(c), low4), top2(b)),
+        }
+    }
+
+    /// Each sub-block's scale, one vector per sub-block (lane = row).
+    #[inline(always)]
+    unsafe fn scales(&self) -> [__m512i; SUBS] {
+        let byte = |v: __m512i, k: u32| {
+            _mm512_and_si512(
+                _mm512_srlv_epi32(v, _mm512_set1_epi32(8 * k as i32)),
+                _mm512_set1_epi32(0xFF),
+            )
+        };
+        core::array::from_fn(|s| {
+            let v = if s < 4 { self.sc_lo } else { self.sc_hi };
+            byte(v, s as u32 % 4)
+        })
+    }
+
+    /// The minimums of sub-blocks `2p` (low half) and `2p + 1` (high half), per lane (row).
+    #[inline(always)]
+    unsafe fn min_pairs(&self) -> [__m512i; SUBS / 2] {
+        // per 32-bit lane: bytes 0 and 1 (or 2 and 3) to the low bytes of its two halves
+        let spread = |first: i8| {
+            let (a, b, z) = (first, first + 1, -1i8);
+            _mm512_set4_epi32(
+                i32::from_le_bytes([(a + 12) as u8, z as u8, (b + 12) as u8, z as u8]),
+                i32::from_le_bytes([(a + 8) as u8, z as u8, (b + 8) as u8, z as u8]),
+                i32::from_le_bytes([(a + 4) as u8, z as u8, (b + 4) as u8, z as u8]),
+                i32::from_le_bytes([a as u8, z as u8, b as u8, z as u8]),
+            )
+        };
+        let (first, second) = (spread(0), spread(2));
+        [
+            _mm512_shuffle_epi8(self.m_lo, first),
+            _mm512_shuffle_epi8(self.m_lo, second),
+            _mm512_shuffle_epi8(self.m_hi, first),
+            _mm512_shuffle_epi8(self.m_hi, second),
+        ]
+    }
 }
 
 /// What every group of one call shares: the tokens, their lanes, the rows' shape.
@@ -169,18 +208,19 @@ unsafe fn q4_k_group(
     let m = xs.tokens();
     let mut acc = [_mm512_setzero_ps(); TILE_TOKENS];
     let mut macc = [_mm512_setzero_ps(); TILE_TOKENS];
-    let (mut sc, mut mn) = ([0u64; TILE_ROWS], [0u64; TILE_ROWS]);
-    let (mut dw, mut dmin) = ([0f32; TILE_ROWS], [0f32; TILE_ROWS]);
+    // lane r: row r's offset in `w`, for the first super-block (rows past `rows` masked off)
+    let row_offsets = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(row_bytes as i32),
+    );
+    let live: __mmask16 = (1u32 << rows).wrapping_sub(1) as __mmask16;
     for i in 0..blocks {
         for r in 0..rows {
             let b = w.add(r * row_bytes + i * Q4_K_BYTES);
             super::avx2::prefetch_ahead(b);
-            let head = core::slice::from_raw_parts(b, 16);
-            (sc[r], mn[r]) = scales_mins_k4(&head[4..16]);
-            dw[r] = super::avx2::f16s(head, 0);
-            dmin[r] = super::avx2::f16s(head, 2);
             unpack_row(b.add(16), r, scratch);
         }
+        let head = Head::gather(w.add(i * Q4_K_BYTES), row_offsets, live);
         for s in 0..SUBS {
             let (q, off) = sub_place(s);
             let a = scratch.nibbles[q].as_ptr().cast::<u8>().add(off);
@@ -193,16 +233,11 @@ unsafe fn q4_k_group(
                 _ => sub_product!("3", "5", "7", a, x, 4 * m, c, 4 * m),
             }
         }
-        let scales = per_sub(&sc);
-        let mins = per_sub(&mn);
-        // lane r: row r's minimums of sub-blocks 2p (low half) and 2p + 1 (high half)
-        let min_pairs: [__m512i; SUBS / 2] = core::array::from_fn(|p| {
-            _mm512_or_si512(mins[2 * p], _mm512_slli_epi32::<16>(mins[2 * p + 1]))
-        });
+        let (scales, min_pairs) = (head.scales(), head.min_pairs());
         let dx = _mm512_loadu_ps(xs.scales(i).as_ptr());
         let sum_pairs: [__m512i; SUBS / 2] =
             core::array::from_fn(|p| _mm512_loadu_si512(xs.sum_pairs(i, p).as_ptr().cast()));
-        let (dwv, dminv) = (_mm512_loadu_ps(dw.as_ptr()), _mm512_loadu_ps(dmin.as_ptr()));
+        let (dwv, dminv) = (head.d, head.dmin);
         for j in 0..m {
             let (ri, ti) = (lanes.row[j], lanes.token[j]);
             let mut total = _mm512_setzero_si512();
