@@ -259,9 +259,10 @@ fn matmul_with(
         return Ok(());
     }
     let tokens = || xs.chunks_exact(m.cols()).take(n_tokens);
-    if let (Acts::Int8, Some(Q8Dot::Q8K(_)), Some(rows), TILE_MIN_TOKENS..) =
-        (acts, k.dot_q8, k.dot_q8_rows, n_tokens)
-    {
+    let tiles = (n_tokens >= tile_min_tokens(k.ty))
+        .then_some(k.dot_q8_rows)
+        .flatten();
+    if let (Acts::Int8, Some(Q8Dot::Q8K(_)), Some(rows)) = (acts, k.dot_q8, tiles) {
         let a: Vec<Q8KActs> = tokens().map(Q8KActs::new).collect();
         matmul_tiles(m, &a, rows, out);
         return Ok(());
@@ -334,15 +335,22 @@ fn matmul_int8<X: Copy + Sync>(
 /// take 2 to 8 by format and level), for sizing parallel tasks by the passes they make.
 const MULTI_WIDTH: usize = 4;
 
-/// The fewest tokens a product runs through a rows kernel ([`Kernels::dot_q8_rows`]) for.
-/// Below it the multi-token row kernels (same bits) are faster: a tile product costs about
-/// as much as the row kernels' work for two tokens, whatever the token count, and on a
-/// two-thread host whose threads seem to share one tile unit the tiles gain little from the
-/// second thread. Measured (`cargo run --release -p sparrow-quant --example kernel_speed
-/// 2`, Q4_K 8960 × 1536, tiles at every count against the AVX-512 row kernels, GMAC/s): 4
-/// tokens 83.7 vs 86.5, 8 tokens 143.7 vs 98.9, 16 tokens 217.1 vs 99.4 (and a whole 4-row
-/// pass of the 1.5B model was 0.9× with tiles).
-const TILE_MIN_TOKENS: usize = 8;
+/// The fewest tokens a product of `ty` runs through a rows kernel
+/// ([`Kernels::dot_q8_rows`]) for. Below it the multi-token row kernels (same bits) are
+/// faster: a tile product costs about as much as the row kernels' work for two tokens,
+/// whatever the token count, and on a two-thread host whose threads seem to share one tile
+/// unit the tiles gain little from the second thread. Measured (`cargo run --release -p
+/// sparrow-quant --example kernel_speed 2`, tiles at every count against the AVX-512 row
+/// kernels, GMAC/s): Q4_K 8960 × 1536, 4 tokens 83.7 vs 86.5, 8 tokens 143.7 vs 98.9, 16
+/// tokens 217.1 vs 99.4 (and a whole 4-row pass of the 1.5B model was 0.9× with tiles);
+/// Q6_K 896 × 4864 (16-column sub-blocks: twice the tile products and scalings), 8 tokens
+/// 64.3 vs 74.2, 16 tokens 93.6 vs 77.5.
+fn tile_min_tokens(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q6_K => 16,
+        _ => 8,
+    }
+}
 
 /// [`matmul`] through a rows kernel (a matrix unit's): the tokens in sets of up to
 /// [`TILE_TOKENS`], each rearranged once ([`Q8KTiles`]) and run through every row in

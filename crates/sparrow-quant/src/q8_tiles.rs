@@ -28,10 +28,11 @@ pub const SUBS: usize = Q8K_BLOCK / SUB_COLS;
 ///
 /// For super-block `i` and 32-column sub-block `s`, [`Q8KTiles::quants`] is 8 rows of
 /// `4 * tokens` bytes, row `k` holding every token's quants `4k .. 4k + 4` of the
-/// sub-block. Per super-block, [`Q8KTiles::scales`] has the tokens' scales and
-/// [`Q8KTiles::sum_pairs`] their 32-column sums two sub-blocks to a 32-bit lane (sub-block
-/// `2p` in the low half, `2p + 1` in the high half), both sixteen lanes wide (zero past
-/// the last token).
+/// sub-block (a 16-column sub-block is the first or last 4 of those rows). Per super-block,
+/// [`Q8KTiles::scales`] has the tokens' scales, [`Q8KTiles::sum_pairs`] their 32-column
+/// sums two sub-blocks to a 32-bit lane (sub-block `2p` in the low half, `2p + 1` in the
+/// high half) and [`Q8KTiles::sum16_pairs`] their 16-column sums the same way, all sixteen
+/// lanes wide (zero past the last token).
 #[derive(Clone, Debug, Default)]
 pub struct Q8KTiles {
     tokens: usize,
@@ -39,6 +40,7 @@ pub struct Q8KTiles {
     qs: Vec<i8>,
     d: Vec<f32>,
     sum_pairs: Vec<i32>,
+    sum16_pairs: Vec<i32>,
 }
 
 impl Q8KTiles {
@@ -64,6 +66,7 @@ impl Q8KTiles {
         let mut qs = vec![0i8; blocks * Q8K_BLOCK * m];
         let mut d = vec![0f32; blocks * TILE_TOKENS];
         let mut sum_pairs = vec![0i32; blocks * SUBS / 2 * TILE_TOKENS];
+        let mut sum16_pairs = vec![0i32; blocks * 8 * TILE_TOKENS];
         for (t, x) in xs.iter().enumerate() {
             for i in 0..blocks {
                 let block = &x.qs[i * Q8K_BLOCK..][..Q8K_BLOCK];
@@ -75,10 +78,14 @@ impl Q8KTiles {
                 }
                 d[i * TILE_TOKENS + t] = x.d[i];
                 let bs = &x.bsums[i * 16..][..16];
+                let pair = |a: i16, b: i16| (a as u16 as u32 | (b as u16 as u32) << 16) as i32;
                 for p in 0..SUBS / 2 {
                     let sum = |s: usize| (bs[2 * s] as i32 + bs[2 * s + 1] as i32) as i16;
-                    let pair = sum(2 * p) as u16 as u32 | (sum(2 * p + 1) as u16 as u32) << 16;
-                    sum_pairs[(i * SUBS / 2 + p) * TILE_TOKENS + t] = pair as i32;
+                    sum_pairs[(i * SUBS / 2 + p) * TILE_TOKENS + t] =
+                        pair(sum(2 * p), sum(2 * p + 1));
+                }
+                for p in 0..8 {
+                    sum16_pairs[(i * 8 + p) * TILE_TOKENS + t] = pair(bs[2 * p], bs[2 * p + 1]);
                 }
             }
         }
@@ -88,6 +95,7 @@ impl Q8KTiles {
             qs,
             d,
             sum_pairs,
+            sum16_pairs,
         }
     }
 
@@ -110,6 +118,14 @@ impl Q8KTiles {
     /// The tokens' scales of super-block `i`, sixteen lanes.
     pub fn scales(&self, i: usize) -> &[f32; TILE_TOKENS] {
         self.d[i * TILE_TOKENS..][..TILE_TOKENS]
+            .try_into()
+            .expect("sixteen lanes")
+    }
+
+    /// The tokens' 16-column sums (Q8_K's `bsums`) `2p` and `2p + 1` of super-block `i`
+    /// (`p < 8`), as 16-bit halves of sixteen 32-bit lanes.
+    pub fn sum16_pairs(&self, i: usize, p: usize) -> &[i32; TILE_TOKENS] {
+        self.sum16_pairs[(i * 8 + p) * TILE_TOKENS..][..TILE_TOKENS]
             .try_into()
             .expect("sixteen lanes")
     }
@@ -163,6 +179,16 @@ mod tests {
                             .sum()
                     };
                     let v = tiles.sum_pairs(i, p)[t];
+                    assert_eq!((v as i16 as i32, v >> 16), (sum(2 * p), sum(2 * p + 1)));
+                }
+                for p in 0..8 {
+                    let sum = |g: usize| -> i32 {
+                        x.qs[i * Q8K_BLOCK + g * 16..][..16]
+                            .iter()
+                            .map(|&v| v as i32)
+                            .sum()
+                    };
+                    let v = tiles.sum16_pairs(i, p)[t];
                     assert_eq!((v as i16 as i32, v >> 16), (sum(2 * p), sum(2 * p + 1)));
                 }
             }

@@ -33,16 +33,16 @@ const Q4_K_BYTES: usize = 144;
 struct TileConfig([u8; 64]);
 
 impl TileConfig {
-    /// Tiles 0–3: sums (`rows` × `tokens` i32); 4 and 5: weights (`rows` × 32 bytes); 6
-    /// and 7: activations (8 × `4 * tokens` bytes).
-    fn new(rows: usize, tokens: usize) -> TileConfig {
+    /// Tiles 0–3: sums (`rows` × `tokens` i32); 4 and 5: weights (`rows` × `k` bytes); 6
+    /// and 7: activations (`k / 4` × `4 * tokens` bytes). `k` is a sub-block's columns.
+    fn new(rows: usize, tokens: usize, k: usize) -> TileConfig {
         let mut c = [0u8; 64];
         c[0] = 1;
         for tile in 0..8 {
             let (r, colsb) = match tile {
                 0..4 => (rows, 4 * tokens),
-                4 | 5 => (rows, SUB_COLS),
-                _ => (SUB_COLS / 4, 4 * tokens),
+                4 | 5 => (rows, k),
+                _ => (k / 4, 4 * tokens),
             };
             c[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&(colsb as u16).to_le_bytes());
             c[48 + tile] = r as u8;
@@ -61,10 +61,13 @@ impl TileConfig {
 }
 
 /// One sub-block's product into tile `$c`: zeroed, weights `$a` loaded from `$w` (row
-/// stride 64), activations `$b` from `$x` (row stride `$xs`), `tdpbusd`, stored to `$out`
-/// (row stride `$os`).
+/// stride `$ws`), activations `$b` from `$x` (row stride `$xs`), `tdpbusd`, stored to
+/// `$out` (row stride `$os`).
 macro_rules! sub_product {
-    ($c:literal, $a:literal, $b:literal, $w:expr, $x:expr, $xs:expr, $out:expr, $os:expr) => {
+    (
+        $c:literal, $a:literal, $b:literal,
+        $w:expr, $ws:expr, $x:expr, $xs:expr, $out:expr, $os:expr
+    ) => {
         asm!(
             concat!("tilezero tmm", $c),
             concat!("tileloadd tmm", $a, ", [{w} + {ws}]"),
@@ -72,7 +75,7 @@ macro_rules! sub_product {
             concat!("tdpbusd tmm", $c, ", tmm", $a, ", tmm", $b),
             concat!("tilestored [{o} + {os}], tmm", $c),
             w = in(reg) $w,
-            ws = in(reg) 64usize,
+            ws = in(reg) $ws,
             x = in(reg) $x,
             xs = in(reg) $xs,
             o = in(reg) $out,
@@ -227,10 +230,10 @@ unsafe fn q4_k_group(
             let x = xs.quants(i, s).as_ptr();
             let c = scratch.sums[s].as_mut_ptr();
             match s % 4 {
-                0 => sub_product!("0", "4", "6", a, x, 4 * m, c, 4 * m),
-                1 => sub_product!("1", "5", "7", a, x, 4 * m, c, 4 * m),
-                2 => sub_product!("2", "4", "6", a, x, 4 * m, c, 4 * m),
-                _ => sub_product!("3", "5", "7", a, x, 4 * m, c, 4 * m),
+                0 => sub_product!("0", "4", "6", a, 64usize, x, 4 * m, c, 4 * m),
+                1 => sub_product!("1", "5", "7", a, 64usize, x, 4 * m, c, 4 * m),
+                2 => sub_product!("2", "4", "6", a, 64usize, x, 4 * m, c, 4 * m),
+                _ => sub_product!("3", "5", "7", a, 64usize, x, 4 * m, c, 4 * m),
             }
         }
         let (scales, min_pairs) = (head.scales(), head.min_pairs());
@@ -286,10 +289,21 @@ impl Lanes {
     }
 }
 
-/// Q4_K rows against up to sixteen tokens in the tiles (see the module docs and
-/// [`crate::q8_tiles::Q8KRows`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
-pub(crate) fn q4_k_rows(rows: &[u8], n_rows: usize, xs: &Q8KTiles, out: &mut [f32]) {
+/// Every group of 16 rows (the last may be fewer) of `n_rows` rows through `group`, the
+/// tiles configured for sub-blocks of `k` columns; `blocks` super-blocks of `block_bytes`.
+///
+/// # Safety
+/// AMX-INT8 must be granted and AVX-512 F/BW/VL/VNNI/VBMI available; `group` must read only
+/// its rows (`blocks` super-blocks each) and `blocks` super-blocks of `xs`.
+#[inline(always)]
+unsafe fn run_groups(
+    rows: &[u8],
+    n_rows: usize,
+    xs: &Q8KTiles,
+    out: &mut [f32],
+    (k, block_bytes): (usize, usize),
+    mut group: impl FnMut(&Pass<'_>, *const u8, usize, &mut [f32]),
+) {
     let m = xs.tokens();
     assert!(
         n_rows > 0 && rows.len().is_multiple_of(n_rows),
@@ -297,7 +311,29 @@ pub(crate) fn q4_k_rows(rows: &[u8], n_rows: usize, xs: &Q8KTiles, out: &mut [f3
     );
     assert_eq!(out.len(), n_rows * m, "one output per row and token");
     let row_bytes = rows.len() / n_rows;
-    let blocks = xs.blocks().min(row_bytes / Q4_K_BYTES);
+    let pass = Pass {
+        xs,
+        lanes: Lanes::new(m),
+        row_bytes,
+        blocks: xs.blocks().min(row_bytes / block_bytes),
+    };
+    let mut configured = 0;
+    for (g, out) in out.chunks_mut(TILE_ROWS * m).enumerate() {
+        let group_rows = out.len() / m;
+        if group_rows != configured {
+            TileConfig::new(group_rows, m, k).load();
+            configured = group_rows;
+        }
+        let w = rows.as_ptr().add(g * TILE_ROWS * row_bytes);
+        group(&pass, w, group_rows, out);
+    }
+    asm!("tilerelease", options(nostack, nomem));
+}
+
+/// Q4_K rows against up to sixteen tokens in the tiles (see the module docs and
+/// [`crate::q8_tiles::Q8KRows`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+pub(crate) fn q4_k_rows(rows: &[u8], n_rows: usize, xs: &Q8KTiles, out: &mut [f32]) {
     let mut scratch = Scratch {
         nibbles: [[[0; 64]; TILE_ROWS]; 4],
         sums: [[0; TILE_ROWS * TILE_TOKENS]; SUBS],
@@ -308,22 +344,180 @@ pub(crate) fn q4_k_rows(rows: &[u8], n_rows: usize, xs: &Q8KTiles, out: &mut [f3
     // `row_bytes`) and `blocks` super-blocks of `xs`; the tiles write only `scratch`, whose
     // sums hold 16 rows × 16 tokens per sub-block and whose nibbles 16 rows × 64 bytes.
     unsafe {
-        let pass = Pass {
+        run_groups(
+            rows,
+            n_rows,
             xs,
-            lanes: Lanes::new(m),
-            row_bytes,
-            blocks,
-        };
-        let mut configured = 0;
-        for (g, out) in out.chunks_mut(TILE_ROWS * m).enumerate() {
-            let group_rows = out.len() / m;
-            if group_rows != configured {
-                TileConfig::new(group_rows, m).load();
-                configured = group_rows;
-            }
-            let w = rows.as_ptr().add(g * TILE_ROWS * row_bytes);
-            q4_k_group(&pass, w, group_rows, &mut scratch, out);
+            out,
+            (SUB_COLS, Q4_K_BYTES),
+            |pass, w, n, out| q4_k_group(pass, w, n, &mut scratch, out),
+        )
+    }
+}
+
+// ---- Q6_K ---------------------------------------------------------------------------------
+
+/// Bytes of a Q6_K super-block.
+const Q6_K_BYTES: usize = 210;
+/// Columns of a Q6_K sub-block (one signed 8-bit scale each).
+const SUB16_COLS: usize = 16;
+/// Sub-blocks per Q6_K super-block.
+const SUBS16: usize = 16;
+
+/// A group's Q6_K quants of one super-block as bytes (`[row][column]`) and its sub-block
+/// sums (`[sub][row][token]`).
+#[repr(C, align(64))]
+struct Scratch6 {
+    quants: [[u8; 256]; TILE_ROWS],
+    sums: [[i32; TILE_ROWS * TILE_TOKENS]; SUBS16],
+}
+
+/// Row `r`'s super-block (a Q6_K block at `b`) as 256 unsigned 6-bit quants, in order.
+#[inline(always)]
+unsafe fn unpack_row6(b: *const u8, r: usize, scratch: &mut Scratch6) {
+    let unused_scales = _mm_setzero_si128();
+    for h in 0..2 {
+        let ql0 = _mm256_loadu_si256(b.add(64 * h).cast());
+        let ql1 = _mm256_loadu_si256(b.add(64 * h + 32).cast());
+        let qh = _mm256_loadu_si256(b.add(128 + 32 * h).cast());
+        for s in 0..4 {
+            let (q, _) = super::avx2::q6_k_step(ql0, ql1, qh, unused_scales, h, s);
+            let dst = scratch.quants[r][128 * h + 32 * s..].as_mut_ptr();
+            _mm256_storeu_si256(dst.cast(), q);
         }
-        asm!("tilerelease", options(nostack, nomem));
+    }
+}
+
+/// The heads (16 signed scales, the factor) of one Q6_K super-block of a group's 16 rows,
+/// one row per 32-bit lane.
+struct Head6 {
+    d: __m512,
+    /// bytes 0–3 of word `w`: the scales of sub-blocks `4w .. 4w + 4`
+    words: [__m512i; 4],
+}
+
+impl Head6 {
+    /// As [`Head::gather`], for a Q6_K super-block.
+    #[inline(always)]
+    unsafe fn gather(block: *const u8, offsets: __m512i, live: __mmask16) -> Head6 {
+        let word = |at: i32| {
+            let at = _mm512_add_epi32(offsets, _mm512_set1_epi32(at));
+            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), live, at, block.cast())
+        };
+        // the f16 factor is the block's last two bytes: the high half of the word at 206
+        let d = _mm512_srli_epi32::<16>(word(206));
+        Head6 {
+            d: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d)),
+            words: [word(192), word(196), word(200), word(204)],
+        }
+    }
+
+    /// Each sub-block's scale, sign-extended, one vector per sub-block (lane = row).
+    #[inline(always)]
+    unsafe fn scales(&self) -> [__m512i; SUBS16] {
+        core::array::from_fn(|g| {
+            let up = _mm512_set1_epi32(24 - 8 * (g % 4) as i32);
+            _mm512_srav_epi32(
+                _mm512_sllv_epi32(self.words[g / 4], up),
+                _mm512_set1_epi32(24),
+            )
+        })
+    }
+}
+
+/// One group of `rows` (≤ 16) Q6_K rows from `w`, against every token of the pass;
+/// `out[r * tokens + t]`. Per super-block, `total = sum_g scale_g * (sum q x - 32 *
+/// bsum_g)` in integers, then `acc = fma(dx * d, total, acc)`: the block totals of
+/// `super::avx512::q6_k_totals`.
+#[inline(always)]
+unsafe fn q6_k_group(
+    pass: &Pass<'_>,
+    w: *const u8,
+    rows: usize,
+    scratch: &mut Scratch6,
+    out: &mut [f32],
+) {
+    let (xs, lanes, row_bytes, blocks) = (pass.xs, &pass.lanes, pass.row_bytes, pass.blocks);
+    let m = xs.tokens();
+    let mut acc = [_mm512_setzero_ps(); TILE_TOKENS];
+    let row_offsets = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(row_bytes as i32),
+    );
+    let live: __mmask16 = (1u32 << rows).wrapping_sub(1) as __mmask16;
+    for i in 0..blocks {
+        for r in 0..rows {
+            let b = w.add(r * row_bytes + i * Q6_K_BYTES);
+            super::avx2::prefetch_ahead(b);
+            unpack_row6(b, r, scratch);
+        }
+        let head = Head6::gather(w.add(i * Q6_K_BYTES), row_offsets, live);
+        for g in 0..SUBS16 {
+            let a = scratch.quants[0].as_ptr().add(SUB16_COLS * g);
+            // the 16-column sub-block's 4 rows of the 32-column one that holds it
+            let x = xs.quants(i, g / 2).as_ptr().add(g % 2 * SUB16_COLS * m);
+            let c = scratch.sums[g].as_mut_ptr();
+            match g % 4 {
+                0 => sub_product!("0", "4", "6", a, 256usize, x, 4 * m, c, 4 * m),
+                1 => sub_product!("1", "5", "7", a, 256usize, x, 4 * m, c, 4 * m),
+                2 => sub_product!("2", "4", "6", a, 256usize, x, 4 * m, c, 4 * m),
+                _ => sub_product!("3", "5", "7", a, 256usize, x, 4 * m, c, 4 * m),
+            }
+        }
+        let scales = head.scales();
+        // lane r: row r's scales of sub-blocks 2p (low half) and 2p + 1 (high half)
+        let scale_pairs: [__m512i; SUBS16 / 2] = core::array::from_fn(|p| {
+            let low = _mm512_and_si512(scales[2 * p], _mm512_set1_epi32(0xFFFF));
+            _mm512_or_si512(low, _mm512_slli_epi32::<16>(scales[2 * p + 1]))
+        });
+        let sum_pairs: [__m512i; SUBS16 / 2] =
+            core::array::from_fn(|p| _mm512_loadu_si512(xs.sum16_pairs(i, p).as_ptr().cast()));
+        let dx = _mm512_loadu_ps(xs.scales(i).as_ptr());
+        for j in 0..m {
+            let (ri, ti) = (lanes.row[j], lanes.token[j]);
+            let mut total = _mm512_setzero_si512();
+            for (g, &scale) in scales.iter().enumerate() {
+                let sums = _mm512_load_si512(scratch.sums[g].as_ptr().add(16 * j).cast());
+                let scale = _mm512_permutexvar_epi32(ri, scale);
+                total = _mm512_add_epi32(total, _mm512_mullo_epi32(sums, scale));
+            }
+            let mut bias = _mm512_setzero_si512();
+            for p in 0..SUBS16 / 2 {
+                let sp = _mm512_permutexvar_epi32(ri, scale_pairs[p]);
+                let bp = _mm512_permutexvar_epi32(ti, sum_pairs[p]);
+                bias = _mm512_dpwssd_epi32(bias, sp, bp);
+            }
+            let total = _mm512_sub_epi32(total, _mm512_slli_epi32::<5>(bias));
+            let dxl = _mm512_permutexvar_ps(ti, dx);
+            let a = _mm512_mul_ps(dxl, _mm512_permutexvar_ps(ri, head.d));
+            acc[j] = _mm512_fmadd_ps(a, _mm512_cvtepi32_ps(total), acc[j]);
+        }
+    }
+    let mut all = [0f32; TILE_ROWS * TILE_TOKENS];
+    for (j, &v) in acc.iter().enumerate().take(m) {
+        _mm512_storeu_ps(all.as_mut_ptr().add(16 * j), v);
+    }
+    out.copy_from_slice(&all[..rows * m]);
+}
+
+/// Q6_K rows against up to sixteen tokens in the tiles (as [`q4_k_rows`], 16-column
+/// sub-blocks with signed scales; see [`q6_k_group`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+pub(crate) fn q6_k_rows(rows: &[u8], n_rows: usize, xs: &Q8KTiles, out: &mut [f32]) {
+    let mut scratch = Scratch6 {
+        quants: [[0; 256]; TILE_ROWS],
+        sums: [[0; TILE_ROWS * TILE_TOKENS]; SUBS16],
+    };
+    // SAFETY: as for `q4_k_rows`; the tiles write only the scratch's sums (16 rows × 16
+    // tokens per sub-block) and read its quants (16 rows × 256 bytes).
+    unsafe {
+        run_groups(
+            rows,
+            n_rows,
+            xs,
+            out,
+            (SUB16_COLS, Q6_K_BYTES),
+            |pass, w, n, out| q6_k_group(pass, w, n, &mut scratch, out),
+        )
     }
 }

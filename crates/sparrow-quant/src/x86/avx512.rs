@@ -348,7 +348,10 @@ unsafe fn q4_k_body<const TOTALS: bool, const N: usize>(
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
 #[inline(always)]
-unsafe fn q6_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
+unsafe fn q6_k_body<const TOTALS: bool, const N: usize>(
+    row: &[u8],
+    xs: &[Q8KSlice<'_>; N],
+) -> [f32; N] {
     let nsb = avx2::common_k_blocks(row, 210, xs);
     let (q, d, bs) = avx2::k_pointers(xs);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -383,10 +386,27 @@ unsafe fn q6_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32;
         for t in 0..N {
             // SAFETY: super-block `i < nsb`: its scale is in bounds.
             let d = _mm256_set1_ps(*d[t].add(i) * dw);
-            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi[t])), acc[t]);
+            let mut sums = fold_halves(sumi[t]);
+            if TOTALS {
+                sums = total_in_every_lane(sums);
+            }
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums), acc[t]);
         }
     }
-    core::array::from_fn(|t| avx2::hsum_ps(acc[t]))
+    core::array::from_fn(|t| {
+        if TOTALS {
+            return _mm256_cvtss_f32(acc[t]);
+        }
+        avx2::hsum_ps(acc[t])
+    })
+}
+
+/// The eight lanes of `v` summed into every lane (integers: exact; see [`half_totals`]).
+#[inline(always)]
+unsafe fn total_in_every_lane(v: __m256i) -> __m256i {
+    let v = _mm256_add_epi32(v, _mm256_permute2x128_si256::<1>(v, v));
+    let v = _mm256_add_epi32(v, _mm256_shuffle_epi32::<0b01_00_11_10>(v));
+    _mm256_add_epi32(v, _mm256_shuffle_epi32::<0b10_11_00_01>(v))
 }
 
 /// Q4_K weights, any number of tokens (see [`q4_k_body`]).
@@ -400,14 +420,14 @@ pub(crate) fn q4_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(crate) fn q6_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
     // SAFETY: every feature the body needs is enabled here.
-    unsafe { avx2::run_groups!(q6_k_body, row, xs, out, [8, 4, 3, 2, 1]) }
+    unsafe { avx2::run_groups!(q6_k_body::<false>, row, xs, out, [8, 4, 3, 2, 1]) }
 }
 
 // ---- k-quants in block totals: the numerics a matrix unit can reproduce ------------------
 
 /// Each 256-bit half of `v` summed into every lane of that half (integers: exact).
 ///
-/// This is what the AMX level's Q4_K kernels sum in: *block totals*, each super-block's
+/// This is what the AMX level's Q4_K and Q6_K kernels sum in: *block totals*, each super-block's
 /// integer sums (and its minimums' sums) reduced to one integer before any float, then
 /// `acc = fma(dx * d, total, acc)` block after block (a second accumulator, `dx * dmin`,
 /// for the minimums) and `acc - mins` at the end. The tile kernels (`super::amx`), which get
@@ -433,4 +453,18 @@ pub(crate) fn q4_k_totals(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 pub(crate) fn q4_k_totals_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
     // SAFETY: every feature the body needs is enabled here.
     unsafe { avx2::run_groups!(q4_k_body::<true>, row, xs, out, [8, 4, 3, 2, 1]) }
+}
+
+/// Q6_K weights in block totals (see [`half_totals`]), one token.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q6_k_totals(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { q6_k_body::<true, 1>(row, &[x])[0] }
+}
+
+/// Q6_K weights in block totals, any number of tokens.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q6_k_totals_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { avx2::run_groups!(q6_k_body::<true>, row, xs, out, [8, 4, 3, 2, 1]) }
 }

@@ -65,9 +65,9 @@ impl KernelSet for Avx2 {
 /// multi-token kernels 512-bit with the same bits.
 pub(crate) type Avx512 = Avx512Set<false>;
 
-/// The AMX level: the AVX-512 kernels, except Q4_K, whose kernels sum in block totals
-/// (`avx512::q4_k_totals`) so that its rows kernel in the tiles (`amx::q4_k_rows`) gives
-/// the same bits.
+/// The AMX level: the AVX-512 kernels, except Q4_K and Q6_K, whose kernels sum in block
+/// totals (`avx512::q4_k_totals`, `q6_k_totals`) so that their rows kernels in the tiles
+/// (`amx::q4_k_rows`, `q6_k_rows`) give the same bits.
 pub(crate) type Amx = Avx512Set<true>;
 
 /// The AVX-512 kernel set, with (`AMX`) or without the tile unit.
@@ -105,10 +105,18 @@ impl<const AMX: bool> KernelSet for Avx512Set<AMX> {
         )
     };
     const Q5_K: int8::Q8K = Int8::new(checked!(avx2::q5_k_vnni: Q8KSlice<'_>));
-    const Q6_K: int8::Q8K = Int8::multi(
-        checked!(avx2::q6_k_vnni: Q8KSlice<'_>),
-        checked!(multi avx512::q6_k_multi: Q8KSlice<'_>),
-    );
+    const Q6_K: int8::Q8K = if AMX {
+        int8::Q8K::multi(
+            checked!(avx512::q6_k_totals: Q8KSlice<'_>),
+            checked!(multi avx512::q6_k_totals_multi: Q8KSlice<'_>),
+        )
+        .with_rows(checked!(rows amx::q6_k_rows))
+    } else {
+        Int8::multi(
+            checked!(avx2::q6_k_vnni: Q8KSlice<'_>),
+            checked!(multi avx512::q6_k_multi: Q8KSlice<'_>),
+        )
+    };
     const Q8_K: int8::Q8K = Int8::new(checked!(avx2::q8_k_vnni: Q8KSlice<'_>));
     const Q5_0_PACKED: int8::Q8_0 = Int8::multi(
         checked!(avx2::q5_0_packed_vnni: Q8_0Slice<'_>),
