@@ -473,7 +473,7 @@ unsafe fn q6_k_group(
         let sum_pairs: [__m512i; SUBS16 / 2] =
             core::array::from_fn(|p| _mm512_loadu_si512(xs.sum16_pairs(i, p).as_ptr().cast()));
         let dx = _mm512_loadu_ps(xs.scales(i).as_ptr());
-        for j in 0..m {
+        for (j, acc) in acc.iter_mut().enumerate().take(m) {
             let (ri, ti) = (lanes.row[j], lanes.token[j]);
             let mut total = _mm512_setzero_si512();
             for (g, &scale) in scales.iter().enumerate() {
@@ -490,7 +490,7 @@ unsafe fn q6_k_group(
             let total = _mm512_sub_epi32(total, _mm512_slli_epi32::<5>(bias));
             let dxl = _mm512_permutexvar_ps(ti, dx);
             let a = _mm512_mul_ps(dxl, _mm512_permutexvar_ps(ri, head.d));
-            acc[j] = _mm512_fmadd_ps(a, _mm512_cvtepi32_ps(total), acc[j]);
+            *acc = _mm512_fmadd_ps(a, _mm512_cvtepi32_ps(total), *acc);
         }
     }
     let mut all = [0f32; TILE_ROWS * TILE_TOKENS];
