@@ -18,8 +18,9 @@ pub enum SimdLevel {
     Avx512,
     /// x86_64 AVX-512 (as above, plus VBMI) with the AMX-INT8 tile unit (Sapphire Rapids
     /// and later), once the OS has granted this process the tile state. The AVX-512
-    /// kernels, except that a pass of a few tokens multiplies Q4_K and Q6_K rows sixteen at
-    /// a time in the tiles (see `crate::x86::amx`).
+    /// kernels, except that a pass of several tokens multiplies Q4_K and Q6_K rows sixteen
+    /// at a time in the tiles (see `crate::x86::amx`), and their one-token kernels sum in the
+    /// order the tiles can reproduce.
     Amx,
     /// AArch64 Advanced SIMD (NEON), which every AArch64 CPU has.
     Neon,

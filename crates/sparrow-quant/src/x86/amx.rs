@@ -1,18 +1,21 @@
-//! AMX-INT8 kernels: Q4_K weight rows sixteen at a time against up to sixteen tokens in
-//! the tile unit.
+//! AMX-INT8 kernels: Q4_K and Q6_K weight rows sixteen at a time against up to sixteen
+//! tokens in the tile unit.
 //!
 //! A pass of a few tokens (a speculative check, a batch of serving slots) is bound by
 //! arithmetic, not by reading weights: the row kernels spend two vector instructions per
-//! token and 64 weights. A tile product (`tdpbusd`) multiplies 16 rows × 32 columns of
-//! weights by 32 columns × up to 16 tokens in one instruction, so what is left is
-//! unpacking the weights' nibbles and scaling the sub-block sums.
+//! token and 64 weights. A tile product (`tdpbusd`) multiplies 16 rows × one sub-block of
+//! weights (32 columns for Q4_K, 16 for Q6_K) by that sub-block of up to 16 tokens in one
+//! instruction, so what is left is unpacking the weights to bytes and scaling the sub-block
+//! sums.
 //!
-//! Per group of 16 rows and Q4_K super-block: the rows' nibbles are unpacked to bytes
-//! (one 16 × 32 tile per sub-block), each sub-block's tile product gives its integer sum
-//! for every (row, token), and the vector unit weighs those sums with the rows' 6-bit
-//! scales into the super-block's integer total, then scales it in floats. That is the
-//! *block totals* order of `super::avx512::q4_k_totals`, the AMX level's single-token
-//! kernel, so every row and token gets that kernel's bits.
+//! Per group of 16 rows and super-block: the rows' quants are unpacked to bytes (one tile
+//! per sub-block), each sub-block's tile product gives its integer sum for every (row,
+//! token), and the vector unit weighs those sums with the rows' sub-block scales into the
+//! super-block's integer total (Q4_K's minimums and Q6_K's `-32` offset as integer sums of
+//! scales times the tokens' sub-block sums), then scales it in floats. That is the *block
+//! totals* order of `super::avx512::q4_k_totals` and `q6_k_totals`, the AMX level's
+//! single-token kernels, so every row and token gets those kernels' bits. The rows' f16
+//! factors and scales are gathered sixteen rows at a time and decoded in vectors.
 //!
 //! The sums are kept `[row][token]`, sixteen to a vector; the lane of element `e` holds row
 //! `e / tokens` and token `e % tokens`, and per-row or per-token values are spread to those
