@@ -192,6 +192,87 @@ impl Head {
     }
 }
 
+/// Lane `r`: row `r`'s offset from row 0 (`row_bytes` apart), and the mask of the group's
+/// `rows` live rows, for gathering the rows' heads.
+#[inline(always)]
+unsafe fn row_lanes(row_bytes: usize, rows: usize) -> (__m512i, __mmask16) {
+    let offsets = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(row_bytes as i32),
+    );
+    (offsets, (1u32 << rows).wrapping_sub(1) as __mmask16)
+}
+
+/// One sub-block's tile product (see [`sub_product!`]) in the `slot`-th of four sum tiles,
+/// the weights and activations alternating between two tiles each, so that consecutive
+/// products do not wait on one another's tiles. Weights at `a` (`a_stride` bytes per row),
+/// activations at `x` (`4 * tokens` bytes per row), sums stored at `c`.
+#[inline(always)]
+unsafe fn tile_product(
+    slot: usize,
+    a: *const u8,
+    a_stride: usize,
+    x: *const i8,
+    m: usize,
+    c: *mut i32,
+) {
+    match slot % 4 {
+        0 => sub_product!("0", "4", "6", a, a_stride, x, 4 * m, c, 4 * m),
+        1 => sub_product!("1", "5", "7", a, a_stride, x, 4 * m, c, 4 * m),
+        2 => sub_product!("2", "4", "6", a, a_stride, x, 4 * m, c, 4 * m),
+        _ => sub_product!("3", "5", "7", a, a_stride, x, 4 * m, c, 4 * m),
+    }
+}
+
+/// Vector `j` of a super-block's integer total: each sub-block's sums (`[row][token]`) times
+/// its scale (one vector per sub-block, lane = row, spread to the lanes by `rows`), added.
+#[inline(always)]
+unsafe fn weighed_sums<const SUBS_: usize>(
+    sums: &[[i32; TILE_ROWS * TILE_TOKENS]; SUBS_],
+    scales: &[__m512i; SUBS_],
+    j: usize,
+    rows: __m512i,
+) -> __m512i {
+    let mut total = _mm512_setzero_si512();
+    for (sub, &scale) in sums.iter().zip(scales) {
+        let sums = _mm512_load_si512(sub.as_ptr().add(16 * j).cast());
+        let scale = _mm512_permutexvar_epi32(rows, scale);
+        total = _mm512_add_epi32(total, _mm512_mullo_epi32(sums, scale));
+    }
+    total
+}
+
+/// `sum_p row_pairs[p] · token_pairs[p]` over 16-bit pairs, each spread to the lanes of
+/// vector `j` (per row by `rows`, per token by `tokens`): the rows' minimums or scales
+/// against the tokens' sub-block sums.
+#[inline(always)]
+unsafe fn pair_products(
+    row_pairs: &[__m512i],
+    token_pairs: &[__m512i],
+    rows: __m512i,
+    tokens: __m512i,
+) -> __m512i {
+    let mut acc = _mm512_setzero_si512();
+    for (&r, &t) in row_pairs.iter().zip(token_pairs) {
+        let (r, t) = (
+            _mm512_permutexvar_epi32(rows, r),
+            _mm512_permutexvar_epi32(tokens, t),
+        );
+        acc = _mm512_dpwssd_epi32(acc, r, t);
+    }
+    acc
+}
+
+/// A group's results, `out[r * tokens + t]` for its `rows` rows, from the vectors `acc`.
+#[inline(always)]
+unsafe fn write_group(acc: &[__m512; TILE_TOKENS], m: usize, rows: usize, out: &mut [f32]) {
+    let mut all = [0f32; TILE_ROWS * TILE_TOKENS];
+    for (j, &v) in acc.iter().enumerate().take(m) {
+        _mm512_storeu_ps(all.as_mut_ptr().add(16 * j), v);
+    }
+    out.copy_from_slice(&all[..rows * m]);
+}
+
 /// What every group of one call shares: the tokens, their lanes, the rows' shape.
 struct Pass<'a> {
     xs: &'a Q8KTiles,
@@ -214,12 +295,7 @@ unsafe fn q4_k_group(
     let m = xs.tokens();
     let mut acc = [_mm512_setzero_ps(); TILE_TOKENS];
     let mut macc = [_mm512_setzero_ps(); TILE_TOKENS];
-    // lane r: row r's offset in `w`, for the first super-block (rows past `rows` masked off)
-    let row_offsets = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(row_bytes as i32),
-    );
-    let live: __mmask16 = (1u32 << rows).wrapping_sub(1) as __mmask16;
+    let (row_offsets, live) = row_lanes(row_bytes, rows);
     for i in 0..blocks {
         for r in 0..rows {
             let b = w.add(r * row_bytes + i * Q4_K_BYTES);
@@ -230,46 +306,28 @@ unsafe fn q4_k_group(
         for s in 0..SUBS {
             let (q, off) = sub_place(s);
             let a = scratch.nibbles[q].as_ptr().cast::<u8>().add(off);
-            let x = xs.quants(i, s).as_ptr();
             let c = scratch.sums[s].as_mut_ptr();
-            match s % 4 {
-                0 => sub_product!("0", "4", "6", a, 64usize, x, 4 * m, c, 4 * m),
-                1 => sub_product!("1", "5", "7", a, 64usize, x, 4 * m, c, 4 * m),
-                2 => sub_product!("2", "4", "6", a, 64usize, x, 4 * m, c, 4 * m),
-                _ => sub_product!("3", "5", "7", a, 64usize, x, 4 * m, c, 4 * m),
-            }
+            tile_product(s, a, 64, xs.quants(i, s).as_ptr(), m, c);
         }
         let (scales, min_pairs) = (head.scales(), head.min_pairs());
         let dx = _mm512_loadu_ps(xs.scales(i).as_ptr());
         let sum_pairs: [__m512i; SUBS / 2] =
             core::array::from_fn(|p| _mm512_loadu_si512(xs.sum_pairs(i, p).as_ptr().cast()));
-        let (dwv, dminv) = (head.d, head.dmin);
         for j in 0..m {
             let (ri, ti) = (lanes.row[j], lanes.token[j]);
-            let mut total = _mm512_setzero_si512();
-            for (s, &scale) in scales.iter().enumerate() {
-                let sums = _mm512_load_si512(scratch.sums[s].as_ptr().add(16 * j).cast());
-                let scale = _mm512_permutexvar_epi32(ri, scale);
-                total = _mm512_add_epi32(total, _mm512_mullo_epi32(sums, scale));
-            }
-            let mut min_total = _mm512_setzero_si512();
-            for p in 0..SUBS / 2 {
-                let mp = _mm512_permutexvar_epi32(ri, min_pairs[p]);
-                let sp = _mm512_permutexvar_epi32(ti, sum_pairs[p]);
-                min_total = _mm512_dpwssd_epi32(min_total, mp, sp);
-            }
+            let total = weighed_sums(&scratch.sums, &scales, j, ri);
+            let min_total = pair_products(&min_pairs, &sum_pairs, ri, ti);
             let dxl = _mm512_permutexvar_ps(ti, dx);
-            let a = _mm512_mul_ps(dxl, _mm512_permutexvar_ps(ri, dwv));
-            let b = _mm512_mul_ps(dxl, _mm512_permutexvar_ps(ri, dminv));
+            let a = _mm512_mul_ps(dxl, _mm512_permutexvar_ps(ri, head.d));
+            let b = _mm512_mul_ps(dxl, _mm512_permutexvar_ps(ri, head.dmin));
             acc[j] = _mm512_fmadd_ps(a, _mm512_cvtepi32_ps(total), acc[j]);
             macc[j] = _mm512_fmadd_ps(b, _mm512_cvtepi32_ps(min_total), macc[j]);
         }
     }
-    let mut all = [0f32; TILE_ROWS * TILE_TOKENS];
-    for j in 0..m {
-        _mm512_storeu_ps(all.as_mut_ptr().add(16 * j), _mm512_sub_ps(acc[j], macc[j]));
+    for (a, &mins) in acc.iter_mut().zip(&macc) {
+        *a = _mm512_sub_ps(*a, mins);
     }
-    out.copy_from_slice(&all[..rows * m]);
+    write_group(&acc, m, rows, out);
 }
 
 /// For each vector `j` of a group's `[row][token]` sums, the row and the token of each lane.
@@ -443,11 +501,7 @@ unsafe fn q6_k_group(
     let (xs, lanes, row_bytes, blocks) = (pass.xs, &pass.lanes, pass.row_bytes, pass.blocks);
     let m = xs.tokens();
     let mut acc = [_mm512_setzero_ps(); TILE_TOKENS];
-    let row_offsets = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(row_bytes as i32),
-    );
-    let live: __mmask16 = (1u32 << rows).wrapping_sub(1) as __mmask16;
+    let (row_offsets, live) = row_lanes(row_bytes, rows);
     for i in 0..blocks {
         for r in 0..rows {
             let b = w.add(r * row_bytes + i * Q6_K_BYTES);
@@ -459,13 +513,7 @@ unsafe fn q6_k_group(
             let a = scratch.quants[0].as_ptr().add(SUB16_COLS * g);
             // the 16-column sub-block's 4 rows of the 32-column one that holds it
             let x = xs.quants(i, g / 2).as_ptr().add(g % 2 * SUB16_COLS * m);
-            let c = scratch.sums[g].as_mut_ptr();
-            match g % 4 {
-                0 => sub_product!("0", "4", "6", a, 256usize, x, 4 * m, c, 4 * m),
-                1 => sub_product!("1", "5", "7", a, 256usize, x, 4 * m, c, 4 * m),
-                2 => sub_product!("2", "4", "6", a, 256usize, x, 4 * m, c, 4 * m),
-                _ => sub_product!("3", "5", "7", a, 256usize, x, 4 * m, c, 4 * m),
-            }
+            tile_product(g, a, 256, x, m, scratch.sums[g].as_mut_ptr());
         }
         let scales = head.scales();
         // lane r: row r's scales of sub-blocks 2p (low half) and 2p + 1 (high half)
@@ -478,29 +526,15 @@ unsafe fn q6_k_group(
         let dx = _mm512_loadu_ps(xs.scales(i).as_ptr());
         for (j, acc) in acc.iter_mut().enumerate().take(m) {
             let (ri, ti) = (lanes.row[j], lanes.token[j]);
-            let mut total = _mm512_setzero_si512();
-            for (g, &scale) in scales.iter().enumerate() {
-                let sums = _mm512_load_si512(scratch.sums[g].as_ptr().add(16 * j).cast());
-                let scale = _mm512_permutexvar_epi32(ri, scale);
-                total = _mm512_add_epi32(total, _mm512_mullo_epi32(sums, scale));
-            }
-            let mut bias = _mm512_setzero_si512();
-            for p in 0..SUBS16 / 2 {
-                let sp = _mm512_permutexvar_epi32(ri, scale_pairs[p]);
-                let bp = _mm512_permutexvar_epi32(ti, sum_pairs[p]);
-                bias = _mm512_dpwssd_epi32(bias, sp, bp);
-            }
+            let total = weighed_sums(&scratch.sums, &scales, j, ri);
+            let bias = pair_products(&scale_pairs, &sum_pairs, ri, ti);
             let total = _mm512_sub_epi32(total, _mm512_slli_epi32::<5>(bias));
             let dxl = _mm512_permutexvar_ps(ti, dx);
             let a = _mm512_mul_ps(dxl, _mm512_permutexvar_ps(ri, head.d));
             *acc = _mm512_fmadd_ps(a, _mm512_cvtepi32_ps(total), *acc);
         }
     }
-    let mut all = [0f32; TILE_ROWS * TILE_TOKENS];
-    for (j, &v) in acc.iter().enumerate().take(m) {
-        _mm512_storeu_ps(all.as_mut_ptr().add(16 * j), v);
-    }
-    out.copy_from_slice(&all[..rows * m]);
+    write_group(&acc, m, rows, out);
 }
 
 /// Q6_K rows against up to sixteen tokens in the tiles (as [`q4_k_rows`], 16-column
