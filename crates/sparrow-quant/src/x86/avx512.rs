@@ -314,30 +314,73 @@ unsafe fn q4_k_body<const TOTALS: bool, const N: usize>(
         let m_pairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
         let (dw, dmin) = (avx2::f16s(b, 0), avx2::f16s(b, 2));
         let scales = join_ps(_mm256_set1_ps(dw), _mm256_set1_ps(dmin));
-        for t in 0..N {
-            // SAFETY: super-block `i < nsb`: its 16 bsums and scale are in bounds.
+        let both: [__m512i; N] = core::array::from_fn(|t| {
+            // SAFETY: super-block `i < nsb`: its 16 bsums are in bounds.
             let bsums = _mm256_loadu_si256(bs[t].add(16 * i).cast());
             let msum = _mm256_madd_epi16(m_pairs, bsums);
             // [high half of the sums, minimums' sums], then the low half added to the first.
             let high_mins =
                 _mm512_shuffle_i64x2::<0b01_00_11_10>(sumi[t], _mm512_castsi256_si512(msum));
-            let mut both = _mm512_mask_add_epi32(high_mins, 0x00FF, sumi[t], high_mins);
-            if TOTALS {
-                both = half_totals(both);
+            _mm512_mask_add_epi32(high_mins, 0x00FF, sumi[t], high_mins)
+        });
+        // SAFETY: super-block `i < nsb`: every token's scale is in bounds.
+        let dx: [f32; N] = core::array::from_fn(|t| *d[t].add(i));
+        let mut t = 0;
+        if TOTALS {
+            // Two tokens per vector: [sums, minimums] of each as four-lane totals.
+            let scales4 = _mm512_shuffle_f32x4::<0b10_00_10_00>(scales, scales);
+            while t + 1 < N {
+                let v = pair_totals(both[t], both[t + 1]);
+                let dxv =
+                    _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(dx[t]), _mm512_set1_ps(dx[t + 1]));
+                acc[t] =
+                    _mm512_fmadd_ps(_mm512_mul_ps(dxv, scales4), _mm512_cvtepi32_ps(v), acc[t]);
+                t += 2;
             }
-            let dx = _mm512_set1_ps(*d[t].add(i));
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dx, scales), _mm512_cvtepi32_ps(both), acc[t]);
+        }
+        for t in t..N {
+            let v = if TOTALS {
+                half_totals(both[t])
+            } else {
+                both[t]
+            };
+            let dxv = _mm512_set1_ps(dx[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dxv, scales), _mm512_cvtepi32_ps(v), acc[t]);
         }
     }
+    let lanes = |v: __m512| {
+        let mut l = [0f32; 16];
+        _mm512_storeu_ps(l.as_mut_ptr(), v);
+        l
+    };
     core::array::from_fn(|t| {
         if TOTALS {
-            // every lane of a half holds that half's sum (see `half_totals`)
-            let (sums, mins) = split_ps(acc[t]);
-            return _mm256_cvtss_f32(sums) - _mm256_cvtss_f32(mins);
+            // pairs of tokens: token 2k in lanes 0 (sums) and 4 (minimums) of acc[2k], token
+            // 2k + 1 in lanes 8 and 12; an odd last token alone, in lanes 0 and 8
+            if N % 2 == 1 && t == N - 1 {
+                let l = lanes(acc[t]);
+                return l[0] - l[8];
+            }
+            let l = lanes(acc[t - t % 2]);
+            let o = 8 * (t % 2);
+            return l[o] - l[o + 4];
         }
         let (sums, mins) = split_ps(acc[t]);
         avx2::hsum_ps(sums) - avx2::hsum_ps(mins)
     })
+}
+
+/// Two tokens' `[sums | minimums]` vectors (eight lanes each, see [`q4_k_body`]) reduced
+/// to four totals in one vector: 128-bit lanes `[x's sums, x's minimums, y's sums, y's
+/// minimums]`, each total in all four of its lanes (integers: exact). The block totals of
+/// two tokens in seven instructions where [`half_totals`] takes six per token.
+#[inline(always)]
+unsafe fn pair_totals(x: __m512i, y: __m512i) -> __m512i {
+    let even = _mm512_shuffle_i32x4::<0b10_00_10_00>(x, y);
+    let odd = _mm512_shuffle_i32x4::<0b11_01_11_01>(x, y);
+    let v = _mm512_add_epi32(even, odd);
+    let v = _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b01_00_11_10>(v));
+    _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b10_11_00_01>(v))
 }
 
 /// Q6_K against `N` tokens, as [`super::avx2`]'s Q6_K body computes it, two 32-byte steps
@@ -355,6 +398,8 @@ unsafe fn q6_k_body<const TOTALS: bool, const N: usize>(
     let nsb = avx2::common_k_blocks(row, 210, xs);
     let (q, d, bs) = avx2::k_pointers(xs);
     let mut acc = [_mm256_setzero_ps(); N];
+    // block totals: two tokens per vector, token 2k in the low half of pairs[2k]
+    let mut pairs = [_mm512_setzero_ps(); N];
     for (i, b) in row.chunks_exact(210).take(nsb).enumerate() {
         avx2::prefetch_ahead(b.as_ptr());
         let sc = ld16(&b[192..]);
@@ -383,19 +428,33 @@ unsafe fn q6_k_body<const TOTALS: bool, const N: usize>(
             }
         }
         let dw = avx2::f16s(b, 208);
-        for t in 0..N {
-            // SAFETY: super-block `i < nsb`: its scale is in bounds.
-            let d = _mm256_set1_ps(*d[t].add(i) * dw);
+        // SAFETY: super-block `i < nsb`: every token's scale is in bounds.
+        let scale: [f32; N] = core::array::from_fn(|t| *d[t].add(i) * dw);
+        let mut t = 0;
+        if TOTALS {
+            while t + 1 < N {
+                let v = join(fold_halves(sumi[t]), fold_halves(sumi[t + 1]));
+                let both = join_ps(_mm256_set1_ps(scale[t]), _mm256_set1_ps(scale[t + 1]));
+                pairs[t] = _mm512_fmadd_ps(both, _mm512_cvtepi32_ps(half_totals(v)), pairs[t]);
+                t += 2;
+            }
+        }
+        for t in t..N {
             let mut sums = fold_halves(sumi[t]);
             if TOTALS {
                 sums = total_in_every_lane(sums);
             }
+            let d = _mm256_set1_ps(scale[t]);
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums), acc[t]);
         }
     }
     core::array::from_fn(|t| {
         if TOTALS {
-            return _mm256_cvtss_f32(acc[t]);
+            if N % 2 == 1 && t == N - 1 {
+                return _mm256_cvtss_f32(acc[t]);
+            }
+            let (low, high) = split_ps(pairs[t - t % 2]);
+            return _mm256_cvtss_f32(if t % 2 == 0 { low } else { high });
         }
         avx2::hsum_ps(acc[t])
     })
