@@ -192,6 +192,22 @@ impl Head {
     }
 }
 
+/// `unpack(block of row r, r)` for each of a group's `rows` rows, `row_bytes` apart from
+/// row 0's `block`, each block prefetched ahead first.
+#[inline(always)]
+unsafe fn each_row(
+    block: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    mut unpack: impl FnMut(*const u8, usize),
+) {
+    for r in 0..rows {
+        let b = block.add(r * row_bytes);
+        super::avx2::prefetch_ahead(b);
+        unpack(b, r);
+    }
+}
+
 /// Lane `r`: row `r`'s offset from row 0 (`row_bytes` apart), and the mask of the group's
 /// `rows` live rows, for gathering the rows' heads.
 #[inline(always)]
@@ -297,12 +313,11 @@ unsafe fn q4_k_group(
     let mut macc = [_mm512_setzero_ps(); TILE_TOKENS];
     let (row_offsets, live) = row_lanes(row_bytes, rows);
     for i in 0..blocks {
-        for r in 0..rows {
-            let b = w.add(r * row_bytes + i * Q4_K_BYTES);
-            super::avx2::prefetch_ahead(b);
-            unpack_row(b.add(16), r, scratch);
-        }
-        let head = Head::gather(w.add(i * Q4_K_BYTES), row_offsets, live);
+        let block = w.add(i * Q4_K_BYTES);
+        each_row(block, row_bytes, rows, |b, r| {
+            unpack_row(b.add(16), r, scratch)
+        });
+        let head = Head::gather(block, row_offsets, live);
         for s in 0..SUBS {
             let (q, off) = sub_place(s);
             let a = scratch.nibbles[q].as_ptr().cast::<u8>().add(off);
@@ -503,12 +518,9 @@ unsafe fn q6_k_group(
     let mut acc = [_mm512_setzero_ps(); TILE_TOKENS];
     let (row_offsets, live) = row_lanes(row_bytes, rows);
     for i in 0..blocks {
-        for r in 0..rows {
-            let b = w.add(r * row_bytes + i * Q6_K_BYTES);
-            super::avx2::prefetch_ahead(b);
-            unpack_row6(b, r, scratch);
-        }
-        let head = Head6::gather(w.add(i * Q6_K_BYTES), row_offsets, live);
+        let block = w.add(i * Q6_K_BYTES);
+        each_row(block, row_bytes, rows, |b, r| unpack_row6(b, r, scratch));
+        let head = Head6::gather(block, row_offsets, live);
         for g in 0..SUBS16 {
             let a = scratch.quants[0].as_ptr().add(SUB16_COLS * g);
             // the 16-column sub-block's 4 rows of the 32-column one that holds it
