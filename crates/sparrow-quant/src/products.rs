@@ -171,10 +171,13 @@ pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), Qua
 /// has a panel kernel (AVX-512 VNNI and AVX2 from 16 tokens), the weights are
 /// decoded 32 rows at a time and every token runs through the decoded panel (see
 /// [`crate::gemm`]): the integer sums equal [`crate::dot_q8`]'s, the per-group f32 scaling
-/// is ordered differently, so results agree with it to f32 rounding. Otherwise each weight
-/// row is dotted against every token while it sits in L1 (through the multi-token kernel,
-/// [`Kernels::dot_q8_multi`], where the level has one: each block unpacked once per group
-/// of tokens), and results equal [`crate::dot_q8`] exactly.
+/// is ordered differently, so results agree with it to f32 rounding. Otherwise, where the
+/// level has a rows kernel ([`Kernels::dot_q8_rows`]: AMX, Q4_K and Q6_K, from 8 and 16
+/// tokens) the weights are multiplied sixteen rows by up to sixteen tokens at a time in the
+/// tile unit; else each weight row is dotted against every token while it sits in L1
+/// (through the multi-token kernel, [`Kernels::dot_q8_multi`], where the level has one:
+/// each block unpacked once per group of tokens). Both give results equal to
+/// [`crate::dot_q8`] exactly.
 pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
     matmul_with(m, xs, out, Acts::Int8, m.kernels()?, Panels::Allowed)
 }
