@@ -278,7 +278,9 @@ unsafe fn fold_halves(v: __m512i) -> __m256i {
 /// added as integers before the block's float scaling, and the block's sums and its
 /// minimums' sums are scaled in one 16-lane FMA (eight lanes each, as the 256-bit kernel's
 /// two accumulators), so every token's result is the 256-bit kernel's to the bit (the
-/// floats see the same i32 lanes, products and sums in the same order).
+/// floats see the same i32 lanes, products and sums in the same order). With `TOTALS` it
+/// sums in block totals instead (see [`half_totals`]; two tokens' reductions share a vector,
+/// see [`pair_totals`]), every token's result then `q4_k_totals`' to the bit.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
@@ -387,6 +389,8 @@ unsafe fn pair_totals(x: __m512i, y: __m512i) -> __m512i {
 /// (`s`, `s + 1` of a half) per register against the token's 64 contiguous quants of them;
 /// the `-32` correction starts the low half, and the halves are added as integers before
 /// the block's float scaling, so every token's result is the 256-bit kernel's to the bit.
+/// With `TOTALS`, block totals (see [`half_totals`]; two tokens per vector), every token's
+/// result `q6_k_totals`' to the bit.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
