@@ -819,32 +819,34 @@ macro_rules! run_groups {
 }
 pub(super) use run_groups;
 
-/// For each kernel body generic over the token count (`V`, then `N`): a single-token and a
-/// multi-token entry point with the given target features and `V`, the multi-token one
-/// taking tokens in groups of the listed widths (each level's own: AVX2 has 16 vector
-/// registers, AVX-512 VL 32).
+/// For each kernel body generic over a flag and the token count (`V`, then `N`): a
+/// single-token and a multi-token entry point with the given target features and flag
+/// (here: may use VNNI; the AVX-512 level's k-quant bodies: sum in block totals), the
+/// multi-token one taking tokens in groups of the listed widths (each level's own: AVX2 has
+/// 16 vector registers, AVX-512 VL 32).
 macro_rules! multi_entries {
     (
-        features = $features:literal, vnni = $v:literal;
+        features = $features:literal, flag = $v:literal;
         $($single:ident, $multi:ident [$($w:literal),*] = $body:ident($x:ty);)*
     ) => {$(
         #[target_feature(enable = $features)]
         pub(crate) fn $single(row: &[u8], x: $x) -> f32 {
-            // SAFETY: the body needs AVX2, FMA and F16C, and with `V = true` AVX-512 VL +
-            // VNNI: the features enabled here.
+            // SAFETY: the body, with this flag, needs only the features enabled here (AVX2,
+            // FMA and F16C, plus AVX-512 VL + VNNI where it uses them).
             unsafe { $body::<$v, 1>(row, &[x])[0] }
         }
 
         #[target_feature(enable = $features)]
         pub(crate) fn $multi(row: &[u8], xs: &[$x], out: &mut [f32]) {
             // SAFETY: as for the single-token entry point above.
-            unsafe { run_groups!($body::<$v>, row, xs, out, [$($w),*]) }
+            unsafe { $crate::x86::avx2::run_groups!($body::<$v>, row, xs, out, [$($w),*]) }
         }
     )*};
 }
+pub(super) use multi_entries;
 
 multi_entries! {
-    features = "avx2,fma,f16c", vnni = false;
+    features = "avx2,fma,f16c", flag = false;
     q8_0, q8_0_multi [4, 3, 2, 1] = q8_0_body(Q8_0Slice<'_>);
     q5_0_packed, q5_0_packed_multi [4, 3, 2, 1] = q5_0_packed_body(Q8_0Slice<'_>);
     q4_k, q4_k_multi [2, 1] = q4_k_body(Q8KSlice<'_>);
@@ -854,7 +856,7 @@ multi_entries! {
 // (The AVX-512 level's Q8_0 is `super::avx512::q8_0`, which runs this Q8_0 body for an odd
 // last block.)
 multi_entries! {
-    features = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", vnni = true;
+    features = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", flag = true;
     q5_0_packed_vnni, q5_0_packed_vnni_multi [4, 3, 2, 1] = q5_0_packed_body(Q8_0Slice<'_>);
 }
 

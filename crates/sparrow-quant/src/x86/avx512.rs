@@ -504,30 +504,10 @@ unsafe fn half_totals(v: __m512i) -> __m512i {
     _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b10_11_00_01>(v))
 }
 
-/// Q4_K weights in block totals (see [`half_totals`]), one token.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q4_k_totals(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    // SAFETY: every feature the body needs is enabled here.
-    unsafe { q4_k_body::<true, 1>(row, &[x])[0] }
-}
-
-/// Q4_K weights in block totals, any number of tokens.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q4_k_totals_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
-    // SAFETY: every feature the body needs is enabled here.
-    unsafe { avx2::run_groups!(q4_k_body::<true>, row, xs, out, [8, 4, 3, 2, 1]) }
-}
-
-/// Q6_K weights in block totals (see [`half_totals`]), one token.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q6_k_totals(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    // SAFETY: every feature the body needs is enabled here.
-    unsafe { q6_k_body::<true, 1>(row, &[x])[0] }
-}
-
-/// Q6_K weights in block totals, any number of tokens.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q6_k_totals_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
-    // SAFETY: every feature the body needs is enabled here.
-    unsafe { avx2::run_groups!(q6_k_body::<true>, row, xs, out, [8, 4, 3, 2, 1]) }
+// Q4_K and Q6_K in block totals (see [`half_totals`]), one token and any number of tokens:
+// the AMX level's kernels of those formats.
+avx2::multi_entries! {
+    features = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", flag = true;
+    q4_k_totals, q4_k_totals_multi [8, 4, 3, 2, 1] = q4_k_body(Q8KSlice<'_>);
+    q6_k_totals, q6_k_totals_multi [8, 4, 3, 2, 1] = q6_k_body(Q8KSlice<'_>);
 }
