@@ -106,9 +106,10 @@ fn planted(ty: KvType, shape: AttnShape, pos0: usize, n: usize, seed: u64) -> Pl
     let q_blocks = n.div_ceil(64);
     // Planted blocks: past the sink, before the previous block of the batch's first query.
     let far = pos0 / 64 - 1;
-    // A score of ~10 per planted key (|q| · |k| / √d): the planted block holds all but
-    // ~0.2% of the mass, well past the threshold.
-    let amp = (10.0 * (hd as f32).sqrt()).sqrt();
+    // A score of ~16 per planted key (|q| · |k| / √d): the planted block holds all but a
+    // few millionths of the mass, past even the default threshold of 0.99 (at ~10 it held
+    // all but ~0.2%, and the estimate's noise over a short query block spread the last 1%).
+    let amp = (16.0 * (hd as f32).sqrt()).sqrt();
     let mut planted = vec![Vec::new(); shape.n_head_kv];
     for (g, per_qb) in planted.iter_mut().enumerate() {
         for qb in 0..q_blocks {
@@ -381,7 +382,9 @@ const SPARSE_TOL: f32 = 5.0;
 /// own choice is a near-tie (both gaps within `2 * ORDER_TOL`, see `tests/common.rs`). A
 /// streaming prefill of 64 keys, which cannot see the record, is caught by the same check,
 /// and so was a threshold of 0.9 (measured: the record's second digit turned from 2 to 0
-/// where full led by 5.3, at strides 4, 8 and 16 alike) — why the default is 0.95.
+/// where full led by 5.3, at strides 4, 8 and 16 alike). The default is 0.99: 0.95 kept
+/// this record but lost a variable-tracking hop and counted words on RULER at 8K
+/// (docs/long-context.md, "Prefill of a 32K prompt").
 #[test]
 fn qwen_sparse_prefill_keeps_full_attentions_answer() {
     let q = qwen();
@@ -418,6 +421,9 @@ fn qwen_sparse_prefill_keeps_full_attentions_answer() {
     assert!(mis.is_some(), "a 64-key prefill window went unnoticed");
 
     // The sparse batch did skip keys: the same policy, shared so its selectivity can be read.
+    // At ~1.5K positions three of a query block's ~24 key blocks are read whatever the
+    // estimate says (sink, previous, diagonal); at the default 0.99 the batch read 92% of
+    // its visible keys (0.95 read fewer), so at least a twentieth skipped is asked.
     let xa = Arc::new(Mutex::new(
         XAttention::new(Default::default(), m.config.n_layer).unwrap(),
     ));
@@ -428,7 +434,7 @@ fn qwen_sparse_prefill_keeps_full_attentions_answer() {
     }
     let sel = xa.lock().unwrap().last_selectivity().unwrap();
     eprintln!("last batch: {:.1}% of the visible keys read", sel * 100.0);
-    assert!(sel < 0.9, "{sel}");
+    assert!(sel < 0.95, "{sel}");
 }
 
 /// Lends a shared policy to a state, so its measurements stay readable.

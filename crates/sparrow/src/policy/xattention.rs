@@ -69,7 +69,7 @@ pub const DENSE_CONTEXT: usize = 1024;
 pub struct XAttentionSettings {
     /// XAttention: share of each query block's estimated attention mass its key blocks
     /// must hold (0..=1; 1 keeps every block).
-    #[cfg_attr(feature = "cli", arg(id = "XATTN_THRESHOLD", long = "xattn-threshold", default_value_t = 0.95, help_heading = crate::policy::HELP_HEADING))]
+    #[cfg_attr(feature = "cli", arg(id = "XATTN_THRESHOLD", long = "xattn-threshold", default_value_t = 0.99, help_heading = crate::policy::HELP_HEADING))]
     pub threshold: f64,
     /// XAttention: queries and keys per antidiagonal of the estimate (the estimate costs
     /// 1/stride of the dense scores; a divisor of the block size).
@@ -92,7 +92,7 @@ pub struct XAttentionSettings {
 impl Default for XAttentionSettings {
     fn default() -> Self {
         XAttentionSettings {
-            threshold: 0.95,
+            threshold: 0.99,
             stride: 16,
             block: 64,
             sink_blocks: 1,
