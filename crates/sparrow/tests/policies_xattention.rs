@@ -384,7 +384,7 @@ const SPARSE_TOL: f32 = 5.0;
 /// and so was a threshold of 0.9 (measured: the record's second digit turned from 2 to 0
 /// where full led by 5.3, at strides 4, 8 and 16 alike). The default is 0.99: 0.95 kept
 /// this record but lost a variable-tracking hop and counted words on RULER at 8K
-/// (docs/long-context.md, "Prefill of a 32K prompt").
+/// (docs/long-context.md, "The threshold on RULER: 0.99 by default").
 #[test]
 fn qwen_sparse_prefill_keeps_full_attentions_answer() {
     let q = qwen();
