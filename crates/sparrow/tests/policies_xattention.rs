@@ -423,7 +423,7 @@ fn qwen_sparse_prefill_keeps_full_attentions_answer() {
     // The sparse batch did skip keys: the same policy, shared so its selectivity can be read.
     // At ~1.5K positions three of a query block's ~24 key blocks are read whatever the
     // estimate says (sink, previous, diagonal); at the default 0.99 the batch read 92% of
-    // its visible keys (0.95 read fewer), so at least a twentieth skipped is asked.
+    // its visible keys, so at least a twentieth skipped is asked.
     let xa = Arc::new(Mutex::new(
         XAttention::new(Default::default(), m.config.n_layer).unwrap(),
     ));
