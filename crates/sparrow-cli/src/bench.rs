@@ -248,6 +248,9 @@ fn run_test(
             let gens: Vec<Vec<u32>> = (0..n_seq)
                 .map(|i| tokens(n_gen, vocab, 200 + (rep * n_seq + i) as u64))
                 .collect();
+            for state in states.iter_mut() {
+                state.expect_prompt_end(depth + n_prompt);
+            }
             let batch = a.batch_size.max(1);
             let start = Instant::now();
             for c in (0..n_prompt).step_by(batch) {

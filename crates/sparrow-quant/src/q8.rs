@@ -118,7 +118,7 @@ impl Q8_0Acts {
             self.d.push(half::f16::from_f32(d).to_f32());
             self.sum.push(sum);
         }
-        debug_assert_eq!(self.d.len(), nb);
+        assert_eq!(self.d.len(), nb);
     }
 
     /// `x` quantized; see [`Q8_0Acts::quantize_from`].

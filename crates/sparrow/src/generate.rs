@@ -449,6 +449,7 @@ pub fn prefill<'s>(
             n_ctx: state.n_ctx(),
         });
     }
+    state.expect_prompt_end(state.n_past() + tokens.len());
     let batch = batch_size.max(1);
     let n_chunks = tokens.len().div_ceil(batch);
     for (i, chunk) in tokens.chunks(batch).enumerate() {

@@ -185,6 +185,11 @@ impl Session {
         self.reuse_prefix(prompt)
     }
 
+    /// The prompt about to be fed ends at position `end` ([`State::expect_prompt_end`]).
+    pub fn expect_prompt_end(&mut self, end: usize) {
+        self.state.expect_prompt_end(end);
+    }
+
     /// Empty the cache.
     pub fn reset(&mut self) {
         self.state.reset();

@@ -10,7 +10,8 @@ use sparrow::attention::{
     StreamingAttention,
 };
 use sparrow::kv::RamStore;
-use sparrow::policy::xattention::{XAttention, XAttentionSettings, DENSE_CONTEXT};
+use sparrow::policy::xattention::{BlockMass, XAttention, XAttentionSettings, DENSE_CONTEXT};
+use sparrow::synthetic::{synthetic_model, SyntheticSpec};
 use sparrow::{Engine, KvType, Logits, Model, State};
 use sparrow_attn::kernel::reference::{attention_f64, uniform};
 use sparrow_attn::policy::Source;
@@ -40,9 +41,11 @@ fn rows(rng: &mut impl FnMut() -> f32, n: usize, width: usize, scale: f32) -> Ve
         .collect()
 }
 
+/// Settings with one threshold for the whole prompt (body and tail).
 fn with_threshold(threshold: f64) -> XAttentionSettings {
     XAttentionSettings {
         threshold,
+        tail_threshold: threshold,
         ..Default::default()
     }
 }
@@ -267,6 +270,96 @@ fn bad_settings_name_the_setting_and_its_range() {
     let mut choice = AttentionChoice::named("xattention");
     choice.settings_mut::<XAttentionSettings>().threshold = 2.0;
     assert!(choice.check().err().unwrap().contains("threshold 2"));
+}
+
+/// A batch of two query blocks at position 640 (context 768, twelve key blocks) whose
+/// blocks give the same estimated mass: most on blocks 3, 5 and 7, a little elsewhere.
+fn two_block_mass() -> BlockMass {
+    let mut row = vec![0.004f32; 12];
+    for (kb, m) in [
+        (0, 0.01),
+        (3, 0.5),
+        (5, 0.3),
+        (7, 0.15),
+        (9, 0.01),
+        (10, 0.01),
+    ] {
+        row[kb] = m;
+    }
+    BlockMass {
+        q_blocks: 2,
+        k_blocks: 12,
+        mass: [row.clone(), row].concat(),
+    }
+}
+
+/// The prompt's last `tail` tokens keep `tail_threshold` of the mass, the body before them
+/// `threshold`; without the prompt's end every block is treated as the tail (the safe side),
+/// and so is a block past the end (a later batch: a speculative check, a next turn).
+#[test]
+fn the_prompts_tail_reads_at_its_own_threshold() {
+    let settings = XAttentionSettings {
+        threshold: 0.6,
+        tail_threshold: 1.0,
+        tail: 64,
+        ..Default::default()
+    };
+    let (pos0, n) = (640, 128);
+    let mass = two_block_mass();
+    let every: Vec<usize> = (0..11).collect();
+    let mut xa = XAttention::new(settings.clone(), 1).unwrap();
+    // No hint: both query blocks at the tail's threshold (1: every visible block).
+    assert_eq!(xa.select(&mass, 0, pos0, n), every);
+    assert_eq!(xa.select(&mass, 1, pos0, n), (0..12).collect::<Vec<_>>());
+    // The prompt ends with this batch: the first query block (tokens 640..704) is body —
+    // sink, recent and the heaviest blocks up to 0.6 of the mass (0.03 + 0.5 + 0.3) — the
+    // second (704..768) the last 64 tokens.
+    xa.prompt_ends_at(pos0 + n);
+    assert_eq!(xa.select(&mass, 0, pos0, n), vec![0, 3, 5, 9, 10]);
+    assert_eq!(xa.select(&mass, 1, pos0, n), (0..12).collect::<Vec<_>>());
+    assert_eq!(xa.threshold_at(pos0 + 63), 0.6);
+    assert_eq!(xa.threshold_at(pos0 + 64), 1.0);
+    // A prompt running on past this batch: both blocks are body.
+    xa.prompt_ends_at(pos0 + n + 64);
+    assert_eq!(xa.select(&mass, 1, pos0, n), vec![0, 3, 5, 10, 11]);
+    // Positions past the prompt's end read at the tail's threshold.
+    xa.prompt_ends_at(pos0);
+    assert_eq!(xa.select(&mass, 0, pos0, n), every);
+    // A tail of 0 tokens: the prompt's last block is body too.
+    let mut no_tail = XAttention::new(
+        XAttentionSettings {
+            tail: 0,
+            ..settings
+        },
+        1,
+    )
+    .unwrap();
+    no_tail.prompt_ends_at(pos0 + n);
+    assert_eq!(no_tail.select(&mass, 1, pos0, n), vec![0, 3, 5, 10, 11]);
+}
+
+/// `generate::prefill` tells the policy where the prompt ends, counting what is cached.
+#[test]
+fn prefill_tells_the_policy_where_the_prompt_ends() {
+    struct Told(Arc<Mutex<Vec<usize>>>);
+    impl SparsePolicy for Told {
+        fn name(&self) -> &str {
+            "told"
+        }
+        fn prompt_ends_at(&mut self, end: usize) {
+            self.0.lock().unwrap().push(end);
+        }
+        fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
+            ReadPlan::causal(ctx.shape, ctx.pos0, ctx.n_tokens())
+        }
+    }
+    let model = synthetic_model(&SyntheticSpec::default()).unwrap();
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let mut state = model.new_state(64, KvType::F32).unwrap();
+    state.set_attention(Box::new(Told(told.clone())));
+    sparrow::prefill(&model, &mut state, &[1, 2, 3, 4, 5], 2, |_, _| {}).unwrap();
+    sparrow::prefill(&model, &mut state, &[6, 7, 8], 2, |_, _| {}).unwrap();
+    assert_eq!(*told.lock().unwrap(), vec![5, 8]);
 }
 
 /// `sparse` is a stable name for the recommended sparse prefill; it is a prefill policy only.

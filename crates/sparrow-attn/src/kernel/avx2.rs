@@ -430,10 +430,11 @@ const PREFETCH_TILES: usize = 4;
 /// `⌈n / 8⌉ · 8 · width` bytes, `job.scales` `n` rows, `job.queries` `width` quants per
 /// query of `job.q_scales`, `out` `q_scales.len() · n` values.
 pub(crate) unsafe fn int8_tile_scores(vnni: bool, job: &TileJob<'_>, out: &mut [f32]) {
-    debug_assert!(job.width.is_multiple_of(4));
-    debug_assert!(job.tiles.len() >= job.n.div_ceil(8) * 8 * job.width);
-    debug_assert!(job.queries.len() >= job.q_scales.len() * job.width);
-    debug_assert!(out.len() >= job.q_scales.len() * job.n);
+    // Checked in every build (once a call): the loads below trust these bounds.
+    assert!(job.width.is_multiple_of(4));
+    assert!(job.tiles.len() >= job.n.div_ceil(8) * 8 * job.width);
+    assert!(job.queries.len() >= job.q_scales.len() * job.width);
+    assert!(out.len() >= job.q_scales.len() * job.n);
     for h0 in (0..job.q_scales.len()).step_by(TILE_QUERIES) {
         // SAFETY: as this function's contract.
         unsafe {

@@ -130,6 +130,12 @@ pub trait SparsePolicy: Send {
     /// forget what is known about them.
     fn forget_from(&mut self, _pos: usize) {}
 
+    /// The prompt about to be prefilled ends at position `end` (exclusive). Called before
+    /// its first batch by callers that know it, so a prefill policy may spend more on the
+    /// prompt's last tokens — the question, whose states the answer reads first — than on
+    /// the body. A policy must stay correct without it (a caller feeding batches itself).
+    fn prompt_ends_at(&mut self, _end: usize) {}
+
     /// Whether [`Self::forget_from`] brings the policy back to exactly the state it had
     /// when `pos` positions were cached. True unless the policy accumulates what later
     /// queries attended to (H2O's scores): a rewind cannot take their share back out.

@@ -289,7 +289,7 @@ pub fn execute<S: KvSource + ?Sized>(
         };
         // A weight multiplies every exp-score of the entry: it shifts the partial's maxima
         // by its log, and the log-sum-exp merge carries it into numerator and denominator.
-        debug_assert!(
+        assert!(
             e.weight.is_finite() && e.weight > 0.0,
             "a plan entry's weight must be finite and positive, not {}",
             e.weight

@@ -183,6 +183,12 @@ impl State {
         &self.scratch.logits
     }
 
+    /// The prompt the next forward passes feed ends at position `end`: the attention
+    /// policy may spend more on its last tokens (see `SparsePolicy::prompt_ends_at`).
+    pub fn expect_prompt_end(&mut self, end: usize) {
+        self.attention.prompt_ends_at(end);
+    }
+
     /// Forget everything; the next forward starts at position 0.
     pub fn reset(&mut self) {
         self.attention.forget_from(0);

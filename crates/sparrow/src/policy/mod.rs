@@ -400,6 +400,11 @@ impl SparsePolicy for PhasedAttention {
         self.decode.forget_from(pos);
     }
 
+    fn prompt_ends_at(&mut self, end: usize) {
+        self.prefill.prompt_ends_at(end);
+        self.decode.prompt_ends_at(end);
+    }
+
     fn rewinds_exactly(&self) -> bool {
         self.prefill.rewinds_exactly() && self.decode.rewinds_exactly()
     }

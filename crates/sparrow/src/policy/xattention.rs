@@ -68,9 +68,17 @@ pub const DENSE_CONTEXT: usize = 1024;
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct XAttentionSettings {
     /// XAttention: share of each query block's estimated attention mass its key blocks
-    /// must hold (0..=1; 1 keeps every block).
+    /// must hold, in the prompt's body (0..=1; 1 keeps every block).
     #[cfg_attr(feature = "cli", arg(id = "XATTN_THRESHOLD", long = "xattn-threshold", default_value_t = 0.99, help_heading = crate::policy::HELP_HEADING))]
     pub threshold: f64,
+    /// XAttention: the same share for the prompt's last `--xattn-tail` tokens (the
+    /// question, whose states the answer reads first) and for every block when the prompt's
+    /// end is not known.
+    #[cfg_attr(feature = "cli", arg(id = "XATTN_TAIL_THRESHOLD", long = "xattn-tail-threshold", default_value_t = 0.99, help_heading = crate::policy::HELP_HEADING))]
+    pub tail_threshold: f64,
+    /// XAttention: tokens at the end of the prompt that use `--xattn-tail-threshold`.
+    #[cfg_attr(feature = "cli", arg(id = "XATTN_TAIL", long = "xattn-tail", default_value_t = 256, help_heading = crate::policy::HELP_HEADING))]
+    pub tail: usize,
     /// XAttention: queries and keys per antidiagonal of the estimate (the estimate costs
     /// 1/stride of the dense scores; a divisor of the block size).
     #[cfg_attr(feature = "cli", arg(id = "XATTN_STRIDE", long = "xattn-stride", default_value_t = 16, help_heading = crate::policy::HELP_HEADING))]
@@ -93,6 +101,8 @@ impl Default for XAttentionSettings {
     fn default() -> Self {
         XAttentionSettings {
             threshold: 0.99,
+            tail_threshold: 0.99,
+            tail: 256,
             stride: 16,
             block: 64,
             sink_blocks: 1,
@@ -105,11 +115,15 @@ impl Default for XAttentionSettings {
 impl XAttentionSettings {
     /// Checks the settings, naming the bad one and its valid range.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.threshold > 0.0 && self.threshold <= 1.0) {
-            return Err(format!(
-                "xattention threshold {} is out of range (0 < threshold <= 1, a share of the attention mass)",
-                self.threshold
-            ));
+        for (name, t) in [
+            ("threshold", self.threshold),
+            ("tail threshold", self.tail_threshold),
+        ] {
+            if !(t > 0.0 && t <= 1.0) {
+                return Err(format!(
+                    "xattention {name} {t} is out of range (0 < threshold <= 1, a share of the attention mass)"
+                ));
+            }
         }
         if self.block == 0 || self.block > 4096 {
             return Err(format!(
@@ -153,6 +167,9 @@ pub struct XAttention {
     /// Per layer, for the last prefill batch: (sum over query rows × KV heads of the
     /// fraction of visible keys read, number of such rows).
     last: Vec<(f64, f64)>,
+    /// Where the prompt being prefilled ends, when the caller said
+    /// ([`SparsePolicy::prompt_ends_at`]).
+    prompt_end: Option<usize>,
 }
 
 impl XAttention {
@@ -162,6 +179,7 @@ impl XAttention {
         Ok(XAttention {
             settings,
             last: vec![(0.0, 0.0); n_layer],
+            prompt_end: None,
         })
     }
 
@@ -280,9 +298,20 @@ impl XAttention {
         }
     }
 
+    /// The share of the estimated mass a query block whose last token is at `last` keeps:
+    /// `tail_threshold` in the prompt's last `tail` tokens, after it, and everywhere when
+    /// the prompt's end is unknown; `threshold` in the body before them.
+    pub fn threshold_at(&self, last: usize) -> f64 {
+        let st = &self.settings;
+        match self.prompt_end {
+            Some(end) if last + st.tail < end => st.threshold,
+            _ => st.tail_threshold,
+        }
+    }
+
     /// The key blocks query block `qb` of a batch at `pos0` of `n` tokens reads, ascending:
     /// the sink and recent blocks, then the blocks of most estimated mass until they hold
-    /// `threshold` of the row's total (every block at threshold 1).
+    /// [`Self::threshold_at`] of the row's total (every block at a threshold of 1).
     pub fn select(&self, mass: &BlockMass, qb: usize, pos0: usize, n: usize) -> Vec<usize> {
         let st = &self.settings;
         let first = pos0 + qb * st.block;
@@ -290,7 +319,8 @@ impl XAttention {
         let visible = last / st.block + 1;
         let recent_from = (first / st.block).saturating_sub(st.recent_blocks);
         let forced = |kb: usize| kb < st.sink_blocks || kb >= recent_from;
-        if st.threshold >= 1.0 {
+        let threshold = self.threshold_at(last);
+        if threshold >= 1.0 {
             return (0..visible).collect();
         }
         // `visible <= k_blocks`: the batch's last position is below the context's end.
@@ -305,7 +335,7 @@ impl XAttention {
         let mut rest: Vec<usize> = (0..visible).filter(|&kb| !forced(kb)).collect();
         rest.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
         for kb in rest {
-            if kept >= st.threshold * total || row[kb] <= 0.0 {
+            if kept >= threshold * total || row[kb] <= 0.0 {
                 break;
             }
             chosen[kb] = true;
@@ -428,6 +458,10 @@ impl SparsePolicy for XAttention {
 
     fn supports_decode(&self) -> bool {
         false
+    }
+
+    fn prompt_ends_at(&mut self, end: usize) {
+        self.prompt_end = Some(end);
     }
 
     fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {

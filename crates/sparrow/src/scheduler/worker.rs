@@ -534,6 +534,7 @@ impl Worker {
             Some(cache) => session.reuse_prefix_from(cache, &job.prompt),
             None => session.reuse_prefix(&job.prompt),
         };
+        session.expect_prompt_end(job.prompt.len());
         let Job {
             prompt,
             generation,
