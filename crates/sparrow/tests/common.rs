@@ -153,6 +153,8 @@ pub fn forced_logits(
         Prefill::Chunks(n) => n,
     };
     let mut last = Vec::new();
+    // As a prompt fed through `generate::prefill` does: the policy learns where it ends.
+    state.expect_prompt_end(state.n_past() + prompt.len());
     for part in prompt.chunks(chunk.max(1)) {
         last = model.forward(state, part, Logits::Last).unwrap().to_vec();
     }

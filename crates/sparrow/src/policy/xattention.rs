@@ -24,6 +24,12 @@
 //! query heads of the GQA group (they share one plan, as they share the K/V rows the
 //! executor loads), are the block's estimated mass.
 //!
+//! **The question at its own threshold.** The prompt's last `tail` tokens (the question,
+//! whose states the answer reads first) keep `tail_threshold` of the mass, the body before
+//! them `threshold`: on RULER a body at 0.95 lost a look-alike key that the question's 0.99
+//! brought back, and chains and counts the body needs 0.97 for. The caller says where the
+//! prompt ends ([`SparsePolicy::prompt_ends_at`]); without that, every block is the tail's.
+//!
 //! **Exact within the plan.** Every query reads its selected blocks up to its own
 //! position, through the same kernel as `full`; with a threshold of 1 every block is kept
 //! and the plan is `full`'s. Dense attention is used for single tokens, layers in
@@ -69,7 +75,7 @@ pub const DENSE_CONTEXT: usize = 1024;
 pub struct XAttentionSettings {
     /// XAttention: share of each query block's estimated attention mass its key blocks
     /// must hold, in the prompt's body (0..=1; 1 keeps every block).
-    #[cfg_attr(feature = "cli", arg(id = "XATTN_THRESHOLD", long = "xattn-threshold", default_value_t = 0.99, help_heading = crate::policy::HELP_HEADING))]
+    #[cfg_attr(feature = "cli", arg(id = "XATTN_THRESHOLD", long = "xattn-threshold", default_value_t = 0.97, help_heading = crate::policy::HELP_HEADING))]
     pub threshold: f64,
     /// XAttention: the same share for the prompt's last `--xattn-tail` tokens (the
     /// question, whose states the answer reads first) and for every block when the prompt's
@@ -100,7 +106,7 @@ pub struct XAttentionSettings {
 impl Default for XAttentionSettings {
     fn default() -> Self {
         XAttentionSettings {
-            threshold: 0.99,
+            threshold: 0.97,
             tail_threshold: 0.99,
             tail: 256,
             stride: 16,
