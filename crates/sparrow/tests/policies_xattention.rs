@@ -259,6 +259,16 @@ fn bad_settings_name_the_setting_and_its_range() {
             "{e}"
         );
     }
+    let e = XAttention::new(
+        XAttentionSettings {
+            tail_threshold: 1.5,
+            ..Default::default()
+        },
+        2,
+    )
+    .err()
+    .unwrap();
+    assert!(e.contains("tail threshold 1.5"), "{e}");
     for stride in [0, 5, 128] {
         let s = XAttentionSettings {
             stride,
@@ -325,6 +335,17 @@ fn the_prompts_tail_reads_at_its_own_threshold() {
     // Positions past the prompt's end read at the tail's threshold.
     xa.prompt_ends_at(pos0);
     assert_eq!(xa.select(&mass, 0, pos0, n), every);
+    // A tail longer than any prompt: everything is the tail's.
+    let mut all_tail = XAttention::new(
+        XAttentionSettings {
+            tail: usize::MAX,
+            ..settings.clone()
+        },
+        1,
+    )
+    .unwrap();
+    all_tail.prompt_ends_at(pos0 + n);
+    assert_eq!(all_tail.select(&mass, 0, pos0, n), every);
     // A tail of 0 tokens: the prompt's last block is body too.
     let mut no_tail = XAttention::new(
         XAttentionSettings {

@@ -310,7 +310,7 @@ impl XAttention {
     pub fn threshold_at(&self, last: usize) -> f64 {
         let st = &self.settings;
         match self.prompt_end {
-            Some(end) if last + st.tail < end => st.threshold,
+            Some(end) if last.saturating_add(st.tail) < end => st.threshold,
             _ => st.tail_threshold,
         }
     }
