@@ -1,9 +1,11 @@
 """Drives `sparrow serve`'s tool calling with the official openai package: a two-step agent
 loop (the model calls a function, gets its result as a `tool` message, answers), whole and
-streamed, and N calls forced by `tool_choice` whose arguments all validate against the
-function's schema (the `jsonschema` package). Usage: openai_tools.py BASE_URL API_KEY N"""
+streamed, and N calls forced by `tool_choice`, sent by four clients at once, whose arguments
+all validate against the function's schema (the `jsonschema` package).
+Usage: openai_tools.py BASE_URL API_KEY N"""
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import openai
@@ -79,9 +81,12 @@ assert calls[0]["name"] == "get_forecast" and calls[0]["id"], calls
 jsonschema.validate(json.loads(calls[0]["arguments"]), PARAMS)
 print("streamed call:", calls[0]["arguments"])
 
-# Forced calls, sampled: every one's arguments validate.
+# Forced calls, sampled: every one's arguments validate. Four clients at once, as an agent
+# framework sends them: the server decodes their tokens in shared passes.
 cities = ["Oslo", "Lima", "Perth", "Quito", "Accra", "Hanoi", "Turku", "Cusco", "Dakar", "Bern"]
-for i in range(n_forced):
+
+
+def forced_call(i):
     q = {"role": "user",
          "content": f"Forecast for {cities[i % len(cities)]}, {1 + i % 5} days, please."}
     r = client.chat.completions.create(model="sparrow", messages=[q], tools=TOOLS,
@@ -90,6 +95,11 @@ for i in range(n_forced):
                                        max_tokens=96, temperature=0.8, seed=i)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls", r
-    check_call(c.message.tool_calls[0])
+    return check_call(c.message.tool_calls[0])
+
+
+with ThreadPoolExecutor(4) as pool:
+    forced = list(pool.map(forced_call, range(n_forced)))
+assert len(forced) == n_forced
 print(f"{n_forced} forced calls validate")
 print("ok")

@@ -52,16 +52,12 @@ struct Server {
 }
 
 impl Server {
+    /// One thread unless `extra` names its own `-t` (tests run two at a time on two cores).
     fn start(model: &Path, extra: &[&str]) -> Server {
-        let mut args = vec![
-            "serve",
-            "-m",
-            model.to_str().unwrap(),
-            "--port",
-            "0",
-            "-t",
-            "1",
-        ];
+        let mut args = vec!["serve", "-m", model.to_str().unwrap(), "--port", "0"];
+        if !extra.contains(&"-t") {
+            args.extend(["-t", "1"]);
+        }
         args.extend_from_slice(extra);
         let mut child = Command::new(env!("CARGO_BIN_EXE_sparrow"))
             .args(&args)
@@ -1207,11 +1203,13 @@ fn tools_need_a_template_that_renders_them() {
 }
 
 /// The official `openai` client's tool-calling flow on the default model: a two-step agent
-/// loop whole and streamed, and 100 forced calls whose arguments all validate against the
-/// function's schema (`jsonschema`).
+/// loop whole and streamed, and 100 forced calls (four clients at once, four slots) whose
+/// arguments all validate against the function's schema (`jsonschema`).
 #[test]
 fn openai_client_tool_calls_on_real_model() {
-    let s = Server::start(&qwen(), &["--api-key", "k", "-c", "2048"]);
+    // Two threads: the suite's longest test, which runs on alone once the others end.
+    let flags = ["--api-key", "k", "-c", "2048", "--parallel", "4", "-t", "2"];
+    let s = Server::start(&qwen(), &flags);
     run_script(&s, "openai_tools.py", &["k", "100"]);
 }
 

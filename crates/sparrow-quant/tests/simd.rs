@@ -412,12 +412,25 @@ fn check_batched_against(
 /// panels' threshold for most formats) that are exact multiples of the AVX2 tiles (4
 /// tokens, 3 for Q5_0 / Q5_1 / Q6_K) or leave every remainder, 64 and 65 (Q4_K's and Q6_K's
 /// AVX-512 threshold, below which their multi-token row kernels run), 9 tokens and the
-/// small-batch fallback (2 tokens); blocks carry edge scales (see `edge_row`).
+/// small-batch fallback (2 tokens); blocks carry edge scales (see `edge_row`). The formats
+/// of 32-element blocks here, the k-quants in the next test: two tests that run side by side
+/// (under qemu, scripts/test-aarch64.sh, the whole took a minute and a half).
 #[test]
 fn batched_matmul_matches_scalar_int8_for_every_format_and_level() {
+    batched_matmul_matches_scalar_int8(24, |ty| ty.block_elems() == 32);
+}
+
+/// As above, for every other format with an int8 kernel (the k-quants' 256-element blocks).
+#[test]
+fn batched_matmul_matches_scalar_int8_for_every_k_quant_and_level() {
+    batched_matmul_matches_scalar_int8(25, |ty| ty.block_elems() != 32);
+}
+
+/// The body of the two tests above for the supported formats `chosen` picks.
+fn batched_matmul_matches_scalar_int8(seed: u64, chosen: impl Fn(GgmlType) -> bool) {
     use sparrow_quant::QMatrix;
-    let mut rng = Rng::new(24);
-    for &ty in SUPPORTED {
+    let mut rng = Rng::new(seed);
+    for &ty in SUPPORTED.iter().filter(|&&ty| chosen(ty)) {
         if Kernels::scalar(ty).unwrap().dot_q8.is_none() {
             continue;
         }
