@@ -416,7 +416,7 @@ fn check_batched_against(
 /// of 32-element blocks here, the k-quants in the next test: two tests that run side by side
 /// (under qemu, scripts/test-aarch64.sh, the whole took a minute and a half).
 #[test]
-fn batched_matmul_matches_scalar_int8_for_every_format_and_level() {
+fn batched_matmul_matches_scalar_int8_for_every_32_block_format_and_level() {
     batched_matmul_matches_scalar_int8(24, |ty| ty.block_elems() == 32);
 }
 

@@ -181,16 +181,17 @@ fn streaming(sinks: usize, window: usize, pos: usize) -> Vec<Range<usize>> {
 /// Every level and split equals the scalar single-thread run, and that equals the f64
 /// reference over what the store holds; Q8_0 also stays within its quantization error of
 /// the reference over the original rows (loose, but a misread block, scale or head offset
-/// exceeds it by far). Grouped-query shapes here, the rest in the next test: two tests that
-/// run side by side (under qemu, scripts/test-aarch64.sh, one took a minute and a half).
+/// exceeds it by far). Groups of 4–7 query heads here, the rest in the next test: two tests
+/// that run side by side (under qemu, scripts/test-aarch64.sh, the whole took a minute and a
+/// half).
 #[test]
-fn batches_match_f64_reference_at_every_level() {
+fn batches_match_f64_reference_at_every_level_grouped() {
     batches_match_f64_reference(99, &[(14, 2, 64), (8, 2, 13), (6, 1, 72)]);
 }
 
-/// As above: multi-head (one KV head per query head) and a group of two with small heads.
+/// As above: multi-head (one query head a KV head) and groups of two.
 #[test]
-fn batches_match_f64_reference_at_every_level_mha() {
+fn batches_match_f64_reference_at_every_level_few_heads_a_group() {
     batches_match_f64_reference(98, &[(4, 4, 20), (8, 4, 32)]);
 }
 
