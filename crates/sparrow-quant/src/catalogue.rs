@@ -129,11 +129,11 @@ pub(crate) struct Tables {
 }
 
 /// The panel shape of a quantized format whose int8 kernel takes activations like
-/// `scalar` (see [`Layout`]).
-const fn panel(scalar: Q8Dot, mins: bool, off: u8, qmax: u8) -> Layout {
+/// `scalar`, with one weight scale per `group` elements (see [`Layout`]).
+const fn panel(scalar: Q8Dot, group: usize, mins: bool, off: u8, qmax: u8) -> Layout {
     let legacy = matches!(scalar, Q8Dot::Q8_0(_));
     Layout {
-        g: if legacy { 32 } else { 16 },
+        g: group,
         mins,
         legacy,
         off,
@@ -148,7 +148,8 @@ macro_rules! catalogue {
         floats { $($f:ident = $ffmt:ty;)* }
         quants {
             $($q:ident = $qfmt:ty, $act:ident($scalar:path),
-                panel(mins $mins:literal, off $off:literal, qmax $qmax:literal);)*
+                panel(group $group:literal, mins $mins:literal, off $off:literal,
+                    qmax $qmax:literal);)*
         }
         packed {
             $($p:ident = $pty:ident, $pdeq:path, $pdot:path, $pact:ident($pscalar:path);)*
@@ -215,7 +216,7 @@ macro_rules! catalogue {
         /// quantized format does).
         pub(crate) fn panel_layout(ty: GgmlType) -> Option<Layout> {
             match ty {
-                $(GgmlType::$q => Some(panel(Q8Dot::$act($scalar), $mins, $off, $qmax)),)*
+                $(GgmlType::$q => Some(panel(Q8Dot::$act($scalar), $group, $mins, $off, $qmax)),)*
                 _ => None,
             }
         }
@@ -240,8 +241,9 @@ macro_rules! catalogue {
     };
 }
 
-// The formats, once. A quantized format's panel shape: whether its weights have a
-// minimum (`w = d * s + m`), and the range `-off ..= qmax - off` of its integers `s` (as
+// The formats, once. A quantized format's panel shape: the elements sharing one weight
+// scale (a legacy block; a k-quant's sub-block, 16 or 32 elements), whether its weights have
+// a minimum (`w = d * s + m`), and the range `-off ..= qmax - off` of its integers `s` (as
 // `q8::legacy_ints` and `q8::k_ints` decode them).
 catalogue! {
     floats {
@@ -250,17 +252,17 @@ catalogue! {
         BF16 = float::BF16;
     }
     quants {
-        Q4_0 = legacy::Q4_0, Q8_0(q8::q4_0), panel(mins false, off 8, qmax 15);
-        Q4_1 = legacy::Q4_1, Q8_0(q8::q4_1), panel(mins true, off 0, qmax 15);
-        Q5_0 = legacy::Q5_0, Q8_0(q8::q5_0), panel(mins false, off 16, qmax 31);
-        Q5_1 = legacy::Q5_1, Q8_0(q8::q5_1), panel(mins true, off 0, qmax 31);
-        Q8_0 = legacy::Q8_0, Q8_0(q8::q8_0), panel(mins false, off 128, qmax 255);
-        Q2_K = kquants::Q2_K, Q8K(q8::q2_k), panel(mins true, off 0, qmax 3);
-        Q3_K = kquants::Q3_K, Q8K(q8::q3_k), panel(mins false, off 4, qmax 7);
-        Q4_K = kquants::Q4_K, Q8K(q8::q4_k), panel(mins true, off 0, qmax 15);
-        Q5_K = kquants::Q5_K, Q8K(q8::q5_k), panel(mins true, off 0, qmax 31);
-        Q6_K = kquants::Q6_K, Q8K(q8::q6_k), panel(mins false, off 32, qmax 63);
-        Q8_K = kquants::Q8_K, Q8K(q8::q8_k), panel(mins false, off 128, qmax 255);
+        Q4_0 = legacy::Q4_0, Q8_0(q8::q4_0), panel(group 32, mins false, off 8, qmax 15);
+        Q4_1 = legacy::Q4_1, Q8_0(q8::q4_1), panel(group 32, mins true, off 0, qmax 15);
+        Q5_0 = legacy::Q5_0, Q8_0(q8::q5_0), panel(group 32, mins false, off 16, qmax 31);
+        Q5_1 = legacy::Q5_1, Q8_0(q8::q5_1), panel(group 32, mins true, off 0, qmax 31);
+        Q8_0 = legacy::Q8_0, Q8_0(q8::q8_0), panel(group 32, mins false, off 128, qmax 255);
+        Q2_K = kquants::Q2_K, Q8K(q8::q2_k), panel(group 16, mins true, off 0, qmax 3);
+        Q3_K = kquants::Q3_K, Q8K(q8::q3_k), panel(group 16, mins false, off 4, qmax 7);
+        Q4_K = kquants::Q4_K, Q8K(q8::q4_k), panel(group 32, mins true, off 0, qmax 15);
+        Q5_K = kquants::Q5_K, Q8K(q8::q5_k), panel(group 32, mins true, off 0, qmax 31);
+        Q6_K = kquants::Q6_K, Q8K(q8::q6_k), panel(group 16, mins false, off 32, qmax 63);
+        Q8_K = kquants::Q8_K, Q8K(q8::q8_k), panel(group 16, mins false, off 128, qmax 255);
     }
     packed {
         Q5_0_PACKED = Q5_0, packed::q5_0_dequantize, packed::q5_0_dot, Q8_0(packed::q5_0_dot_q8);

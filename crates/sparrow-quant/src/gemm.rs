@@ -5,9 +5,9 @@
 //! token) waste most of the core on shuffles and per-block scaling. Here instead:
 //!
 //! 1. The activations of every token are quantized once (Q8_0 or Q8_K, exactly as the
-//!    per-row path does) and regrouped per scale group `G` (32 elements for the legacy
-//!    formats, 16 for the k-quants): quants, the f32 scale `dx`, `-off * sum(quants)` and
-//!    `dx * sum(quants)`.
+//!    per-row path does) and regrouped per scale group `G` of the weights (32 elements for
+//!    the legacy formats and for Q4_K/Q5_K's sub-blocks, 16 for the other k-quants):
+//!    quants, the f32 scale `dx`, `-off * sum(quants)` and `dx * sum(quants)`.
 //! 2. The weight rows are decoded `PANEL` (32) rows at a time to signed integers plus one
 //!    f32 factor `dw` (and, for formats with minimums, an offset `mw`) per group, so that
 //!    `w_i = dw * s_i + mw`, and stored interleaved: for every 4 consecutive columns, the 4
@@ -21,8 +21,10 @@
 //!    dots at once; per group, one conversion and two float operations apply `dw * dx` to
 //!    all of them. The `+off` added to the weights is removed exactly by starting each
 //!    group's integer sum at `-off * sum(x)`.
-//!    * AVX-512 VNNI (`x86::gemm::panel_avx512`, from 6 tokens): `vpdpbusd`
-//!      on 16 rows, 32 rows times 4 tokens per pass.
+//!    * AVX-512 VNNI (`x86::gemm::panel_avx512`, from 16 tokens, 64 for Q4_K / Q6_K):
+//!      `vpdpbusd` on 16 rows, 32 rows times 4 tokens per pass for the legacy formats,
+//!      times 8 for the k-quants, whose activation scale holds for 256 elements: their
+//!      groups sum `cvt(ints) * dw` per block and apply `dx` once per block.
 //!    * NEON with `sdot` (`aarch64::gemm::panel_neondot`, from 8 tokens): `sdot` on 4 rows
 //!      per register, one token at a time; plain NEON has no panel kernel (its per-row
 //!      kernels run batches).
@@ -118,11 +120,14 @@ fn decode(p: &mut Panel, lay: Layout, m: &QMatrix<'_>, r0: usize) {
             for (bi, b) in row.chunks_exact(bb).enumerate() {
                 let k = k_ints(ty, b);
                 put_q(&mut p.q, lay.off, r, bi * 256, &k.q);
-                for g in 0..16 {
-                    let gi = bi * 16 + g;
-                    p.dw[gi * PANEL + r] = k.d * k.sc[g] as f32;
+                // `k.sc` and `k.m` hold one entry per 16 elements
+                let per_block = 256 / lay.g;
+                for g in 0..per_block {
+                    let gi = bi * per_block + g;
+                    let sub = g * lay.g / 16;
+                    p.dw[gi * PANEL + r] = k.d * k.sc[sub] as f32;
                     if lay.mins {
-                        p.mw[gi * PANEL + r] = -(k.dmin * k.m[g] as f32);
+                        p.mw[gi * PANEL + r] = -(k.dmin * k.m[sub] as f32);
                     }
                 }
             }

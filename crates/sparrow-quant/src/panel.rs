@@ -15,7 +15,8 @@ pub(crate) const PANEL: usize = 32;
 /// How a weight format maps onto groups.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Layout {
-    /// Elements per scale group (32 legacy, 16 k-quants).
+    /// Elements per scale group: a legacy block (32), a k-quant's sub-block (16, or 32 for
+    /// Q4_K and Q5_K, whose 32-element sub-blocks then pay one scaling per 32 products).
     pub(crate) g: usize,
     /// Whether `w = dw * s + mw` has a non-zero `mw`.
     pub(crate) mins: bool,
@@ -43,6 +44,11 @@ pub(crate) struct BatchActs {
     pub(crate) negc: Vec<i32>,
     /// `dx * sum(quants)` per group.
     pub(crate) xs: Vec<f32>,
+    /// `sum(quants)` per group, as f32 (for kernels that apply `dx` once per scale block).
+    pub(crate) sums: Vec<f32>,
+    /// Consecutive groups that share one activation scale `dx`: 1 for the legacy formats
+    /// (Q8_0, a scale per 32), `256 / g` for the k-quants (Q8_K, a scale per 256).
+    pub(crate) per_scale: usize,
 }
 
 impl BatchActs {
@@ -57,19 +63,23 @@ impl BatchActs {
             dx: vec![0.0; n * groups],
             negc: vec![0; n * groups],
             xs: vec![0.0; n * groups],
+            sums: vec![0.0; n * groups],
+            per_scale: if lay.legacy { 1 } else { Q8K_BLOCK / lay.g },
         };
         a.qs.par_chunks_mut(cols)
             .zip(a.dx.par_chunks_mut(groups))
             .zip(a.negc.par_chunks_mut(groups))
             .zip(a.xs.par_chunks_mut(groups))
+            .zip(a.sums.par_chunks_mut(groups))
             .zip(xs.par_chunks_exact(cols))
             .for_each_init(
                 || (Q8_0Acts::default(), Q8KActs::default()),
-                |(a0, ak), ((((qs, dx), negc), sx), x)| {
+                |(a0, ak), (((((qs, dx), negc), sx), sums), x)| {
                     let mut put = |gi: usize, d: f32, sum: i32| {
                         dx[gi] = d;
                         negc[gi] = -(lay.off as i32) * sum;
                         sx[gi] = d * sum as f32;
+                        sums[gi] = sum as f32;
                     };
                     if lay.legacy {
                         a0.quantize_from(x);
@@ -86,8 +96,10 @@ impl BatchActs {
                         for (q, &v) in qs.iter_mut().zip(s.qs) {
                             *q = v as u8;
                         }
-                        for (gi, &bs) in s.bsums.iter().enumerate() {
-                            put(gi, s.d[gi * 16 / Q8K_BLOCK], bs as i32);
+                        // Q8_K sums its quants per 16; a group of 32 adds two sums
+                        for (gi, bs) in s.bsums.chunks_exact(lay.g / 16).enumerate() {
+                            let sum = bs.iter().map(|&b| b as i32).sum();
+                            put(gi, s.d[gi * lay.g / Q8K_BLOCK], sum);
                         }
                     }
                 },
