@@ -61,6 +61,10 @@ pub(crate) const MIN_TOKENS: usize = 16;
 /// Qwen2.5-1.5B shapes (1536 × 8960 and 8960 × 1536, 2 threads), the panels ran 33–40
 /// GMAC/s at 16 tokens, 57–64 at 32, 74–77 at 48 against the rows' 74–89, and passed them
 /// only from 64 (87–94). Below it a batch's rows also keep the one-token kernel's bits.
+/// With the 8-token k-quant tile the panels pass the rows from about 48 tokens (0.5B
+/// shapes, one thread, `SPARROW_BENCH_TOKENS=32,48 cargo bench --bench gemm`: 50 against
+/// 62 GMAC/s at 32, 62 against 56 at 48); kept at 64, a step of batched decode or a
+/// speculative check rarely lands between, and there the rows keep their bits.
 #[cfg(target_arch = "x86_64")]
 pub(crate) const MIN_TOKENS_AVX512_K: usize = 64;
 
