@@ -38,13 +38,39 @@ pub const Q8K_BLOCK: usize = 256;
 /// Elements per Q8_K partial sum (`bsums`).
 pub const Q8K_BSUM: usize = 16;
 
-/// `v.round_ties_even()` for `|v| < 2^22` (and NaN for NaN), without a libm call: adding
-/// and subtracting `1.5 * 2^23` rounds to an integer in the default (ties-to-even) mode.
-/// Quantizers only pass values in `-127..=127` (up to rounding).
+/// `x.round_ties_even() as i8` (saturating; NaN to 0), computed from the bits of
+/// `x + 1.5 * 2^23`, whose low mantissa bits hold the rounded integer (adding it rounds to
+/// an integer in the default ties-to-even mode, for `|x| < 2^22`): float and integer
+/// operations that vectorize, where the saturating float-to-int cast becomes one scalar
+/// conversion and two compares per element (most of a prefill's activation quantizing).
+/// `x` is first limited to `±256`, which saturates alike and keeps the trick exact.
 #[inline(always)]
-fn round_small(v: f32) -> f32 {
+fn round_to_i8(x: f32) -> i8 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    (v + MAGIC) - MAGIC
+    let limited = x.max(-256.0).min(256.0);
+    let i = ((limited + MAGIC).to_bits() as i32) - MAGIC.to_bits() as i32;
+    let q = i.clamp(-128, 127) as i8;
+    if x.is_nan() {
+        0
+    } else {
+        q
+    }
+}
+
+/// The largest `|v|` of `xs` (NaNs ignored; 0 for none), over 16 independent lanes so that
+/// the loop compiles to vector `max`es: a single running maximum is a chain the compiler
+/// may not reorder (and a prefill quantizes every token's activations before each matrix).
+#[inline(always)]
+fn abs_max(xs: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let mut chunks = xs.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v.abs());
+        }
+    }
+    let tail = chunks.remainder().iter().fold(0f32, |m, v| m.max(v.abs()));
+    lanes.iter().fold(tail, |m, &v| m.max(v))
 }
 
 /// An activation vector quantized to Q8_0 blocks of 32 (see the module docs).
@@ -107,12 +133,12 @@ impl Q8_0Acts {
             .chunks_exact(Q8_0_BLOCK)
             .zip(self.qs.chunks_exact_mut(Q8_0_BLOCK))
         {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let amax = abs_max(xb);
             let d = amax / 127.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             let mut sum = 0i32;
             for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = round_small(v * id) as i8;
+                *q = round_to_i8(v * id);
                 sum += *q as i32;
             }
             self.d.push(half::f16::from_f32(d).to_f32());
@@ -181,22 +207,20 @@ impl Q8KActs {
             .zip(self.qs.chunks_exact_mut(Q8K_BLOCK))
         {
             // the signed value of largest magnitude (the first one on ties, as ggml)
-            let mut max = 0f32;
-            let mut amax = 0f32;
-            for &v in xb {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
-                }
-            }
+            let amax = abs_max(xb);
             if amax == 0.0 {
                 self.d.push(0.0);
                 self.bsums.extend_from_slice(&[0; Q8K_BLOCK / Q8K_BSUM]);
                 continue; // quants already zero
             }
+            let max = *xb
+                .iter()
+                .find(|v| v.abs() == amax)
+                .expect("amax is one of them");
             let iscale = -127.0 / max;
             for (q, &v) in qb.iter_mut().zip(xb) {
-                *q = round_small(iscale * v).min(127.0) as i8;
+                // `min` before rounding equals `min` after (127 is an integer), NaN included
+                *q = round_to_i8((iscale * v).min(127.0));
             }
             for q16 in qb.chunks_exact(Q8K_BSUM) {
                 self.bsums.push(q16.iter().map(|&q| q as i16).sum::<i16>());
@@ -655,4 +679,115 @@ pub fn q6_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
 /// Scalar int8 dot of Q8_K weights with Q8_K activations.
 pub fn q8_k(row: &[u8], x: Q8KSlice<'_>) -> f32 {
     k_dot::<kquants::Q8_K>(row, x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_to_i8_is_the_saturating_cast_of_ties_to_even_over_a_sweep_of_floats() {
+        let specials = [
+            0.5f32,
+            1.5,
+            2.5,
+            -0.5,
+            -1.5,
+            126.5,
+            127.5,
+            -127.5,
+            -128.5,
+            128.0,
+            -129.0,
+            4_194_303.5,
+            8_388_607.0,
+            -8_388_609.0,
+            1e9,
+            -1e9,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -0.0,
+            f32::MIN_POSITIVE,
+        ];
+        // every 251st bit pattern: every exponent, both signs, the NaN range
+        let sweep = (0..=u32::MAX).step_by(251).map(f32::from_bits);
+        for x in specials.into_iter().chain(sweep) {
+            assert_eq!(
+                round_to_i8(x),
+                x.round_ties_even() as i8,
+                "x = {x:e} ({:#010x})",
+                x.to_bits()
+            );
+        }
+    }
+
+    /// ggml's `quantize_row_q8_K`, written out plainly: the signed value of largest
+    /// magnitude (the first on ties), `iscale = -127 / max`, quants `min(round(iscale * x),
+    /// 127)`, `d = 1 / iscale`, sums per 16.
+    fn q8_k_reference(x: &[f32]) -> (Vec<f32>, Vec<i16>, Vec<i8>) {
+        let (mut d, mut bsums, mut qs) = (vec![], vec![], vec![]);
+        for xb in x.chunks_exact(Q8K_BLOCK) {
+            let (mut max, mut amax) = (0f32, 0f32);
+            for &v in xb {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            if amax == 0.0 {
+                d.push(0.0);
+                bsums.extend([0i16; Q8K_BLOCK / Q8K_BSUM]);
+                qs.extend([0i8; Q8K_BLOCK]);
+                continue;
+            }
+            let iscale = -127.0 / max;
+            let q: Vec<i8> = xb
+                .iter()
+                .map(|&v| (iscale * v).round_ties_even().min(127.0) as i8)
+                .collect();
+            bsums.extend(
+                q.chunks_exact(16)
+                    .map(|c| c.iter().map(|&v| v as i16).sum::<i16>()),
+            );
+            qs.extend(q);
+            d.push(1.0 / iscale);
+        }
+        (d, bsums, qs)
+    }
+
+    #[test]
+    fn q8_k_quantizing_matches_the_plain_definition_and_takes_the_first_extreme_on_ties() {
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed as f32 / u32::MAX as f32 - 0.5) * 8.0
+        };
+        let mut x: Vec<f32> = (0..4 * Q8K_BLOCK).map(|_| next()).collect();
+        // block 1: the extreme magnitude twice, positive first; block 2: negative first;
+        // block 3: all zero but a NaN (ignored by the maximum)
+        x[Q8K_BLOCK + 7] = 9.0;
+        x[Q8K_BLOCK + 200] = -9.0;
+        x[2 * Q8K_BLOCK + 3] = -9.0;
+        x[2 * Q8K_BLOCK + 100] = 9.0;
+        x[3 * Q8K_BLOCK..].fill(0.0);
+        x[3 * Q8K_BLOCK + 5] = f32::NAN;
+        let got = Q8KActs::new(&x);
+        let (d, bsums, qs) = q8_k_reference(&x);
+        assert_eq!(
+            got.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(got.bsums, bsums);
+        assert_eq!(got.qs, qs);
+        assert!(
+            got.d[1] < 0.0 && got.d[2] > 0.0,
+            "the first extreme sets the sign: {:?}",
+            got.d
+        );
+    }
 }
