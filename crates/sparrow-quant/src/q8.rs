@@ -47,7 +47,7 @@ pub const Q8K_BSUM: usize = 16;
 #[inline(always)]
 fn round_to_i8(x: f32) -> i8 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    let limited = x.max(-256.0).min(256.0);
+    let limited = x.clamp(-256.0, 256.0); // (NaN stays NaN: answered below)
     let i = ((limited + MAGIC).to_bits() as i32) - MAGIC.to_bits() as i32;
     let q = i.clamp(-128, 127) as i8;
     if x.is_nan() {
