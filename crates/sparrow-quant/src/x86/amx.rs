@@ -195,7 +195,7 @@ impl Head {
 /// `unpack(block of row r, r)` for each of a group's `rows` rows, `row_bytes` apart from
 /// row 0's `block`, each block prefetched ahead first.
 #[inline(always)]
-unsafe fn each_row(
+unsafe fn each_row<const BLOCK_BYTES: usize>(
     block: *const u8,
     row_bytes: usize,
     rows: usize,
@@ -203,7 +203,7 @@ unsafe fn each_row(
 ) {
     for r in 0..rows {
         let b = block.add(r * row_bytes);
-        super::avx2::prefetch_ahead(b);
+        super::avx2::prefetch_ahead::<BLOCK_BYTES>(b);
         unpack(b, r);
     }
 }
@@ -314,7 +314,7 @@ unsafe fn q4_k_group(
     let (row_offsets, live) = row_lanes(row_bytes, rows);
     for i in 0..blocks {
         let block = w.add(i * Q4_K_BYTES);
-        each_row(block, row_bytes, rows, |b, r| {
+        each_row::<144>(block, row_bytes, rows, |b, r| {
             unpack_row(b.add(16), r, scratch)
         });
         let head = Head::gather(block, row_offsets, live);
@@ -519,7 +519,7 @@ unsafe fn q6_k_group(
     let (row_offsets, live) = row_lanes(row_bytes, rows);
     for i in 0..blocks {
         let block = w.add(i * Q6_K_BYTES);
-        each_row(block, row_bytes, rows, |b, r| unpack_row6(b, r, scratch));
+        each_row::<210>(block, row_bytes, rows, |b, r| unpack_row6(b, r, scratch));
         let head = Head6::gather(block, row_offsets, live);
         for g in 0..SUBS16 {
             let a = scratch.quants[0].as_ptr().add(SUB16_COLS * g);

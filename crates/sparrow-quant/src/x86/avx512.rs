@@ -297,7 +297,7 @@ unsafe fn q4_k_body<const TOTALS: bool, const N: usize>(
     // lane for lane the same products and sums.
     let mut acc = [_mm512_setzero_ps(); N];
     for (i, b) in row.chunks_exact(144).take(nsb).enumerate() {
-        avx2::prefetch_ahead(b.as_ptr());
+        avx2::prefetch_ahead::<144>(b.as_ptr());
         let (sc8, m8) = scales_mins_k4(&b[4..16]);
         let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8 as i64)));
         let mut sumi = [_mm512_setzero_si512(); N];
@@ -405,7 +405,7 @@ unsafe fn q6_k_body<const TOTALS: bool, const N: usize>(
     // block totals: two tokens per vector, token 2k in the low half of pairs[2k]
     let mut pairs = [_mm512_setzero_ps(); N];
     for (i, b) in row.chunks_exact(210).take(nsb).enumerate() {
-        avx2::prefetch_ahead(b.as_ptr());
+        avx2::prefetch_ahead::<210>(b.as_ptr());
         let sc = ld16(&b[192..]);
         let sc16 = _mm256_cvtepi8_epi16(sc);
         let mut sumi: [__m512i; N] = core::array::from_fn(|t| {
