@@ -155,6 +155,7 @@ unsafe fn q8_0_body<const N: usize>(row: &[u8], xs: &[Q8_0Slice<'_>; N]) -> [f32
         // SAFETY: blocks `2i`, `2i + 1` < `n`: the 68 weight bytes and, for every token,
         // 64 quants, two scales and two sums are in bounds (`common_blocks_all`).
         let b = w.add(68 * i);
+        avx2::prefetch_ahead::<68>(b);
         let wv = join(
             _mm256_loadu_si256(b.add(2).cast()),
             _mm256_loadu_si256(b.add(36).cast()),
@@ -222,6 +223,7 @@ pub(crate) fn q5_0(row: &[u8], x: Q8_0Slice<'_>) -> f32 {
         .zip(x.d.chunks_exact(2))
         .zip(x.sum.chunks_exact(2))
     {
+        avx2::prefetch_ahead::<44>(b.as_ptr());
         // 128-bit lanes [qs0, qs0, qs1, qs1], odd lanes shifted -> [lo0, hi0, lo1, hi1]
         let qs = _mm512_castsi256_si512(_mm256_set_m128i(ld16(&b[28..]), ld16(&b[6..])));
         let v = _mm512_shuffle_i64x2(qs, qs, 0b01_01_00_00);
