@@ -226,9 +226,14 @@ pub(crate) fn dot_dequant<F: BlockFormat>(row: &[u8], x: &[f32]) -> f32 {
 // ---- int8 dots, legacy formats (Q8_0 activations) ----------------------------------------
 
 /// How far ahead of the current position the row kernels prefetch weights: the hardware
-/// prefetcher alone leaves one core short of its streaming rate (measured on Zen: the
-/// packed Q5_0 kernel reads ~10% faster from DRAM with it).
-const PREFETCH_BYTES: usize = 1024;
+/// prefetcher alone leaves one core short of its streaming rate (measured on Zen 3: the
+/// packed Q5_0 kernel read ~10% faster from DRAM with 1 KiB). On Zen 4 (session 19,
+/// `bandwidth` example, two threads, medians of five) farther is better up to ~8 KiB:
+/// Q4_K matvec 29.6 / 34.5 / 35.9 / 36.8 GB/s at 1 / 4 / 8 / 16 KiB, Q6_K 30.6 / 38.8 /
+/// 41.7 / 41.0, Q8_0 33.1 / 38.5 / 40.1 / 42.0 (a plain read: ~28); decode of the 1.5B
+/// 26–27 / 31–32 / 31–32 tok/s at 1 / 4 / 8 KiB, of the 0.5B 56–64 / 68–70 / 71–76. What
+/// runs past a thread's last row is at most this much per product.
+const PREFETCH_BYTES: usize = 8192;
 
 /// Asks for every cache line of the `SPAN` bytes `PREFETCH_BYTES` past `p` (hints: never
 /// fault, even past the end of the row). A caller passes the bytes it consumes per call, so
