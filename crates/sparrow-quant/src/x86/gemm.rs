@@ -28,6 +28,57 @@ fn st16f(p: &mut [f32], v: __m512) {
     unsafe { _mm512_storeu_ps(p.as_mut_ptr(), v) }
 }
 
+/// Group `gi`'s integer sums for `T` tokens, rows 0–15 and 16–31 of the panel: each token's
+/// `-off * sum(x)` plus the stored `s + off` times its quants over the group's `G` columns,
+/// one `vpdpbusd` per 16 rows and 4 columns. Fixed-size views keep the step loop free of
+/// bounds checks.
+#[inline(always)]
+fn group_ints<const T: usize, const G: usize>(
+    p: &Panel,
+    xq: &[&[u8]; T],
+    nc: &[&[i32]; T],
+    gi: usize,
+) -> [[__m512i; 2]; T] {
+    // SAFETY (for the intrinsics below): only called from the tiles of `panel_avx512`,
+    // whose `#[target_feature]` enables AVX-512 F/BW/VL/VNNI, checked at dispatch.
+    unsafe {
+        let mut ia: [[__m512i; 2]; T] = core::array::from_fn(|t| {
+            let c = _mm512_set1_epi32(nc[t][gi]);
+            [c, c]
+        });
+        let xg: [&[u8; G]; T] =
+            core::array::from_fn(|t| xq[t][gi * G..].first_chunk().expect("G quants"));
+        let (quads, _) = p.q[gi * G * PANEL..][..G * PANEL].as_chunks::<128>();
+        for (j, quad) in quads.iter().enumerate() {
+            let w0 = ld64(&quad[..64]);
+            let w1 = ld64(&quad[64..]);
+            for t in 0..T {
+                let b: &[u8; 4] = xg[t][4 * j..].first_chunk().expect("4 bytes");
+                let xb = _mm512_set1_epi32(i32::from_le_bytes(*b));
+                ia[t][0] = _mm512_dpbusd_epi32(ia[t][0], w0, xb);
+                ia[t][1] = _mm512_dpbusd_epi32(ia[t][1], w1, xb);
+            }
+        }
+        ia
+    }
+}
+
+/// Adds group `gi`'s minimums times each token's `s[t]` (its quants' sum, scaled or not)
+/// to the tile's float sums.
+#[inline(always)]
+fn add_mins<const T: usize>(p: &Panel, gi: usize, s: [f32; T], acc: &mut [[__m512; 2]; T]) {
+    // SAFETY (for the intrinsics below): as in `group_ints`.
+    unsafe {
+        let m0 = ld16f(&p.mw[gi * PANEL..]);
+        let m1 = ld16f(&p.mw[gi * PANEL + 16..]);
+        for t in 0..T {
+            let sb = _mm512_set1_ps(s[t]);
+            acc[t][0] = _mm512_fmadd_ps(m0, sb, acc[t][0]);
+            acc[t][1] = _mm512_fmadd_ps(m1, sb, acc[t][1]);
+        }
+    }
+}
+
 /// `T` tokens starting at `t0` through the panel; writes `res[(t0 + t) * PANEL ..][..32]`.
 /// For the legacy formats, whose activation scale `dx` changes with every group: the float
 /// sums stay in registers and each group adds `cvt(ints) * (dw * dx)`.
@@ -49,25 +100,7 @@ fn tile_scale_per_group<const T: usize, const G: usize, const MINS: bool>(
         let nc: [&[i32]; T] = core::array::from_fn(|t| &a.negc[(t0 + t) * ng..][..ng]);
         let xs: [&[f32]; T] = core::array::from_fn(|t| &a.xs[(t0 + t) * ng..][..ng]);
         for gi in 0..ng {
-            let mut ia = [[_mm512_setzero_si512(); 2]; T];
-            for t in 0..T {
-                let c = _mm512_set1_epi32(nc[t][gi]);
-                ia[t] = [c, c];
-            }
-            // fixed-size views: the step loop below runs without bounds checks
-            let xg: [&[u8; G]; T] =
-                core::array::from_fn(|t| xq[t][gi * G..].first_chunk().expect("G quants"));
-            let (quads, _) = p.q[gi * G * PANEL..][..G * PANEL].as_chunks::<128>();
-            for (j, quad) in quads.iter().enumerate() {
-                let w0 = ld64(&quad[..64]);
-                let w1 = ld64(&quad[64..]);
-                for t in 0..T {
-                    let b: &[u8; 4] = xg[t][4 * j..].first_chunk().expect("4 bytes");
-                    let xb = _mm512_set1_epi32(i32::from_le_bytes(*b));
-                    ia[t][0] = _mm512_dpbusd_epi32(ia[t][0], w0, xb);
-                    ia[t][1] = _mm512_dpbusd_epi32(ia[t][1], w1, xb);
-                }
-            }
+            let ia = group_ints::<T, G>(p, &xq, &nc, gi);
             let d0 = ld16f(&p.dw[gi * PANEL..]);
             let d1 = ld16f(&p.dw[gi * PANEL + 16..]);
             for t in 0..T {
@@ -84,13 +117,7 @@ fn tile_scale_per_group<const T: usize, const G: usize, const MINS: bool>(
                 );
             }
             if MINS {
-                let m0 = ld16f(&p.mw[gi * PANEL..]);
-                let m1 = ld16f(&p.mw[gi * PANEL + 16..]);
-                for t in 0..T {
-                    let sb = _mm512_set1_ps(xs[t][gi]);
-                    fa[t][0] = _mm512_fmadd_ps(m0, sb, fa[t][0]);
-                    fa[t][1] = _mm512_fmadd_ps(m1, sb, fa[t][1]);
-                }
+                add_mins(p, gi, core::array::from_fn(|t| xs[t][gi]), &mut fa);
             }
         }
         for (t, f) in fa.iter().enumerate() {
@@ -130,26 +157,10 @@ fn tile_scale_per_block<const T: usize, const G: usize, const MINS: bool>(
         }
         for b0 in (0..ng).step_by(per) {
             let mut fb = [[_mm512_setzero_ps(); 2]; T];
+            // `gi` indexes the panel and every token's groups, not one slice
+            #[allow(clippy::needless_range_loop)]
             for gi in b0..b0 + per {
-                let mut ia = [[_mm512_setzero_si512(); 2]; T];
-                for t in 0..T {
-                    let c = _mm512_set1_epi32(nc[t][gi]);
-                    ia[t] = [c, c];
-                }
-                // fixed-size views: the step loop below runs without bounds checks
-                let xg: [&[u8; G]; T] =
-                    core::array::from_fn(|t| xq[t][gi * G..].first_chunk().expect("G quants"));
-                let (quads, _) = p.q[gi * G * PANEL..][..G * PANEL].as_chunks::<128>();
-                for (j, quad) in quads.iter().enumerate() {
-                    let w0 = ld64(&quad[..64]);
-                    let w1 = ld64(&quad[64..]);
-                    for t in 0..T {
-                        let b: &[u8; 4] = xg[t][4 * j..].first_chunk().expect("4 bytes");
-                        let xb = _mm512_set1_epi32(i32::from_le_bytes(*b));
-                        ia[t][0] = _mm512_dpbusd_epi32(ia[t][0], w0, xb);
-                        ia[t][1] = _mm512_dpbusd_epi32(ia[t][1], w1, xb);
-                    }
-                }
+                let ia = group_ints::<T, G>(p, &xq, &nc, gi);
                 let d0 = ld16f(&p.dw[gi * PANEL..]);
                 let d1 = ld16f(&p.dw[gi * PANEL + 16..]);
                 for t in 0..T {
@@ -157,13 +168,7 @@ fn tile_scale_per_block<const T: usize, const G: usize, const MINS: bool>(
                     fb[t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t][1]), d1, fb[t][1]);
                 }
                 if MINS {
-                    let m0 = ld16f(&p.mw[gi * PANEL..]);
-                    let m1 = ld16f(&p.mw[gi * PANEL + 16..]);
-                    for t in 0..T {
-                        let sb = _mm512_set1_ps(sums[t][gi]);
-                        fb[t][0] = _mm512_fmadd_ps(m0, sb, fb[t][0]);
-                        fb[t][1] = _mm512_fmadd_ps(m1, sb, fb[t][1]);
-                    }
+                    add_mins(p, gi, core::array::from_fn(|t| sums[t][gi]), &mut fb);
                 }
             }
             for (t, f) in fb.iter().enumerate() {
