@@ -238,9 +238,9 @@ const PREFETCH_BYTES: usize = 8192;
 /// Asks for every cache line of the `SPAN` bytes `PREFETCH_BYTES` past `p` (hints: never
 /// fault, even past the end of the row). A caller passes the bytes it consumes per call, so
 /// consecutive calls cover the row without gaps: one line per call left two lines in five
-/// of a Q4_K row (144-byte blocks) to the hardware prefetcher, and covering them all took
-/// matvec on two threads from 20 to 25 GB/s for Q4_K and 22 to 25 for Q6_K (Zen 4,
-/// `cargo run --release -p sparrow-quant --example bandwidth`, medians of six).
+/// of a Q4_K row (144-byte blocks) to the hardware prefetcher, and covering them all (still
+/// 1 KiB ahead) took matvec on two threads from 20 to 27 GB/s for Q4_K and 23.5 to 26 for
+/// Q6_K (Zen 4, `cargo run --release -p sparrow-quant --example bandwidth`, medians of six).
 #[inline(always)]
 pub(super) fn prefetch_ahead<const SPAN: usize>(p: *const u8) {
     let ahead = p.wrapping_add(PREFETCH_BYTES);
