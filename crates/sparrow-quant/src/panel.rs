@@ -44,11 +44,9 @@ pub(crate) struct BatchActs {
     pub(crate) negc: Vec<i32>,
     /// `dx * sum(quants)` per group.
     pub(crate) xs: Vec<f32>,
-    /// `sum(quants)` per group, as f32 (for kernels that apply `dx` once per scale block).
+    /// `sum(quants)` per group, as f32 (for kernels that apply `dx` once per 256 elements,
+    /// the scale block of the k-quants' Q8_K activations).
     pub(crate) sums: Vec<f32>,
-    /// Consecutive groups that share one activation scale `dx`: 1 for the legacy formats
-    /// (Q8_0, a scale per 32), `256 / g` for the k-quants (Q8_K, a scale per 256).
-    pub(crate) per_scale: usize,
 }
 
 impl BatchActs {
@@ -64,7 +62,6 @@ impl BatchActs {
             negc: vec![0; n * groups],
             xs: vec![0.0; n * groups],
             sums: vec![0.0; n * groups],
-            per_scale: if lay.legacy { 1 } else { Q8K_BLOCK / lay.g },
         };
         a.qs.par_chunks_mut(cols)
             .zip(a.dx.par_chunks_mut(groups))

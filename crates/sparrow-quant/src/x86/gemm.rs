@@ -129,7 +129,7 @@ fn tile_scale_per_group<const T: usize, const G: usize, const MINS: bool>(
 }
 
 /// `T` tokens starting at `t0` through the panel; writes `res[(t0 + t) * PANEL ..][..32]`.
-/// For the k-quants, whose activation scale `dx` holds for 256 elements (`a.per_scale`
+/// For the k-quants, whose activation scale `dx` holds for 256 elements (`256 / G`
 /// groups): each group adds `cvt(ints) * dw` (and `mw * sum(x)`) to a block sum, and `dx`
 /// scales the block sum once — one float product a group fewer than `dw * dx`. The running
 /// totals live in `res`, leaving the registers to the tile's integer and block sums, so
@@ -213,8 +213,9 @@ fn panel_impl<const G: usize, const MINS: bool>(
     a: &BatchActs,
     n: usize,
     res: &mut [f32],
+    scale_per_block: bool,
 ) {
-    let t = if a.per_scale > 1 {
+    let t = if scale_per_block {
         tiles::<TOKENS_PER_BLOCK_TILE, G, MINS, true>(p, a, 0, n, res)
     } else {
         tiles::<TOKENS_PER_GROUP_TILE, G, MINS, false>(p, a, 0, n, res)
@@ -229,7 +230,8 @@ const TOKENS_PER_GROUP_TILE: usize = 4;
 /// Tokens per tile of [`tile_scale_per_block`]: its `2 * T` integer and `2 * T` block sums
 /// fill the 32 registers at 8 and spill a few; measured on Qwen2.5 shapes (`cargo bench
 /// -p sparrow-quant --bench gemm`, Zen 4, one thread, same sitting), 8 ran Q4_K at 112
-/// GMAC/s and Q6_K at 108 against 109 / 100 at 6 and 103 / 95 at 4.
+/// GMAC/s and Q6_K at 108 against 109 / 100 at 6 and 103 / 95 at 4; with the group size
+/// a constant, Q4_K ~155 at both 8 and 6, Q6_K ~147 at 8 against ~128 at 6.
 const TOKENS_PER_BLOCK_TILE: usize = 8;
 
 /// The AVX-512 VNNI panel kernel: same contract as `crate::gemm::panel_scalar`.
@@ -237,11 +239,13 @@ pub(crate) fn panel_avx512(lay: Layout, p: &Panel, a: &BatchActs, n: usize, res:
     // SAFETY: only handed out by `crate::gemm` for `SimdLevel::Avx512` (or `Amx`) after
     // `is_supported()` confirmed AVX-512 F/BW/VL/VNNI, AVX2 and FMA on this CPU.
     unsafe {
+        // Q8_K activations (the k-quants) keep one scale per 256 elements, Q8_0 per group
+        let per_block = !lay.legacy;
         match (lay.g, lay.mins) {
-            (16, false) => panel_impl::<16, false>(p, a, n, res),
-            (16, true) => panel_impl::<16, true>(p, a, n, res),
-            (32, false) => panel_impl::<32, false>(p, a, n, res),
-            (32, true) => panel_impl::<32, true>(p, a, n, res),
+            (16, false) => panel_impl::<16, false>(p, a, n, res, per_block),
+            (16, true) => panel_impl::<16, true>(p, a, n, res, per_block),
+            (32, false) => panel_impl::<32, false>(p, a, n, res, per_block),
+            (32, true) => panel_impl::<32, true>(p, a, n, res, per_block),
             // no other group size exists today; the portable kernel keeps this total
             _ => crate::panel::panel_scalar(lay, p, a, n, res),
         }
