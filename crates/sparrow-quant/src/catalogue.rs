@@ -25,6 +25,7 @@ use crate::packed;
 use crate::panel::Layout;
 use crate::q8::{self, Q8Dot, Q8DotMulti};
 use crate::q8_tiles::Q8KRows;
+use crate::row_groups::Q8KGroups;
 use crate::types::GgmlType;
 
 /// The kernels of one block format at one [`SimdLevel`].
@@ -52,6 +53,11 @@ pub struct Kernels {
     /// matrix unit; bit-identical to `dot_q8` per row and token), where this level has one
     /// (AMX, Q8_K formats). [`crate::matmul`] prefers it to `dot_q8_multi`.
     pub dot_q8_rows: Option<Q8KRows>,
+    /// The row-group form of `dot_q8` (16 rows of a matrix in [`crate::row_groups`]' layout
+    /// against any number of tokens, 16 rows in the lanes; bit-identical to `dot_q8` per row
+    /// and token), where this level has one. A matrix is stored in row groups only where
+    /// the active level has this kernel.
+    pub dot_q8_groups: Option<Q8KGroups>,
     /// Whether these kernels read rows in sparrow's packed layout (see [`crate::packed`])
     /// rather than ggml's.
     pub packed: bool,
@@ -68,6 +74,7 @@ pub(crate) struct Int8<D, M> {
     pub(crate) dot: D,
     pub(crate) multi: Option<M>,
     pub(crate) rows: Option<Q8KRows>,
+    pub(crate) groups: Option<Q8KGroups>,
 }
 
 impl<D: Copy, M: Copy> Int8<D, M> {
@@ -77,6 +84,7 @@ impl<D: Copy, M: Copy> Int8<D, M> {
             dot,
             multi: None,
             rows: None,
+            groups: None,
         }
     }
 
@@ -87,6 +95,7 @@ impl<D: Copy, M: Copy> Int8<D, M> {
             dot,
             multi: Some(multi),
             rows: None,
+            groups: None,
         }
     }
 
@@ -95,6 +104,15 @@ impl<D: Copy, M: Copy> Int8<D, M> {
     pub(crate) const fn with_rows(self, rows: Q8KRows) -> Self {
         Int8 {
             rows: Some(rows),
+            ..self
+        }
+    }
+
+    /// These kernels plus a row-group form (see [`Kernels::dot_q8_groups`]).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only AVX-512 has one so far
+    pub(crate) const fn with_groups(self, groups: Q8KGroups) -> Self {
+        Int8 {
+            groups: Some(groups),
             ..self
         }
     }
@@ -198,6 +216,7 @@ macro_rules! catalogue {
                             dot_q8: None,
                             dot_q8_multi: None,
                             dot_q8_rows: None,
+                            dot_q8_groups: None,
                             packed: false,
                         },)*
                         $(catalogue!(@int8 $q, K::LEVEL, false,
@@ -236,6 +255,7 @@ macro_rules! catalogue {
                 None => None,
             },
             dot_q8_rows: $int8.rows,
+            dot_q8_groups: $int8.groups,
             packed: $packed,
         }
     };

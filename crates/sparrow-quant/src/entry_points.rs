@@ -35,7 +35,8 @@ macro_rules! entry_pairs {
 pub(crate) use entry_pairs;
 
 /// A plain `fn` around the `#[target_feature]` kernel `$f` taking `(row, x: $x)` (or, with
-/// `multi`, `(row, xs: &[$x], out)`; with `rows`, a [`crate::q8_tiles::Q8KRows`]), for the [`crate::catalogue::KernelSet`] of a level
+/// `multi`, `(row, xs: &[$x], out)`; with `rows`, a [`crate::q8_tiles::Q8KRows`]; with `groups`, a
+/// [`crate::row_groups::Q8KGroups`]), for the [`crate::catalogue::KernelSet`] of a level
 /// that needs features beyond the target's baseline.
 ///
 /// A named `fn`, not a closure: a closure coerced to a `fn` pointer goes through a shim
@@ -55,6 +56,13 @@ macro_rules! checked {
         fn entry(row: &[u8], xs: &[$x], out: &mut [f32]) {
             // SAFETY: as for the single-token form above.
             unsafe { $f(row, xs, out) }
+        }
+        entry
+    }};
+    (groups $f:path) => {{
+        fn entry(group: &[u8], blocks: usize, xs: &[$crate::q8::Q8KSlice<'_>], out: &mut [f32]) {
+            // SAFETY: as for the single-token form above.
+            unsafe { $f(group, blocks, xs, out) }
         }
         entry
     }};

@@ -49,6 +49,9 @@ pub enum QuantError {
         /// The requested number of columns.
         cols: usize,
     },
+    /// A row's bytes were asked of a matrix stored in row groups ([`crate::row_groups`]),
+    /// whose rows are not contiguous (use [`crate::QMatrix::dequantize_row`]).
+    RowsInGroups,
     /// A row index past the end of a matrix.
     RowOutOfRange {
         /// The requested row.
@@ -89,6 +92,10 @@ impl fmt::Display for QuantError {
             QuantError::RowOutOfRange { row, rows } => {
                 write!(f, "row {row} out of range for a matrix of {rows} rows")
             }
+            QuantError::RowsInGroups => write!(
+                f,
+                "the matrix is stored in row groups: a row's bytes are not contiguous"
+            ),
         }
     }
 }

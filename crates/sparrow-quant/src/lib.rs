@@ -58,6 +58,7 @@ mod panel;
 mod products;
 pub mod q8;
 pub mod q8_tiles;
+pub mod row_groups;
 mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -4,6 +4,7 @@ use crate::error::check_len;
 use crate::error::QuantError;
 use crate::kernels::Kernels;
 use crate::level::SimdLevel;
+use crate::row_groups::GROUP_ROWS;
 use crate::types::GgmlType;
 
 /// A row-major matrix of `rows` rows, each `cols` elements of block format `ty`, viewed in
@@ -21,6 +22,8 @@ pub struct QMatrix<'a> {
     row_bytes: usize,
     /// Rows are in sparrow's packed layout ([`crate::packed`]) rather than ggml's.
     packed: bool,
+    /// Rows are regrouped 16 at a time ([`crate::row_groups`]).
+    grouped: bool,
 }
 
 impl<'a> QMatrix<'a> {
@@ -58,6 +61,7 @@ impl<'a> QMatrix<'a> {
             cols,
             row_bytes,
             packed: false,
+            grouped: false,
         })
     }
 
@@ -82,6 +86,30 @@ impl<'a> QMatrix<'a> {
     /// Whether the rows are in the packed layout (see [`QMatrix::new_packed`]).
     pub fn is_packed(&self) -> bool {
         self.packed
+    }
+
+    /// A `rows x cols` view of `data` whose rows were regrouped by
+    /// [`crate::row_groups::group_rows`]. Errors as [`QMatrix::new`], plus
+    /// [`QuantError::Unsupported`] if `ty` and `rows` have no row-group layout (see
+    /// [`crate::row_groups::is_groupable`]).
+    pub fn new_grouped(
+        ty: GgmlType,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, QuantError> {
+        if !crate::row_groups::is_groupable(ty, rows) {
+            return Err(QuantError::Unsupported(ty));
+        }
+        Ok(QMatrix {
+            grouped: true,
+            ..Self::new(ty, data, rows, cols)?
+        })
+    }
+
+    /// Whether the rows are in row groups (see [`QMatrix::new_grouped`]).
+    pub fn is_grouped(&self) -> bool {
+        self.grouped
     }
 
     /// The kernels that read this matrix's rows at `level`.
@@ -127,8 +155,8 @@ impl<'a> QMatrix<'a> {
     /// The bytes of row `i` (in the packed layout if [`QMatrix::is_packed`]).
     ///
     /// # Panics
-    /// If `i >= self.rows()`, like slice indexing; see [`QMatrix::try_row`] for the checked
-    /// form.
+    /// If `i >= self.rows()`, like slice indexing, or the matrix is in row groups (whose
+    /// rows are not contiguous); see [`QMatrix::try_row`] for the checked form.
     pub fn row(&self, i: usize) -> &'a [u8] {
         match self.try_row(i) {
             Ok(r) => r,
@@ -136,8 +164,12 @@ impl<'a> QMatrix<'a> {
         }
     }
 
-    /// The bytes of row `i`, or [`QuantError::RowOutOfRange`].
+    /// The bytes of row `i`, or [`QuantError::RowOutOfRange`] (or
+    /// [`QuantError::RowsInGroups`] for a matrix in row groups).
     pub fn try_row(&self, i: usize) -> Result<&'a [u8], QuantError> {
+        if self.grouped {
+            return Err(QuantError::RowsInGroups);
+        }
         if i >= self.rows {
             return Err(QuantError::RowOutOfRange {
                 row: i,
@@ -149,10 +181,35 @@ impl<'a> QMatrix<'a> {
 
     /// Dequantize row `i` into `out` (`cols` elements), e.g. an embedding lookup.
     pub fn dequantize_row(&self, i: usize, out: &mut [f32]) -> Result<(), QuantError> {
-        let row = self.try_row(i)?;
+        if !self.grouped {
+            let row = self.try_row(i)?;
+            let k = self.kernels()?;
+            check_len("out", self.cols, out.len())?;
+            (k.dequantize)(row, out);
+            return Ok(());
+        }
+        if i >= self.rows {
+            return Err(QuantError::RowOutOfRange {
+                row: i,
+                rows: self.rows,
+            });
+        }
         let k = self.kernels()?;
         check_len("out", self.cols, out.len())?;
-        (k.dequantize)(row, out);
+        let mut row = vec![0u8; self.row_bytes];
+        crate::row_groups::ungroup_row(
+            self.ty,
+            self.group(i / GROUP_ROWS),
+            i % GROUP_ROWS,
+            &mut row,
+        );
+        (k.dequantize)(&row, out);
         Ok(())
+    }
+
+    /// The bytes of row group `g` (rows `16 g .. 16 g + 16`) of a matrix in row groups.
+    pub(crate) fn group(&self, g: usize) -> &'a [u8] {
+        let bytes = GROUP_ROWS * self.row_bytes;
+        &self.data[g * bytes..(g + 1) * bytes]
     }
 }

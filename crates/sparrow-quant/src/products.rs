@@ -11,8 +11,9 @@ use crate::error::QuantError;
 use crate::kernels::Kernels;
 use crate::level::SimdLevel;
 use crate::matrix::QMatrix;
-use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8_0Acts};
+use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8KSlice, Q8_0Acts};
 use crate::q8_tiles::{Q8KRows, Q8KTiles, TILE_TOKENS};
+use crate::row_groups::{Q8KGroups, GROUP_ROWS};
 use crate::types::GgmlType;
 
 /// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).
@@ -58,7 +59,10 @@ fn matvec_multi_with(
     for (m, out) in ms.iter().zip(outs.iter()) {
         check_len("x", m.cols(), x.len())?;
         check_len("out", m.rows(), out.len())?;
-        if let Dot::Int8(q) = row_dot(m, acts)? {
+        if m.is_grouped() && acts == Acts::Int8 {
+            m.kernels()?;
+            uses_q8k = true;
+        } else if let Dot::Int8(q) = row_dot(m, acts)? {
             uses_q8_0 |= q.act_type() == GgmlType::Q8_0;
             uses_q8k |= q.act_type() == GgmlType::Q8_K;
         }
@@ -73,6 +77,21 @@ fn matvec_multi_with(
         let (a0, ak) = (s.0.as_slice(), s.1.as_slice());
         // Rows `first..first + out.len()` of `m`, with its row kernel `dot`.
         let run = |m: &QMatrix<'_>, dot: Dot, first: usize, out: &mut [f32]| {
+            if m.is_grouped() {
+                match dot {
+                    Dot::Int8(_) => {
+                        let kernel = group_kernel(m.kernels().expect("kernels resolved above"));
+                        run_groups(m, kernel, first, &[ak], &mut [out]);
+                    }
+                    Dot::F32(f) => {
+                        let mut buf = Vec::new();
+                        for (j, v) in out.iter_mut().enumerate() {
+                            *v = f(row_bytes_of(m, first + j, &mut buf), x);
+                        }
+                    }
+                }
+                return;
+            }
             let row = |j: usize| {
                 let r = first + j;
                 &m.data()[r * m.row_bytes()..(r + 1) * m.row_bytes()]
@@ -89,7 +108,7 @@ fn matvec_multi_with(
         // calling thread.
         let chunked = |m: &QMatrix<'_>, out: &mut [f32]| {
             let dot = row_dot(m, acts).expect("kernels resolved above");
-            let chunk = rows_per_task(m, 1);
+            let chunk = rows_per_task(m, 1).next_multiple_of(GROUP_ROWS);
             if m.rows() <= chunk {
                 run(m, dot, 0, out);
             } else {
@@ -254,6 +273,23 @@ fn matmul_with(
         out.fill(0.0);
         return Ok(());
     }
+    if m.is_grouped() {
+        let a: Vec<Q8KActs> = xs
+            .chunks_exact(m.cols())
+            .take(n_tokens)
+            .map(Q8KActs::new)
+            .collect();
+        let slices: Vec<Q8KSlice<'_>> = a.iter().map(|a| a.as_slice()).collect();
+        if acts == Acts::Int8 {
+            matmul_groups(m, group_kernel(k), &slices, out);
+        } else {
+            let x: Vec<&[f32]> = xs.chunks_exact(m.cols()).take(n_tokens).collect();
+            matmul_rows(m, n_tokens, 1, out, |row, o| {
+                o.iter_mut().zip(&x).for_each(|(v, x)| *v = (k.dot)(row, x))
+            });
+        }
+        return Ok(());
+    }
     if acts == Acts::Int8
         && panels == Panels::Allowed
         && k.dot_q8.is_some()
@@ -402,9 +438,9 @@ fn matmul_rows(
             &mut heap
         };
         let rows = outs.first().map_or(0, |o| o.len());
+        let mut ungrouped = Vec::new();
         for j in 0..rows {
-            let r = c * chunk + j;
-            f(&m.data()[r * m.row_bytes()..(r + 1) * m.row_bytes()], vals);
+            f(row_bytes_of(m, c * chunk + j, &mut ungrouped), vals);
             for (o, &v) in outs.iter_mut().zip(vals.iter()) {
                 o[j] = v;
             }
@@ -443,5 +479,57 @@ fn par_row_chunks(
             .par_chunks_mut(n_tokens)
             .enumerate()
             .for_each(|(c, outs)| run(c, outs));
+    }
+}
+
+/// The row-group kernel of a matrix in row groups with kernels `k`: the level's own, else
+/// the portable one (same bits: every group kernel computes
+/// [`crate::row_groups::q4_k_group_scalar`]'s numerics).
+fn group_kernel(k: &Kernels) -> Q8KGroups {
+    k.dot_q8_groups
+        .or(crate::row_groups::scalar_kernel(k.ty))
+        .expect("only formats with row groups are stored in them")
+}
+
+/// Rows `first .. first + outs[0].len()` of `m` (in row groups; `first` and the count
+/// whole groups, or the count reaching the last row) against every token of `xs`:
+/// `outs[t][j]` is row `first + j` for token `t`.
+fn run_groups(
+    m: &QMatrix<'_>,
+    kernel: Q8KGroups,
+    first: usize,
+    xs: &[Q8KSlice<'_>],
+    outs: &mut [&mut [f32]],
+) {
+    let rows = outs.first().map_or(0, |o| o.len());
+    let blocks = m.cols() / crate::q8::Q8K_BLOCK;
+    let mut vals = vec![0f32; xs.len() * GROUP_ROWS];
+    for j in (0..rows).step_by(GROUP_ROWS) {
+        kernel(m.group((first + j) / GROUP_ROWS), blocks, xs, &mut vals);
+        for (t, o) in outs.iter_mut().enumerate() {
+            o[j..j + GROUP_ROWS].copy_from_slice(&vals[t * GROUP_ROWS..][..GROUP_ROWS]);
+        }
+    }
+}
+
+/// [`matmul`] of a matrix in row groups: parallel over chunks of whole groups, each group
+/// run against every token (the kernel takes them a few at a time, the group's weights
+/// staying in cache).
+fn matmul_groups(m: &QMatrix<'_>, kernel: Q8KGroups, xs: &[Q8KSlice<'_>], out: &mut [f32]) {
+    let chunk = rows_per_task(m, xs.len().div_ceil(MULTI_WIDTH)).next_multiple_of(GROUP_ROWS);
+    par_row_chunks(m, xs.len(), chunk, out, |c, outs| {
+        run_groups(m, kernel, c * chunk, xs, outs)
+    });
+}
+
+/// Row `r` of `m` in ggml's (or the packed) layout: the matrix's own bytes, or for a
+/// matrix in row groups the row put back together in `buf`.
+fn row_bytes_of<'a: 'b, 'b>(m: &QMatrix<'a>, r: usize, buf: &'b mut Vec<u8>) -> &'b [u8] {
+    if m.is_grouped() {
+        buf.resize(m.row_bytes(), 0);
+        crate::row_groups::ungroup_row(m.ty(), m.group(r / GROUP_ROWS), r % GROUP_ROWS, buf);
+        buf
+    } else {
+        &m.data()[r * m.row_bytes()..(r + 1) * m.row_bytes()]
     }
 }

@@ -98,6 +98,7 @@ pub struct Q8KActs {
     d: Vec<f32>,
     bsums: Vec<i16>,
     qs: Vec<i8>,
+    pairs: Vec<i32>,
 }
 
 /// A borrowed [`Q8KActs`]: `qs.len() == 256 * d.len() == 16 * bsums.len()`.
@@ -107,6 +108,10 @@ pub struct Q8KSlice<'a> {
     pub d: &'a [f32],
     /// Per-16-element sum of the quants.
     pub bsums: &'a [i16],
+    /// Per block four i32, each the i16 pair `(s[2p], s[2p + 1])` (low half first) of the
+    /// sums `s[g]` of 32-element sub-blocks (two `bsums` each; at most 4,096 in magnitude):
+    /// what the row-group kernels ([`crate::row_groups`]) multiply minimum pairs by.
+    pub pairs: &'a [i32],
     /// The quants, 256 per block.
     pub qs: &'a [i8],
 }
@@ -227,6 +232,12 @@ impl Q8KActs {
             }
             self.d.push(1.0 / iscale);
         }
+        self.pairs.clear();
+        self.pairs.extend(self.bsums.chunks_exact(4).map(|b| {
+            let lo = b[0] as i32 + b[1] as i32;
+            let hi = b[2] as i32 + b[3] as i32;
+            (lo & 0xFFFF) | (hi << 16)
+        }));
     }
 
     /// `x` quantized; see [`Q8KActs::quantize_from`].
@@ -242,6 +253,7 @@ impl Q8KActs {
             d: &self.d,
             bsums: &self.bsums,
             qs: &self.qs,
+            pairs: &self.pairs,
         }
     }
 

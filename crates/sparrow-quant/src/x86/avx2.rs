@@ -838,9 +838,7 @@ pub(super) use run_groups;
 
 /// For each kernel body generic over a flag and the token count (`V`, then `N`): a
 /// single-token and a multi-token entry point with the given target features and flag
-/// (here: may use VNNI; the AVX-512 level's k-quant bodies: sum in block totals), the
-/// multi-token one taking tokens in groups of the listed widths (each level's own: AVX2 has
-/// 16 vector registers, AVX-512 VL 32).
+/// (here: may use VNNI), the multi-token one taking tokens in groups of the listed widths.
 macro_rules! multi_entries {
     (
         features = $features:literal, flag = $v:literal;
@@ -860,7 +858,6 @@ macro_rules! multi_entries {
         }
     )*};
 }
-pub(super) use multi_entries;
 
 multi_entries! {
     features = "avx2,fma,f16c", flag = false;
@@ -875,20 +872,4 @@ multi_entries! {
 multi_entries! {
     features = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", flag = true;
     q5_0_packed_vnni, q5_0_packed_vnni_multi [4, 3, 2, 1] = q5_0_packed_body(Q8_0Slice<'_>);
-}
-
-/// Q4_K with 256-bit VNNI, one token. (The AVX-512 level's multi-token Q4_K and Q6_K are
-/// `super::avx512`'s 512-bit bodies, which give each token these kernels' bits.)
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) fn q4_k_vnni(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    // SAFETY: the body with `V = true` needs AVX2, FMA, F16C and AVX-512 VL + VNNI: the
-    // features enabled here.
-    unsafe { q4_k_body::<true, 1>(row, &[x])[0] }
-}
-
-/// Q6_K with 256-bit VNNI, one token (see [`q4_k_vnni`]).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) fn q6_k_vnni(row: &[u8], x: Q8KSlice<'_>) -> f32 {
-    // SAFETY: as for `q4_k_vnni`.
-    unsafe { q6_k_body::<true, 1>(row, &[x])[0] }
 }

@@ -7,11 +7,13 @@
 //!   `vpdpbusd` of `128` and the activations (per token, so the multi-token kernel shares
 //!   the weight work), Q5_0's `-16` offset by starting the i32 accumulator at `-16 * sum(x)`
 //!   per block.
+//! * int8, Q4_K and Q6_K (nearly all of a Q4_K_M model's bytes): sums in *block totals*
+//!   (see [`half_totals`]), the numerics the row-group kernels (`super::row_groups`, 16
+//!   rows in the lanes) and the AMX tile kernels reproduce, so every token gets the same
+//!   bits whichever of them computes it and at any batch size. The row kernels here take
+//!   two 32-byte steps of each token per 512-bit product (see [`q4_k_body`]).
 //! * int8, every other format: the AVX2 algorithms with 256-bit VNNI (`vpdpbusd`,
-//!   `vpdpwssd`), i.e. the `*_vnni` entry points of [`super::avx2`] — except the
-//!   multi-token Q4_K and Q6_K kernels (a speculative check's or a batch's few tokens),
-//!   which take two 32-byte steps of each token per 512-bit product and give every token the
-//!   256-bit single-token kernel's bits (see [`q4_k_body`]).
+//!   `vpdpwssd`), i.e. the `*_vnni` entry points of [`super::avx2`].
 
 use core::arch::x86_64::*;
 
@@ -273,24 +275,17 @@ unsafe fn fold_halves(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
-/// Q4_K against `N` tokens, as [`super::avx2`]'s Q4_K body computes it, with each 32-byte
-/// step's low nibbles (sub-block `2c`) and high nibbles (`2c + 1`) in the two halves of one
-/// register, against the token's 64 contiguous quants of that step in one load: one
-/// `maddubs` and one `vpdpwssd` per token and step instead of two of each. The halves are
-/// added as integers before the block's float scaling, and the block's sums and its
-/// minimums' sums are scaled in one 16-lane FMA (eight lanes each, as the 256-bit kernel's
-/// two accumulators), so every token's result is the 256-bit kernel's to the bit (the
-/// floats see the same i32 lanes, products and sums in the same order). With `TOTALS` it
-/// sums in block totals instead (see [`half_totals`]; two tokens' reductions share a vector,
-/// see [`pair_totals`]), every token's result then `q4_k_totals`' to the bit.
+/// Q4_K against `N` tokens in block totals (see [`half_totals`]): each 32-byte step's low
+/// nibbles (sub-block `2c`) and high nibbles (`2c + 1`) in the two halves of one register,
+/// against the token's 64 contiguous quants of that step in one load (one `maddubs` and
+/// one `vpdpwssd` per token and step); the block's sums and its minimums' sums reduced to
+/// two integers (two tokens' reductions share a vector, see [`pair_totals`]) and scaled in
+/// one FMA. Every token's result is the same for every `N`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
 #[inline(always)]
-unsafe fn q4_k_body<const TOTALS: bool, const N: usize>(
-    row: &[u8],
-    xs: &[Q8KSlice<'_>; N],
-) -> [f32; N] {
+unsafe fn q4_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
     let m4 = _mm512_set1_epi8(0x0F);
     let nsb = avx2::common_k_blocks(row, 144, xs);
     let (q, d, bs) = avx2::k_pointers(xs);
@@ -330,24 +325,17 @@ unsafe fn q4_k_body<const TOTALS: bool, const N: usize>(
         // SAFETY: super-block `i < nsb`: every token's scale is in bounds.
         let dx: [f32; N] = core::array::from_fn(|t| *d[t].add(i));
         let mut t = 0;
-        if TOTALS {
-            // Two tokens per vector: [sums, minimums] of each as four-lane totals.
-            let scales4 = _mm512_shuffle_f32x4::<0b10_00_10_00>(scales, scales);
-            while t + 1 < N {
-                let v = pair_totals(both[t], both[t + 1]);
-                let dxv =
-                    _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(dx[t]), _mm512_set1_ps(dx[t + 1]));
-                acc[t] =
-                    _mm512_fmadd_ps(_mm512_mul_ps(dxv, scales4), _mm512_cvtepi32_ps(v), acc[t]);
-                t += 2;
-            }
+        // Two tokens per vector: [sums, minimums] of each as four-lane totals.
+        let scales4 = _mm512_shuffle_f32x4::<0b10_00_10_00>(scales, scales);
+        while t + 1 < N {
+            let v = pair_totals(both[t], both[t + 1]);
+            let dxv =
+                _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(dx[t]), _mm512_set1_ps(dx[t + 1]));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dxv, scales4), _mm512_cvtepi32_ps(v), acc[t]);
+            t += 2;
         }
         for t in t..N {
-            let v = if TOTALS {
-                half_totals(both[t])
-            } else {
-                both[t]
-            };
+            let v = half_totals(both[t]);
             let dxv = _mm512_set1_ps(dx[t]);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dxv, scales), _mm512_cvtepi32_ps(v), acc[t]);
         }
@@ -358,19 +346,15 @@ unsafe fn q4_k_body<const TOTALS: bool, const N: usize>(
         l
     };
     core::array::from_fn(|t| {
-        if TOTALS {
-            // pairs of tokens: token 2k in lanes 0 (sums) and 4 (minimums) of acc[2k], token
-            // 2k + 1 in lanes 8 and 12; an odd last token alone, in lanes 0 and 8
-            if N % 2 == 1 && t == N - 1 {
-                let l = lanes(acc[t]);
-                return l[0] - l[8];
-            }
-            let l = lanes(acc[t - t % 2]);
-            let o = 8 * (t % 2);
-            return l[o] - l[o + 4];
+        // pairs of tokens: token 2k in lanes 0 (sums) and 4 (minimums) of acc[2k], token
+        // 2k + 1 in lanes 8 and 12; an odd last token alone, in lanes 0 and 8
+        if N % 2 == 1 && t == N - 1 {
+            let l = lanes(acc[t]);
+            return l[0] - l[8];
         }
-        let (sums, mins) = split_ps(acc[t]);
-        avx2::hsum_ps(sums) - avx2::hsum_ps(mins)
+        let l = lanes(acc[t - t % 2]);
+        let o = 8 * (t % 2);
+        l[o] - l[o + 4]
     })
 }
 
@@ -387,20 +371,16 @@ unsafe fn pair_totals(x: __m512i, y: __m512i) -> __m512i {
     _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b10_11_00_01>(v))
 }
 
-/// Q6_K against `N` tokens, as [`super::avx2`]'s Q6_K body computes it, two 32-byte steps
-/// (`s`, `s + 1` of a half) per register against the token's 64 contiguous quants of them;
-/// the `-32` correction starts the low half, and the halves are added as integers before
-/// the block's float scaling, so every token's result is the 256-bit kernel's to the bit.
-/// With `TOTALS`, block totals (see [`half_totals`]; two tokens per vector), every token's
-/// result `q6_k_totals`' to the bit.
+/// Q6_K against `N` tokens in block totals (see [`half_totals`]): two 32-byte steps (`s`,
+/// `s + 1` of a half) per register against the token's 64 contiguous quants of them, the
+/// `-32` correction starting the low half; the halves added and reduced to the block's
+/// total in integers (two tokens per vector) before its float scaling. Every token's result
+/// is the same for every `N`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL + VNNI, AVX2, FMA and F16C must be available.
 #[inline(always)]
-unsafe fn q6_k_body<const TOTALS: bool, const N: usize>(
-    row: &[u8],
-    xs: &[Q8KSlice<'_>; N],
-) -> [f32; N] {
+unsafe fn q6_k_body<const N: usize>(row: &[u8], xs: &[Q8KSlice<'_>; N]) -> [f32; N] {
     let nsb = avx2::common_k_blocks(row, 210, xs);
     let (q, d, bs) = avx2::k_pointers(xs);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -437,32 +417,24 @@ unsafe fn q6_k_body<const TOTALS: bool, const N: usize>(
         // SAFETY: super-block `i < nsb`: every token's scale is in bounds.
         let scale: [f32; N] = core::array::from_fn(|t| *d[t].add(i) * dw);
         let mut t = 0;
-        if TOTALS {
-            while t + 1 < N {
-                let v = join(fold_halves(sumi[t]), fold_halves(sumi[t + 1]));
-                let both = join_ps(_mm256_set1_ps(scale[t]), _mm256_set1_ps(scale[t + 1]));
-                pairs[t] = _mm512_fmadd_ps(both, _mm512_cvtepi32_ps(half_totals(v)), pairs[t]);
-                t += 2;
-            }
+        while t + 1 < N {
+            let v = join(fold_halves(sumi[t]), fold_halves(sumi[t + 1]));
+            let both = join_ps(_mm256_set1_ps(scale[t]), _mm256_set1_ps(scale[t + 1]));
+            pairs[t] = _mm512_fmadd_ps(both, _mm512_cvtepi32_ps(half_totals(v)), pairs[t]);
+            t += 2;
         }
         for t in t..N {
-            let mut sums = fold_halves(sumi[t]);
-            if TOTALS {
-                sums = total_in_every_lane(sums);
-            }
+            let sums = total_in_every_lane(fold_halves(sumi[t]));
             let d = _mm256_set1_ps(scale[t]);
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums), acc[t]);
         }
     }
     core::array::from_fn(|t| {
-        if TOTALS {
-            if N % 2 == 1 && t == N - 1 {
-                return _mm256_cvtss_f32(acc[t]);
-            }
-            let (low, high) = split_ps(pairs[t - t % 2]);
-            return _mm256_cvtss_f32(if t % 2 == 0 { low } else { high });
+        if N % 2 == 1 && t == N - 1 {
+            return _mm256_cvtss_f32(acc[t]);
         }
-        avx2::hsum_ps(acc[t])
+        let (low, high) = split_ps(pairs[t - t % 2]);
+        _mm256_cvtss_f32(if t % 2 == 0 { low } else { high })
     })
 }
 
@@ -474,31 +446,18 @@ unsafe fn total_in_every_lane(v: __m256i) -> __m256i {
     _mm256_add_epi32(v, _mm256_shuffle_epi32::<0b10_11_00_01>(v))
 }
 
-/// Q4_K weights, any number of tokens (see [`q4_k_body`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q4_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
-    // SAFETY: every feature the body needs is enabled here.
-    unsafe { avx2::run_groups!(q4_k_body::<false>, row, xs, out, [8, 4, 3, 2, 1]) }
-}
-
-/// Q6_K weights, any number of tokens (see [`q6_k_body`]).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn q6_k_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
-    // SAFETY: every feature the body needs is enabled here.
-    unsafe { avx2::run_groups!(q6_k_body::<false>, row, xs, out, [8, 4, 3, 2, 1]) }
-}
-
 // ---- k-quants in block totals: the numerics a matrix unit can reproduce ------------------
 
 /// Each 256-bit half of `v` summed into every lane of that half (integers: exact).
 ///
-/// This is what the AMX level's Q4_K and Q6_K kernels sum in: *block totals*, each super-block's
-/// integer sums (and its minimums' sums) reduced to one integer before any float, then
-/// `acc = fma(dx * d, total, acc)` block after block (a second accumulator, `dx * dmin`,
-/// for the minimums) and `acc - mins` at the end. The tile kernels (`super::amx`), which get
-/// whole sub-block sums out of the tiles rather than the row kernels' vector lanes, compute
-/// exactly that per row and token, so the level's single-token, multi-token and rows
-/// kernels all give the same bits.
+/// This is what the AVX-512 and AMX levels' Q4_K and Q6_K kernels sum in: *block totals*,
+/// each super-block's integer sums (and its minimums' sums) reduced to one integer before
+/// any float, then `acc = fma(dx * d, total, acc)` block after block (a second accumulator,
+/// `dx * dmin`, for the minimums) and `acc - mins` at the end. The tile kernels
+/// (`super::amx`) and the row-group kernels (`super::row_groups`), which get whole sums
+/// out of tiles or out of lanes holding 16 rows rather than the row kernels' vector lanes,
+/// compute exactly that per row and token, so the levels' single-token, multi-token, rows
+/// and group kernels all give the same bits.
 #[inline(always)]
 unsafe fn half_totals(v: __m512i) -> __m512i {
     let v = _mm512_add_epi32(v, _mm512_shuffle_i32x4::<0b10_11_00_01>(v, v));
@@ -506,10 +465,30 @@ unsafe fn half_totals(v: __m512i) -> __m512i {
     _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b10_11_00_01>(v))
 }
 
-// Q4_K and Q6_K in block totals (see [`half_totals`]), one token and any number of tokens:
-// the AMX level's kernels of those formats.
-avx2::multi_entries! {
-    features = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", flag = true;
-    q4_k_totals, q4_k_totals_multi [8, 4, 3, 2, 1] = q4_k_body(Q8KSlice<'_>);
-    q6_k_totals, q6_k_totals_multi [8, 4, 3, 2, 1] = q6_k_body(Q8KSlice<'_>);
+/// Q4_K weights in block totals, one token (see [`q4_k_body`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q4_k_totals(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { q4_k_body::<1>(row, &[x])[0] }
+}
+
+/// Q4_K weights in block totals, any number of tokens (see [`q4_k_body`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q4_k_totals_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { avx2::run_groups!(q4_k_body, row, xs, out, [8, 4, 3, 2, 1]) }
+}
+
+/// Q6_K weights in block totals, one token (see [`q6_k_body`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q6_k_totals(row: &[u8], x: Q8KSlice<'_>) -> f32 {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { q6_k_body::<1>(row, &[x])[0] }
+}
+
+/// Q6_K weights in block totals, any number of tokens (see [`q6_k_body`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q6_k_totals_multi(row: &[u8], xs: &[Q8KSlice<'_>], out: &mut [f32]) {
+    // SAFETY: every feature the body needs is enabled here.
+    unsafe { avx2::run_groups!(q6_k_body, row, xs, out, [8, 4, 3, 2, 1]) }
 }

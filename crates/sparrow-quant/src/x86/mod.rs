@@ -12,6 +12,7 @@ pub(crate) mod amx;
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod gemm;
+pub(crate) mod row_groups;
 
 use crate::catalogue::{int8, Int8, KernelSet, RowDot};
 use crate::entry_points::checked;
@@ -99,10 +100,11 @@ impl<const AMX: bool> KernelSet for Avx512Set<AMX> {
         )
         .with_rows(checked!(rows amx::q4_k_rows))
     } else {
-        Int8::multi(
-            checked!(avx2::q4_k_vnni: Q8KSlice<'_>),
-            checked!(multi avx512::q4_k_multi: Q8KSlice<'_>),
+        int8::Q8K::multi(
+            checked!(avx512::q4_k_totals: Q8KSlice<'_>),
+            checked!(multi avx512::q4_k_totals_multi: Q8KSlice<'_>),
         )
+        .with_groups(checked!(groups row_groups::q4_k_group))
     };
     const Q5_K: int8::Q8K = Int8::new(checked!(avx2::q5_k_vnni: Q8KSlice<'_>));
     const Q6_K: int8::Q8K = if AMX {
@@ -112,10 +114,11 @@ impl<const AMX: bool> KernelSet for Avx512Set<AMX> {
         )
         .with_rows(checked!(rows amx::q6_k_rows))
     } else {
-        Int8::multi(
-            checked!(avx2::q6_k_vnni: Q8KSlice<'_>),
-            checked!(multi avx512::q6_k_multi: Q8KSlice<'_>),
+        int8::Q8K::multi(
+            checked!(avx512::q6_k_totals: Q8KSlice<'_>),
+            checked!(multi avx512::q6_k_totals_multi: Q8KSlice<'_>),
         )
+        .with_groups(checked!(groups row_groups::q6_k_group))
     };
     const Q8_K: int8::Q8K = Int8::new(checked!(avx2::q8_k_vnni: Q8KSlice<'_>));
     const Q5_0_PACKED: int8::Q8_0 = Int8::multi(

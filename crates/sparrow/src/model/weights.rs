@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 use crate::model::config::ModelConfig;
 use sparrow_gguf::{GgufFile, TensorInfo};
-use sparrow_quant::{packed, GgmlType, QMatrix};
+use sparrow_quant::{packed, row_groups, GgmlType, Kernels, QMatrix};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -19,8 +19,11 @@ pub struct Linear {
     pub cols: usize,
     pub bias: Option<Vec<f32>>,
     /// The matrix copied into RAM for decode (see [`Weights::repack`]) and read instead of
-    /// the file: in sparrow's packed layout for the types that have one, else as stored.
+    /// the file: in sparrow's packed layout for the types that have one, in row groups
+    /// where the active SIMD level has a row-group kernel, else as stored.
     pub in_ram: Option<Arc<memmap2::Mmap>>,
+    /// Whether `in_ram` holds the rows in row groups ([`sparrow_quant::row_groups`]).
+    pub grouped: bool,
 }
 
 /// Rows copied per step of [`Linear::repack`] before their pages of the file mapping are
@@ -34,6 +37,7 @@ impl Linear {
             Some(p) if packed::is_packable(self.ty) => {
                 QMatrix::new_packed(self.ty, p, self.rows, self.cols)
             }
+            Some(p) if self.grouped => QMatrix::new_grouped(self.ty, p, self.rows, self.cols),
             Some(p) => QMatrix::new(self.ty, p, self.rows, self.cols),
             None => QMatrix::new(
                 self.ty,
@@ -65,10 +69,18 @@ impl Linear {
         #[cfg(target_os = "linux")]
         let _ = dst.advise(memmap2::Advice::HugePage);
         let row_bytes = src.len() / self.rows;
-        let chunk = REPACK_CHUNK_BYTES.div_ceil(row_bytes).max(1) * row_bytes;
+        // Row groups where the level multiplies them faster (a few tokens at a time: 16 rows
+        // in a register's lanes); chunks of whole groups.
+        let grouped = row_groups::is_groupable(self.ty, self.rows)
+            && Kernels::get(self.ty).is_some_and(|k| k.dot_q8_groups.is_some());
+        let chunk_rows = REPACK_CHUNK_BYTES.div_ceil(row_bytes).max(1);
+        let chunk = chunk_rows.next_multiple_of(row_groups::GROUP_ROWS) * row_bytes;
         for (i, (s, d)) in src.chunks(chunk).zip(dst.chunks_mut(chunk)).enumerate() {
             if packed::is_packable(self.ty) {
                 packed::pack_rows(self.ty, s, row_bytes, d).map_err(|e| cannot(e.to_string()))?;
+            } else if grouped {
+                row_groups::group_rows(self.ty, s, row_bytes, d)
+                    .map_err(|e| cannot(e.to_string()))?;
             } else {
                 d.copy_from_slice(s);
             }
@@ -79,6 +91,7 @@ impl Linear {
         }
         let dst = dst.make_read_only().map_err(|e| cannot(e.to_string()))?;
         self.in_ram = Some(Arc::new(dst));
+        self.grouped = grouped;
         Ok(src.len())
     }
 }
@@ -164,6 +177,7 @@ fn linear_from(info: &TensorInfo, rows: usize, cols: usize) -> Result<Linear> {
         cols,
         bias: None,
         in_ram: None,
+        grouped: false,
     };
     Ok(lin)
 }
@@ -290,7 +304,8 @@ impl Weights {
 
     /// Copies every matrix the decoder multiplies (not the embedding table, of which one
     /// row per token is read) into RAM for decode: Q5_0 in sparrow's packed layout
-    /// ([`sparrow_quant::packed`]), other types as stored, in memory asked for huge pages;
+    /// ([`sparrow_quant::packed`]), Q4_K in row groups where the active level has their
+    /// kernel ([`sparrow_quant::row_groups`]), other types as stored, in memory asked for huge pages;
     /// their pages of the file mapping are released as they are copied, so resident memory
     /// stays about the same. Returns the bytes copied.
     pub fn repack(&mut self, file: &GgufFile) -> Result<usize> {

@@ -1,0 +1,178 @@
+//! Matrices stored in row groups (`sparrow_quant::row_groups`) against the same matrices in
+//! ggml's layout, through the public products: what the engine relies on when it regroups
+//! Q4_K and Q6_K weights at load.
+
+mod common;
+
+use common::{random_row, ref_dot, Rng};
+use sparrow_quant::row_groups::{group_rows, is_groupable};
+use sparrow_quant::{
+    matmul, matmul_at_level, matmul_f32, matmul_rowwise, matvec, matvec_f32, matvec_multi,
+    GgmlType, Kernels, QMatrix, QuantError, SimdLevel,
+};
+
+const TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+/// A `rows × cols` matrix of `ty` with random quants, and the same bytes in row groups.
+fn pair(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let data = random_row(rng, ty, rows * cols);
+    let mut grouped = vec![0u8; data.len()];
+    group_rows(ty, &data, data.len() / rows, &mut grouped).unwrap();
+    (data, grouped)
+}
+
+fn pool(n: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .unwrap()
+}
+
+/// Every token of a batch gets the bits the one-token product gives it, at any batch size
+/// and thread count (what makes a speculative check exact), and, where the active level has
+/// row-group kernels, the bits of the same matrix in ggml's layout.
+#[test]
+fn grouped_products_give_every_token_the_one_token_bits() {
+    let mut rng = Rng::new(7);
+    let level_has_groups = |ty| Kernels::get(ty).is_some_and(|k| k.dot_q8_groups.is_some());
+    for ty in TYPES {
+        // several parallel tasks of whole groups, and a row count not a multiple of 32
+        let (rows, cols) = (208, 768);
+        let (data, grouped) = pair(&mut rng, ty, rows, cols);
+        let plain = QMatrix::new(ty, &data, rows, cols).unwrap();
+        let m = QMatrix::new_grouped(ty, &grouped, rows, cols).unwrap();
+        assert!(m.is_grouped());
+        let xs = rng.vec(70 * cols);
+        let one: Vec<Vec<f32>> = xs
+            .chunks_exact(cols)
+            .map(|x| {
+                let mut o = vec![f32::NAN; rows];
+                matvec(&m, x, &mut o).unwrap();
+                o
+            })
+            .collect();
+        for (t, x) in xs.chunks_exact(cols).enumerate().take(5) {
+            let mut o = vec![f32::NAN; rows];
+            matvec(&plain, x, &mut o).unwrap();
+            if level_has_groups(ty) {
+                assert_eq!(
+                    bits(&one[t]),
+                    bits(&o),
+                    "{ty}: token {t}, grouped vs ggml layout"
+                );
+            }
+            // Any level: both within f32 rounding of the f64 dot of the dequantized matrix.
+            let k = Kernels::scalar(ty).unwrap();
+            for (r, &got) in one[t].iter().enumerate() {
+                let mut w = vec![0f32; cols];
+                (k.dequantize)(plain.row(r), &mut w);
+                let (want, abs) = ref_dot(&w, x);
+                let tol = 1e-2 * abs + 1e-3;
+                assert!(
+                    (got as f64 - want).abs() <= tol,
+                    "{ty} row {r}: {got} vs {want}"
+                );
+            }
+        }
+        for p in [pool(1), pool(3)] {
+            for n in [1, 2, 3, 5, 8, 13, 20, 70] {
+                let mut out = vec![f32::NAN; n * rows];
+                p.install(|| matmul(&m, &xs[..n * cols], &mut out)).unwrap();
+                let mut rowwise = vec![f32::NAN; n * rows];
+                p.install(|| matmul_rowwise(&m, &xs[..n * cols], &mut rowwise))
+                    .unwrap();
+                for t in 0..n {
+                    let got = &out[t * rows..][..rows];
+                    assert_eq!(bits(got), bits(&one[t]), "{ty}: {n} tokens, token {t}");
+                    assert_eq!(
+                        bits(&rowwise[t * rows..][..rows]),
+                        bits(&one[t]),
+                        "{ty}: rowwise"
+                    );
+                }
+            }
+        }
+        // The portable kernels at the scalar level: the same numerics, so the same bits.
+        let mut scalar = vec![f32::NAN; 3 * rows];
+        matmul_at_level(SimdLevel::Scalar, &m, &xs[..3 * cols], &mut scalar).unwrap();
+        if level_has_groups(ty) {
+            assert_eq!(
+                bits(&scalar[..rows]),
+                bits(&one[0]),
+                "{ty}: portable group kernel"
+            );
+        }
+    }
+}
+
+/// A grouped matrix among others in one pass, f32 activations, rows read back, and the
+/// refusals: each as the ggml layout gives it.
+#[test]
+fn grouped_matrices_work_everywhere_a_matrix_does() {
+    let mut rng = Rng::new(8);
+    let (rows, cols) = (32, 512);
+    let (d4, g4) = pair(&mut rng, GgmlType::Q4_K, rows, cols);
+    let (d6, g6) = pair(&mut rng, GgmlType::Q6_K, rows, cols);
+    let q8 = random_row(&mut rng, GgmlType::Q8_0, 40 * cols);
+    let m4 = QMatrix::new_grouped(GgmlType::Q4_K, &g4, rows, cols).unwrap();
+    let m6 = QMatrix::new_grouped(GgmlType::Q6_K, &g6, rows, cols).unwrap();
+    let p4 = QMatrix::new(GgmlType::Q4_K, &d4, rows, cols).unwrap();
+    let p6 = QMatrix::new(GgmlType::Q6_K, &d6, rows, cols).unwrap();
+    let m8 = QMatrix::new(GgmlType::Q8_0, &q8, 40, cols).unwrap();
+    let x = rng.vec(cols);
+
+    // One pass over several matrices equals each alone.
+    let (mut a, mut b, mut c) = (vec![0f32; rows], vec![0f32; 40], vec![0f32; rows]);
+    matvec_multi(&[m4, m8, m6], &x, &mut [&mut a, &mut b, &mut c]).unwrap();
+    for (m, got) in [(&m4, &a), (&m8, &b), (&m6, &c)] {
+        let mut alone = vec![0f32; m.rows()];
+        matvec(m, &x, &mut alone).unwrap();
+        assert_eq!(bits(got), bits(&alone), "{}", m.ty());
+    }
+
+    for (g, p) in [(&m4, &p4), (&m6, &p6)] {
+        // f32 activations: the same bits as the ggml layout (same kernel, same row).
+        let (mut gf, mut pf) = (vec![0f32; rows], vec![0f32; rows]);
+        matvec_f32(g, &x, &mut gf).unwrap();
+        matvec_f32(p, &x, &mut pf).unwrap();
+        assert_eq!(bits(&gf), bits(&pf), "{} matvec_f32", g.ty());
+        let xs = rng.vec(3 * cols);
+        let (mut gm, mut pm) = (vec![0f32; 3 * rows], vec![0f32; 3 * rows]);
+        matmul_f32(g, &xs, &mut gm).unwrap();
+        matmul_f32(p, &xs, &mut pm).unwrap();
+        assert_eq!(bits(&gm), bits(&pm), "{} matmul_f32", g.ty());
+        // Rows read back whole.
+        for r in [0, 1, 15, 16, rows - 1] {
+            let (mut gr, mut pr) = (vec![0f32; cols], vec![0f32; cols]);
+            g.dequantize_row(r, &mut gr).unwrap();
+            p.dequantize_row(r, &mut pr).unwrap();
+            assert_eq!(bits(&gr), bits(&pr), "{} row {r}", g.ty());
+        }
+        assert_eq!(
+            g.dequantize_row(rows, &mut vec![0f32; cols]),
+            Err(QuantError::RowOutOfRange { row: rows, rows })
+        );
+        assert_eq!(g.try_row(0), Err(QuantError::RowsInGroups));
+        let mut short = vec![0f32; rows - 1];
+        assert!(
+            matvec(g, &x, &mut short).is_err(),
+            "a short output is refused"
+        );
+    }
+
+    // Only Q4_K and Q6_K, in whole groups of 16 rows.
+    assert!(!is_groupable(GgmlType::Q4_K, 24));
+    assert!(QMatrix::new_grouped(GgmlType::Q4_K, &g4[..16 * 288], 16, cols).is_ok());
+    assert_eq!(
+        QMatrix::new_grouped(GgmlType::Q8_0, &q8[..32 * 544], 32, cols).err(),
+        Some(QuantError::Unsupported(GgmlType::Q8_0))
+    );
+    assert_eq!(
+        QMatrix::new_grouped(GgmlType::Q4_K, &g4[..8 * 288], 8, cols).err(),
+        Some(QuantError::Unsupported(GgmlType::Q4_K))
+    );
+}
