@@ -289,7 +289,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
         return Err(format!("unknown output format '{}' (md or json)", a.output));
     }
     let policies = a.kv.choices()?;
-    if a.speculative.draft_model.is_some() || a.speculative.lookup.is_some() {
+    if a.speculative.is_on() {
         return bench_speculative(&a, json);
     }
     let path = a.model.resolve()?;
@@ -414,7 +414,9 @@ fn bench_speculative(a: &BenchArgs, json: bool) -> Result<(), String> {
     let prompts = crate::bench_speculative::load_prompts(a.spec_prompts.as_deref())?;
     let threads = a.threads.first().copied();
     crate::run::init_threads(threads)?;
-    let engine = a.model.load_engine()?;
+    let path = a.model.resolve()?;
+    let options = a.model.load_options_for(true);
+    let engine = sparrow::Engine::load_with(&path, options).map_err(|e| e.to_string())?;
     let n_gen = a.n_gen.iter().copied().find(|&g| g > 0).unwrap_or(128);
     let rows = crate::bench_speculative::run(
         &engine,

@@ -50,7 +50,8 @@ pub fn chat(a: ChatArgs) -> Result<(), String> {
     let attention = a.kv.choice()?;
     crate::run::init_threads(a.threads)?;
     let path = a.model.resolve()?;
-    let engine = Engine::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
+    let options = a.model.load_options_for(a.speculative.is_on());
+    let engine = Engine::load_with(&path, options).map_err(|e| e.to_string())?;
     let tmpl = engine
         .chat_template
         .as_ref()

@@ -78,7 +78,8 @@ pub fn run(a: RunArgs) -> Result<(), String> {
     let threads = init_threads(a.threads)?;
     let path = a.model.resolve()?;
 
-    let engine = Engine::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
+    let options = a.model.load_options_for(a.speculative.is_on());
+    let engine = Engine::load_with(&path, options).map_err(|e| e.to_string())?;
     for w in engine.tokenizer.warnings() {
         eprintln!("warning: {w}");
     }

@@ -39,6 +39,11 @@ pub struct SpeculativeArgs {
 }
 
 impl SpeculativeArgs {
+    /// Whether speculative decoding is asked for (`--draft-model` or `--lookup`).
+    pub fn is_on(&self) -> bool {
+        self.draft_model.is_some() || self.lookup.is_some()
+    }
+
     /// What makes one sequence's speculation as these flags ask, for a model whose engine
     /// is `target`, at context `n_ctx` (the draft model's too) and cache options `kv` (its
     /// types; the draft never goes to a cold tier); `None` without `--draft-model` or

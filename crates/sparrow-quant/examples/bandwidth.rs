@@ -6,7 +6,8 @@
 //! For 1 thread and for every core: a plain read of a buffer far larger than the caches
 //! (a xor over 8-byte words, which the compiler vectorises), then `matvec` over a matrix of
 //! the same size in each format the Qwen2.5 Q4_K_M file uses (Q5_0 in ggml's and in
-//! sparrow's packed layout), as GB/s of weights read. Best of 5 runs each; the machine
+//! sparrow's packed layout, Q4_K and Q6_K in ggml's and in row groups), as GB/s of weights
+//! read. Best of 5 runs each; the machine
 //! should be otherwise idle.
 
 #[path = "../tests/common/mod.rs"]
@@ -16,6 +17,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use sparrow_quant::packed::pack_rows;
+use sparrow_quant::row_groups::{group_rows, GROUP_ROWS};
 use sparrow_quant::{matvec, GgmlType, QMatrix};
 
 use common::{fixed_scale_weights, xorshift_bytes};
@@ -90,25 +92,37 @@ fn main() {
         .collect();
     print_row("plain read", &cells);
 
+    /// How a matrix's rows are stored.
+    #[derive(PartialEq)]
+    enum Layout {
+        Ggml,
+        Packed,
+        Groups,
+    }
     let formats = [
-        ("Q5_0 (ggml layout)", GgmlType::Q5_0, 896, false),
-        ("Q5_0 (packed)", GgmlType::Q5_0, 896, true),
-        ("Q8_0", GgmlType::Q8_0, 896, false),
-        ("Q4_K", GgmlType::Q4_K, 4864, false),
-        ("Q6_K", GgmlType::Q6_K, 4864, false),
+        ("Q5_0 (ggml layout)", GgmlType::Q5_0, 896, Layout::Ggml),
+        ("Q5_0 (packed)", GgmlType::Q5_0, 896, Layout::Packed),
+        ("Q8_0", GgmlType::Q8_0, 896, Layout::Ggml),
+        ("Q4_K", GgmlType::Q4_K, 4864, Layout::Ggml),
+        ("Q4_K (row groups)", GgmlType::Q4_K, 4864, Layout::Groups),
+        ("Q6_K", GgmlType::Q6_K, 4864, Layout::Ggml),
+        ("Q6_K (row groups)", GgmlType::Q6_K, 4864, Layout::Groups),
     ];
-    for (name, ty, cols, packed) in formats {
+    for (name, ty, cols, layout) in formats {
         let row_bytes = ty.bytes_for(cols as u64).unwrap();
-        let rows = bytes / row_bytes;
+        let rows = bytes / row_bytes / GROUP_ROWS * GROUP_ROWS;
         let mut w = weights(ty, rows * row_bytes);
-        if packed {
-            let src = w.clone();
-            pack_rows(ty, &src, row_bytes, &mut w).unwrap();
-        }
-        let m = if packed {
-            QMatrix::new_packed(ty, &w, rows, cols)
-        } else {
-            QMatrix::new(ty, &w, rows, cols)
+        let src = w.clone();
+        let m = match layout {
+            Layout::Ggml => QMatrix::new(ty, &w, rows, cols),
+            Layout::Packed => {
+                pack_rows(ty, &src, row_bytes, &mut w).unwrap();
+                QMatrix::new_packed(ty, &w, rows, cols)
+            }
+            Layout::Groups => {
+                group_rows(ty, &src, row_bytes, &mut w).unwrap();
+                QMatrix::new_grouped(ty, &w, rows, cols)
+            }
         }
         .unwrap();
         let x: Vec<f32> = (0..cols).map(|i| (i % 17) as f32 / 8.0 - 1.0).collect();

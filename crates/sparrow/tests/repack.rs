@@ -150,3 +150,50 @@ fn lean_mode_splits_long_batches_and_reads_the_file() {
     assert!(all == mapped.forward(&mut b, &prompt, Logits::All).unwrap());
     assert!(all == read.forward(&mut c, &prompt, Logits::All).unwrap());
 }
+
+/// Row groups (`LoadOptions::row_groups`: the Q4_K and Q6_K matrices 16 rows at a time,
+/// where the level has group kernels) give the logits of ggml's rows to the bit — prefill,
+/// one-token decode and a pass of decode steps (a speculative check) alike: both layouts
+/// sum in block totals at the levels that have group kernels, and the option changes
+/// nothing elsewhere.
+#[test]
+fn row_groups_give_the_rows_logits_to_the_bit() {
+    let load = |row_groups| {
+        Model::load_with(
+            common::qwen_path(),
+            LoadOptions {
+                repack: true,
+                lean: Some(false),
+                row_groups,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let (rows, groups) = (load(false), load(true));
+    let level_has_groups = sparrow_quant::Kernels::get(sparrow_quant::GgmlType::Q4_K)
+        .is_some_and(|k| k.dot_q8_groups.is_some());
+    assert!(!rows.has_row_groups());
+    assert_eq!(groups.has_row_groups(), level_has_groups);
+    let prompt: Vec<u32> = (0..20).map(|i| 100 + 911 * i).collect();
+    let a = logits_of(&rows, &prompt, 4);
+    let b = logits_of(&groups, &prompt, 4);
+    let steps = |m: &Model| {
+        let mut st = m.new_state(256, KvType::F16).unwrap();
+        m.forward(&mut st, &prompt[..7], Logits::Last).unwrap();
+        m.forward_steps(&mut st, &prompt[7..13], Logits::All)
+            .unwrap()
+            .to_vec()
+    };
+    for (what, x, y) in [
+        ("prefill and decode", a.concat(), b.concat()),
+        ("decode steps", steps(&rows), steps(&groups)),
+    ] {
+        let differ = x
+            .iter()
+            .zip(&y)
+            .filter(|(p, q)| p.to_bits() != q.to_bits())
+            .count();
+        assert_eq!(differ, 0, "{what}: {differ} logits differ");
+    }
+}

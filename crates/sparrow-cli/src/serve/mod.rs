@@ -127,7 +127,10 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     let attention = a.kv.choice()?;
     let threads = crate::run::init_threads(a.threads)?;
     let path = a.model.resolve()?;
-    let mut engine = Engine::load_with(&path, a.model.load_options()).map_err(|e| e.to_string())?;
+    let options = a
+        .model
+        .load_options_for(a.speculative.is_on() || a.parallel > 1);
+    let mut engine = Engine::load_with(&path, options).map_err(|e| e.to_string())?;
     for w in engine.tokenizer.warnings() {
         eprintln!("warning: {w}");
     }

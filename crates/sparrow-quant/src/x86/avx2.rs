@@ -243,7 +243,14 @@ const PREFETCH_BYTES: usize = 8192;
 /// Q6_K (Zen 4, `cargo run --release -p sparrow-quant --example bandwidth`, medians of six).
 #[inline(always)]
 pub(super) fn prefetch_ahead<const SPAN: usize>(p: *const u8) {
-    let ahead = p.wrapping_add(PREFETCH_BYTES);
+    prefetch_at::<SPAN, PREFETCH_BYTES>(p)
+}
+
+/// [`prefetch_ahead`] at a distance of `DIST` bytes (a kernel that consumes its bytes
+/// faster needs its lines asked for further ahead to cover the same latency).
+#[inline(always)]
+pub(super) fn prefetch_at<const SPAN: usize, const DIST: usize>(p: *const u8) {
+    let ahead = p.wrapping_add(DIST);
     let mut off = 0;
     while off < SPAN {
         // SAFETY: a prefetch is a hint that cannot fault on any address; `wrapping_add`

@@ -14,6 +14,9 @@ use crate::q8::{Q8KSlice, Q8K_BLOCK};
 use crate::row_groups::{check_group_args, GROUP_ROWS, Q4_K_GROUP_BYTES, Q6_K_GROUP_BYTES};
 use crate::types::GgmlType;
 
+/// How far ahead the group kernels ask for their lines.
+const PREFETCH_BYTES: usize = 65536;
+
 /// 16 × u8 lanes shifted right by `N` bits (within bytes).
 #[inline(always)]
 unsafe fn srli_u8<const N: i32>(v: __m128i, mask: __m128i) -> __m128i {
@@ -41,7 +44,7 @@ unsafe fn q4_k_body<const N: usize>(
         // Prefetches spread over the block as it is consumed (its scales now, each step's
         // quants with the step): all 36 lines at once overran the misses a core keeps in
         // flight, and decode waited on the loads.
-        super::avx2::prefetch_ahead::<256>(base);
+        super::avx2::prefetch_at::<256, PREFETCH_BYTES>(base);
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
         let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(32).cast()));
         let s: [__m128i; 12] =
@@ -71,7 +74,7 @@ unsafe fn q4_k_body<const N: usize>(
         });
         let mut tot = [_mm512_setzero_si512(); N];
         for k in 0..4 {
-            super::avx2::prefetch_ahead::<512>(base.add(256 + 512 * k));
+            super::avx2::prefetch_at::<512, PREFETCH_BYTES>(base.add(256 + 512 * k));
             let w: [__m512i; 8] = core::array::from_fn(|q| {
                 _mm512_loadu_si512(base.add(256 + 64 * (8 * k + q)).cast())
             });
@@ -168,7 +171,7 @@ unsafe fn q6_k_body<const N: usize>(
     for b in 0..blocks {
         let base = group.as_ptr().add(b * Q6_K_GROUP_BYTES);
         // Prefetches spread over the block, as in `q4_k_body`.
-        super::avx2::prefetch_ahead::<288>(base);
+        super::avx2::prefetch_at::<288, PREFETCH_BYTES>(base);
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
         let sc8 = |j: usize| _mm_loadu_si128(base.add(32 + 16 * j).cast());
         // The block total's `−32 Σ sc · x` first (what it needs dies before the products):
@@ -190,7 +193,9 @@ unsafe fn q6_k_body<const N: usize>(
         });
         for h in 0..2 {
             for half in 0..2 {
-                super::avx2::prefetch_ahead::<768>(base.add(288 + 768 * (2 * h + half)));
+                super::avx2::prefetch_at::<768, PREFETCH_BYTES>(
+                    base.add(288 + 768 * (2 * h + half)),
+                );
                 // Quads `4 half .. 4 half + 4` of half `h`: 16 columns of each of the four
                 // 32-element runs `s`, i.e. sub-block `8 h + 2 s + half` of each.
                 // (Plain loops: intrinsics in a closure nested this deep were left as calls.)

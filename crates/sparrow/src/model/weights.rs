@@ -49,9 +49,10 @@ impl Linear {
         .expect("shape was validated when the model was loaded")
     }
 
-    /// Copies this matrix into RAM (packed if its type has a packed layout), releasing its
-    /// pages of the file mapping as it goes unless `keep_mapped`; the bytes copied.
-    fn repack(&mut self, file: &GgufFile, keep_mapped: bool) -> Result<usize> {
+    /// Copies this matrix into RAM (packed if its type has a packed layout, in row groups if
+    /// `row_groups` and the level has their kernels), releasing its pages of the file
+    /// mapping as it goes unless `keep_mapped`; the bytes copied.
+    fn repack(&mut self, file: &GgufFile, keep_mapped: bool, row_groups: bool) -> Result<usize> {
         let src = &file.bytes()[self.bytes.clone()];
         if self.in_ram.is_some() || self.rows == 0 || src.is_empty() {
             return Ok(0);
@@ -69,9 +70,10 @@ impl Linear {
         #[cfg(target_os = "linux")]
         let _ = dst.advise(memmap2::Advice::HugePage);
         let row_bytes = src.len() / self.rows;
-        // Row groups where the level multiplies them faster (a few tokens at a time: 16 rows
-        // in a register's lanes); chunks of whole groups.
-        let grouped = row_groups::is_groupable(self.ty, self.rows)
+        // Row groups if asked and the level has their kernels (see `LoadOptions::row_groups`);
+        // chunks of whole groups.
+        let grouped = row_groups
+            && row_groups::is_groupable(self.ty, self.rows)
             && Kernels::get(self.ty).is_some_and(|k| k.dot_q8_groups.is_some());
         let chunk_rows = REPACK_CHUNK_BYTES.div_ceil(row_bytes).max(1);
         let chunk = chunk_rows.next_multiple_of(row_groups::GROUP_ROWS) * row_bytes;
@@ -283,6 +285,15 @@ impl Weights {
         all
     }
 
+    /// Whether some matrix is stored in row groups.
+    pub fn has_row_groups(&self) -> bool {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        layers.chain([&self.output]).any(|w| w.grouped)
+    }
+
     /// Bytes [`Weights::repack`] would copy into anonymous memory (0 once done).
     pub fn repack_bytes(&mut self) -> usize {
         self.repackable()
@@ -304,15 +315,16 @@ impl Weights {
 
     /// Copies every matrix the decoder multiplies (not the embedding table, of which one
     /// row per token is read) into RAM for decode: Q5_0 in sparrow's packed layout
-    /// ([`sparrow_quant::packed`]), Q4_K in row groups where the active level has their
-    /// kernel ([`sparrow_quant::row_groups`]), other types as stored, in memory asked for huge pages;
+    /// ([`sparrow_quant::packed`]), Q4_K and Q6_K in row groups if `row_groups` and the
+    /// active level has their kernels ([`sparrow_quant::row_groups`]), other types as
+    /// stored, in memory asked for huge pages;
     /// their pages of the file mapping are released as they are copied, so resident memory
     /// stays about the same. Returns the bytes copied.
-    pub fn repack(&mut self, file: &GgufFile) -> Result<usize> {
+    pub fn repack(&mut self, file: &GgufFile, row_groups: bool) -> Result<usize> {
         let mut total = 0;
         // A tied output is the embedding table, whose rows are still read from the file.
         for (w, keep_mapped) in self.repackable() {
-            total += w.repack(file, keep_mapped)?;
+            total += w.repack(file, keep_mapped, row_groups)?;
         }
         Ok(total)
     }
