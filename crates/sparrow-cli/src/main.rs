@@ -157,11 +157,13 @@ impl ModelArgs {
     /// (`few_token_passes`: speculative decoding, several serving slots), which
     /// `--row-groups auto` stores in row groups for.
     pub fn load_options_for(&self, few_token_passes: bool) -> sparrow::LoadOptions {
-        let mut o = sparrow::LoadOptions::default();
-        o.row_groups = match self.row_groups.as_str() {
-            "on" => true,
-            "off" => false,
-            _ => few_token_passes,
+        let mut o = sparrow::LoadOptions {
+            row_groups: match self.row_groups.as_str() {
+                "on" => true,
+                "off" => false,
+                _ => few_token_passes,
+            },
+            ..Default::default()
         };
         o.repack &= !self.no_repack;
         o.lean = match (self.lean, self.repack) {
