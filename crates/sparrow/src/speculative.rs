@@ -74,6 +74,9 @@ struct Measurements {
     plain_steps: usize,
     /// Trial drafts since drafting last paid: each doubles the wait for the next.
     trials: u32,
+    /// The last proposal came out empty because the draft model was unsure of its first
+    /// token (`--draft-p-min`): the step judges one draft, as a miss.
+    declined: bool,
 }
 
 /// Weight of the past in each new measurement.
@@ -97,6 +100,7 @@ impl Measurements {
             setup: None,
             plain_steps: 0,
             trials: 0,
+            declined: false,
         }
     }
 
@@ -301,14 +305,20 @@ impl Speculation {
         if want == 0 || want < self.draft_min {
             return Ok(());
         }
-        let (setup, seconds) = match &mut self.drafter {
+        let (setup, seconds, unsure) = match &mut self.drafter {
             Drafter::Model(m) => m.propose(context, next, want, out)?,
             Drafter::Lookup(l) => {
                 let started = std::time::Instant::now();
                 l.propose(context, next, want, out);
-                (0.0, started.elapsed().as_secs_f64())
+                (0.0, started.elapsed().as_secs_f64(), false)
             }
         };
+        // A draft model too unsure to propose even one draft has spent its catch-up for
+        // nothing: for the expected yield of a check (what the length is chosen by) that
+        // is a miss, else drafting where the draft is usually unsure (chat) looks as good
+        // as its rare confident drafts (on two cores: 0.83× plain). (A proposal cut short
+        // after some drafts is not counted: those drafts paid for the catch-up.)
+        self.measure.declined = unsure && out.is_empty();
         Measurements::update(&mut self.measure.setup, setup);
         if !out.is_empty() {
             Measurements::update(&mut self.measure.draft, seconds / out.len() as f64);
@@ -329,12 +339,13 @@ impl Speculation {
         if let Some(seconds) = seconds {
             Measurements::update(&mut m.pass[drafted], seconds);
         }
-        if drafted == 0 {
+        let declined = std::mem::take(&mut m.declined);
+        if drafted == 0 && !declined {
             m.plain_steps += 1;
             return;
         }
         m.plain_steps = 0;
-        let judged = accepted + usize::from(accepted < drafted);
+        let judged = accepted + usize::from(accepted < drafted || declined);
         m.kept = DECAY * m.kept + accepted as f64;
         m.judged = DECAY * m.judged + judged as f64;
     }
@@ -410,25 +421,28 @@ impl DraftModel {
 
     /// Greedy drafts after `context` + `next`: catch the draft's cache up, then one token
     /// per pass until `want`, an unsure step or the end of its context. Returns the
-    /// seconds of the catch-up (whatever the draft's length) and of the drafting steps.
+    /// seconds of the catch-up (whatever the draft's length) and of the drafting steps,
+    /// and whether it stopped at an unsure step (best token below `p_min`).
     fn propose(
         &mut self,
         context: &[u32],
         next: u32,
         want: usize,
         out: &mut Vec<u32>,
-    ) -> Result<(f64, f64)> {
+    ) -> Result<(f64, f64, bool)> {
         let catching_up = std::time::Instant::now();
         let Some(mut logits) = self.catch_up(context, Some(next))? else {
             // Past the draft's context: no drafts, the model decodes plainly.
-            return Ok((0.0, 0.0));
+            return Ok((0.0, 0.0, false));
         };
         let setup = catching_up.elapsed().as_secs_f64();
         let want = want.min(self.state.n_ctx() - self.state.n_past());
         let drafting = std::time::Instant::now();
+        let mut unsure = false;
         while out.len() < want {
             let (id, p) = best_with_probability(&logits);
             if p < self.p_min {
+                unsure = true;
                 break;
             }
             out.push(id);
@@ -447,7 +461,7 @@ impl DraftModel {
             }
             self.tokens.push(id);
         }
-        Ok((setup, drafting.elapsed().as_secs_f64()))
+        Ok((setup, drafting.elapsed().as_secs_f64(), unsure))
     }
 
     fn reset(&mut self) {
@@ -668,6 +682,39 @@ mod tests {
         assert_eq!(best_draft_len(0.5, cost(0.1), 0.0, 1.0, 0, 16), 0);
         // `min` bounds the lengths considered (0 is always one).
         assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0.0, 0, 4), 4);
+    }
+
+    /// A draft too unsure to propose anything costs its catch-up for one token: counted as
+    /// a miss, so a draft that is mostly unsure stops being asked (while its rare confident
+    /// drafts, all kept, alone would keep it drafting).
+    #[test]
+    fn empty_unsure_proposals_count_as_misses() {
+        let lookup = || Drafter::Lookup(PromptLookup::new(2).unwrap());
+        let mut s = Speculation::new(lookup(), 8, 0).unwrap();
+        s.measure.setup = Some(0.004);
+        s.measure.draft = Some(0.004);
+        let round = |s: &mut Speculation, unsure_empty: usize| {
+            s.record(0, 0, Some(0.010));
+            s.record(2, 2, Some(0.014));
+            for _ in 0..unsure_empty {
+                s.measure.declined = true;
+                s.record(0, 0, Some(0.010));
+            }
+        };
+        for _ in 0..20 {
+            round(&mut s, 0);
+        }
+        assert!(
+            s.next_len().0 > 0,
+            "confident drafts, all kept: worth drafting"
+        );
+        for _ in 0..20 {
+            round(&mut s, 4);
+        }
+        assert_eq!(s.next_len().0, 0, "mostly unsure: not worth the catch-up");
+        assert!(s.measure.acceptance() < 0.5, "{}", s.measure.acceptance());
+        // An unsure step is not a plain one (no trial is due from it).
+        assert_eq!(s.measure.plain_steps, 0);
     }
 
     #[test]
