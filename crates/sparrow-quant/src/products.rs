@@ -196,7 +196,9 @@ pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), Qua
 /// tile unit; else each weight row is dotted against every token while it sits in L1
 /// (through the multi-token kernel, [`Kernels::dot_q8_multi`], where the level has one:
 /// each block unpacked once per group of tokens). Both give results equal to
-/// [`crate::dot_q8`] exactly.
+/// [`crate::dot_q8`] exactly. A matrix in row groups ([`QMatrix::new_grouped`]) runs its
+/// group kernel at every batch size, one token included, so there too every token's
+/// outputs are what [`matvec`] gives it alone.
 pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
     matmul_with(m, xs, out, Acts::Int8, m.kernels()?, Panels::Allowed)
 }

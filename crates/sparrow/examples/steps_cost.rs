@@ -1,7 +1,8 @@
 //! Time of one pass of n decode steps (`forward_steps`) against n one-token passes and a
 //! prefill batch (`forward`), after a prompt: what a speculative check costs.
 //!
-//! `cargo run --release -p sparrow --example steps_cost -- MODEL.gguf [THREADS]`
+//! `cargo run --release -p sparrow --example steps_cost -- MODEL.gguf [THREADS] [row-groups]`
+//! (`row-groups`: the Q4_K/Q6_K weights in row groups, `LoadOptions::row_groups`)
 
 use sparrow::{Engine, KvType, Logits};
 use std::time::Instant;
@@ -14,7 +15,12 @@ fn main() {
         .num_threads(threads)
         .build_global()
         .unwrap();
-    let e = Engine::load(&path).unwrap();
+    let row_groups = args.next().is_some_and(|a| a == "row-groups");
+    let options = sparrow::LoadOptions {
+        row_groups,
+        ..Default::default()
+    };
+    let e = Engine::load_with(&path, options).unwrap();
     let m = &e.model;
     let prompt: Vec<u32> = (0..256u32).map(|i| 100 + (i * 37) % 5000).collect();
     let mut st = m.new_state(2048, KvType::F16).unwrap();
