@@ -20,10 +20,19 @@ pub struct QMatrix<'a> {
     rows: usize,
     cols: usize,
     row_bytes: usize,
-    /// Rows are in sparrow's packed layout ([`crate::packed`]) rather than ggml's.
-    packed: bool,
-    /// Rows are regrouped 16 at a time ([`crate::row_groups`]).
-    grouped: bool,
+    /// How the rows are stored.
+    layout: RowLayout,
+}
+
+/// How a [`QMatrix`]'s rows are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowLayout {
+    /// ggml's, as in the file.
+    Ggml,
+    /// Sparrow's packed layout ([`crate::packed`]).
+    Packed,
+    /// Regrouped 16 rows at a time ([`crate::row_groups`]).
+    Groups,
 }
 
 impl<'a> QMatrix<'a> {
@@ -60,8 +69,29 @@ impl<'a> QMatrix<'a> {
             rows,
             cols,
             row_bytes,
-            packed: false,
-            grouped: false,
+            layout: RowLayout::Ggml,
+        })
+    }
+
+    /// [`QMatrix::new`] in `layout`, which `ty` (and `rows`) must have.
+    fn with_layout(
+        ty: GgmlType,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+        layout: RowLayout,
+    ) -> Result<Self, QuantError> {
+        let supported = match layout {
+            RowLayout::Ggml => true,
+            RowLayout::Packed => crate::packed::is_packable(ty),
+            RowLayout::Groups => crate::row_groups::is_groupable(ty, rows),
+        };
+        if !supported {
+            return Err(QuantError::Unsupported(ty));
+        }
+        Ok(QMatrix {
+            layout,
+            ..Self::new(ty, data, rows, cols)?
         })
     }
 
@@ -74,18 +104,12 @@ impl<'a> QMatrix<'a> {
         rows: usize,
         cols: usize,
     ) -> Result<Self, QuantError> {
-        if !crate::packed::is_packable(ty) {
-            return Err(QuantError::Unsupported(ty));
-        }
-        Ok(QMatrix {
-            packed: true,
-            ..Self::new(ty, data, rows, cols)?
-        })
+        Self::with_layout(ty, data, rows, cols, RowLayout::Packed)
     }
 
     /// Whether the rows are in the packed layout (see [`QMatrix::new_packed`]).
     pub fn is_packed(&self) -> bool {
-        self.packed
+        self.layout == RowLayout::Packed
     }
 
     /// A `rows x cols` view of `data` whose rows were regrouped by
@@ -98,23 +122,17 @@ impl<'a> QMatrix<'a> {
         rows: usize,
         cols: usize,
     ) -> Result<Self, QuantError> {
-        if !crate::row_groups::is_groupable(ty, rows) {
-            return Err(QuantError::Unsupported(ty));
-        }
-        Ok(QMatrix {
-            grouped: true,
-            ..Self::new(ty, data, rows, cols)?
-        })
+        Self::with_layout(ty, data, rows, cols, RowLayout::Groups)
     }
 
     /// Whether the rows are in row groups (see [`QMatrix::new_grouped`]).
     pub fn is_grouped(&self) -> bool {
-        self.grouped
+        self.layout == RowLayout::Groups
     }
 
     /// The kernels that read this matrix's rows at `level`.
     pub(crate) fn kernels_at(&self, level: SimdLevel) -> Result<&'static Kernels, QuantError> {
-        let k = if self.packed {
+        let k = if self.is_packed() {
             Kernels::packed_for_level(self.ty, level)
         } else {
             Kernels::for_level(self.ty, level)
@@ -167,7 +185,7 @@ impl<'a> QMatrix<'a> {
     /// The bytes of row `i`, or [`QuantError::RowOutOfRange`] (or
     /// [`QuantError::RowsInGroups`] for a matrix in row groups).
     pub fn try_row(&self, i: usize) -> Result<&'a [u8], QuantError> {
-        if self.grouped {
+        if self.is_grouped() {
             return Err(QuantError::RowsInGroups);
         }
         if i >= self.rows {
@@ -181,7 +199,7 @@ impl<'a> QMatrix<'a> {
 
     /// Dequantize row `i` into `out` (`cols` elements), e.g. an embedding lookup.
     pub fn dequantize_row(&self, i: usize, out: &mut [f32]) -> Result<(), QuantError> {
-        if !self.grouped {
+        if !self.is_grouped() {
             let row = self.try_row(i)?;
             let k = self.kernels()?;
             check_len("out", self.cols, out.len())?;

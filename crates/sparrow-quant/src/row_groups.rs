@@ -188,38 +188,32 @@ pub(crate) fn check_group_args(
 /// dmin, M, mins)`; the result `acc − mins`. (The AVX-512 level's Q4_K row kernels,
 /// `q4_k_totals`, compute the same.)
 pub fn q4_k_group_scalar(group: &[u8], blocks: usize, xs: &[Q8KSlice<'_>], out: &mut [f32]) {
-    let ty = GgmlType::Q4_K;
-    check_group_args(ty, group, blocks, xs, out);
-    let mut row = vec![0u8; blocks * Q4_K_BYTES];
-    for r in 0..GROUP_ROWS {
-        ungroup_row(ty, group, r, &mut row);
-        for (t, x) in xs.iter().enumerate() {
-            let (mut acc, mut mins) = (0f32, 0f32);
-            for (b, blk) in row.chunks_exact(Q4_K_BYTES).enumerate() {
-                let f16 = |o: usize| half::f16::from_le_bytes([blk[o], blk[o + 1]]).to_f32();
-                let (d, dmin) = (f16(0), f16(2));
-                let xq = &x.qs[b * Q8K_BLOCK..][..Q8K_BLOCK];
-                let (mut total, mut m_total) = (0i32, 0i32);
-                for g in 0..8 {
-                    let (sc, m) = scale_min_k4(&blk[4..16], g);
-                    let qs = &blk[16 + 32 * (g / 2)..][..32];
-                    let dot: i32 = (0..32)
-                        .map(|i| {
-                            let w = if g % 2 == 0 { qs[i] & 0xF } else { qs[i] >> 4 };
-                            w as i32 * xq[32 * g + i] as i32
-                        })
-                        .sum();
-                    total += sc as i32 * dot;
-                    let sum: i32 = xq[32 * g..][..32].iter().map(|&v| v as i32).sum();
-                    m_total += m as i32 * sum;
-                }
-                let dx = x.d[b];
-                acc = (dx * d).mul_add(total as f32, acc);
-                mins = (dx * dmin).mul_add(m_total as f32, mins);
+    each_row_and_token(GgmlType::Q4_K, group, blocks, xs, out, |row, x| {
+        let (mut acc, mut mins) = (0f32, 0f32);
+        for (b, blk) in row.chunks_exact(Q4_K_BYTES).enumerate() {
+            let f16 = |o: usize| half::f16::from_le_bytes([blk[o], blk[o + 1]]).to_f32();
+            let (d, dmin) = (f16(0), f16(2));
+            let xq = &x.qs[b * Q8K_BLOCK..][..Q8K_BLOCK];
+            let (mut total, mut m_total) = (0i32, 0i32);
+            for g in 0..8 {
+                let (sc, m) = scale_min_k4(&blk[4..16], g);
+                let qs = &blk[16 + 32 * (g / 2)..][..32];
+                let dot: i32 = (0..32)
+                    .map(|i| {
+                        let w = if g % 2 == 0 { qs[i] & 0xF } else { qs[i] >> 4 };
+                        w as i32 * xq[32 * g + i] as i32
+                    })
+                    .sum();
+                total += sc as i32 * dot;
+                let sum: i32 = xq[32 * g..][..32].iter().map(|&v| v as i32).sum();
+                m_total += m as i32 * sum;
             }
-            out[t * GROUP_ROWS + r] = acc - mins;
+            let dx = x.d[b];
+            acc = (dx * d).mul_add(total as f32, acc);
+            mins = (dx * dmin).mul_add(m_total as f32, mins);
         }
-    }
+        acc - mins
+    });
 }
 
 /// The portable Q6_K row-group kernel, and the definition of its numerics: per row and
@@ -227,27 +221,41 @@ pub fn q4_k_group_scalar(group: &[u8], blocks: usize, xs: &[Q8KSlice<'_>], out: 
 /// sixteen 16-element sub-blocks (`q = 6-bit − 32`; exact), then `acc = fma(dx · d, T,
 /// acc)`. (The AVX-512 level's Q6_K row kernels, `q6_k_totals`, compute the same.)
 pub fn q6_k_group_scalar(group: &[u8], blocks: usize, xs: &[Q8KSlice<'_>], out: &mut [f32]) {
-    let ty = GgmlType::Q6_K;
+    each_row_and_token(GgmlType::Q6_K, group, blocks, xs, out, |row, x| {
+        let mut acc = 0f32;
+        for (b, blk) in row.chunks_exact(Q6_K_BYTES).enumerate() {
+            let d = half::f16::from_le_bytes([blk[208], blk[209]]).to_f32();
+            let xq = &x.qs[b * Q8K_BLOCK..][..Q8K_BLOCK];
+            let mut total = 0i32;
+            for e in 0..256 {
+                let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+                let lo = (blk[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
+                let hi = (blk[128 + 32 * h + l] >> (2 * s)) & 3;
+                let q = (lo | hi << 4) as i32 - 32;
+                total += blk[192 + e / 16] as i8 as i32 * q * xq[e] as i32;
+            }
+            acc = (x.d[b] * d).mul_add(total as f32, acc);
+        }
+        acc
+    });
+}
+
+/// `out[t * 16 + r] = dot(row r in ggml's layout, token t)` for the group's 16 rows (of
+/// `blocks` blocks of `ty`), after the group kernels' argument checks.
+fn each_row_and_token(
+    ty: GgmlType,
+    group: &[u8],
+    blocks: usize,
+    xs: &[Q8KSlice<'_>],
+    out: &mut [f32],
+    dot: impl Fn(&[u8], &Q8KSlice<'_>) -> f32,
+) {
     check_group_args(ty, group, blocks, xs, out);
-    let mut row = vec![0u8; blocks * Q6_K_BYTES];
+    let mut row = vec![0u8; blocks * ty.block_bytes()];
     for r in 0..GROUP_ROWS {
         ungroup_row(ty, group, r, &mut row);
         for (t, x) in xs.iter().enumerate() {
-            let mut acc = 0f32;
-            for (b, blk) in row.chunks_exact(Q6_K_BYTES).enumerate() {
-                let d = half::f16::from_le_bytes([blk[208], blk[209]]).to_f32();
-                let xq = &x.qs[b * Q8K_BLOCK..][..Q8K_BLOCK];
-                let mut total = 0i32;
-                for e in 0..256 {
-                    let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
-                    let lo = (blk[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
-                    let hi = (blk[128 + 32 * h + l] >> (2 * s)) & 3;
-                    let q = (lo | hi << 4) as i32 - 32;
-                    total += blk[192 + e / 16] as i8 as i32 * q * xq[e] as i32;
-                }
-                acc = (x.d[b] * d).mul_add(total as f32, acc);
-            }
-            out[t * GROUP_ROWS + r] = acc;
+            out[t * GROUP_ROWS + r] = dot(&row, x);
         }
     }
 }
