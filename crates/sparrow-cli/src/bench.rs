@@ -107,6 +107,8 @@ struct BenchRow {
     build_simd: String,
     /// Whether Q5_0 matrices were repacked for decode (`--no-repack` turns it off).
     repack: bool,
+    /// Whether Q4_K/Q6_K matrices are in row groups (`--row-groups`).
+    row_groups: bool,
     avg_ns: u64,
     stddev_ns: u64,
     avg_ts: f64,
@@ -363,6 +365,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                     n_seq: s,
                     build_simd: simd.clone(),
                     repack: model.is_repacked(),
+                    row_groups: model.has_row_groups(),
                     avg_ns: avg_ns as u64,
                     stddev_ns: stddev_ns as u64,
                     avg_ts,
@@ -388,7 +391,11 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                         row.model_size as f64 / (1024.0 * 1024.0),
                         t,
                         row.build_simd,
-                        if row.repack { "yes" } else { "no" },
+                        match (row.repack, row.row_groups) {
+                            (_, true) => "groups",
+                            (true, false) => "yes",
+                            (false, false) => "no",
+                        },
                         row.type_k,
                         row.attention,
                         test,
