@@ -108,7 +108,10 @@ fn matvec_multi_with(
         // calling thread.
         let chunked = |m: &QMatrix<'_>, out: &mut [f32]| {
             let dot = row_dot(m, acts).expect("kernels resolved above");
-            let chunk = rows_per_task(m, 1).next_multiple_of(GROUP_ROWS);
+            let chunk = match m.is_grouped() {
+                true => rows_per_task(m, 1).next_multiple_of(GROUP_ROWS),
+                false => rows_per_task(m, 1),
+            };
             if m.rows() <= chunk {
                 run(m, dot, 0, out);
             } else {
@@ -276,13 +279,13 @@ fn matmul_with(
         return Ok(());
     }
     if m.is_grouped() {
-        let a: Vec<Q8KActs> = xs
-            .chunks_exact(m.cols())
-            .take(n_tokens)
-            .map(Q8KActs::new)
-            .collect();
-        let slices: Vec<Q8KSlice<'_>> = a.iter().map(|a| a.as_slice()).collect();
         if acts == Acts::Int8 {
+            let a: Vec<Q8KActs> = xs
+                .chunks_exact(m.cols())
+                .take(n_tokens)
+                .map(Q8KActs::new)
+                .collect();
+            let slices: Vec<Q8KSlice<'_>> = a.iter().map(|a| a.as_slice()).collect();
             matmul_groups(m, group_kernel(k), &slices, out);
         } else {
             let x: Vec<&[f32]> = xs.chunks_exact(m.cols()).take(n_tokens).collect();
