@@ -44,6 +44,7 @@ use crate::error::QuantError;
 use crate::formats::kquants::scale_min_k4;
 use crate::q8::{Q8KSlice, Q8K_BLOCK};
 use crate::types::GgmlType;
+use rayon::prelude::*;
 
 /// A row-group kernel: one group of 16 rows (`blocks` blocks each, in the grouped layout)
 /// against every token of `xs`, `out[t * 16 + r]`. Every row and token gets the bits of
@@ -131,15 +132,28 @@ pub fn group_rows(
 ) -> Result<(), QuantError> {
     check(ty, src, dst, row_bytes)?;
     let group = GROUP_ROWS * row_bytes;
-    for (s, d) in src.chunks_exact(group).zip(dst.chunks_exact_mut(group)) {
-        for (r, row) in s.chunks_exact(row_bytes).enumerate() {
-            for (b, block) in row.chunks_exact(ty.block_bytes()).enumerate() {
-                for (i, &v) in block.iter().enumerate() {
-                    d[grouped_offset(ty, r, b, i)] = v;
+    // In parallel over groups, and four bytes at a time where they stay together (the
+    // quants move in runs of four): a model's worth of matrices is regrouped at load.
+    src.par_chunks_exact(group)
+        .zip(dst.par_chunks_exact_mut(group))
+        .for_each(|(s, d)| {
+            for (r, row) in s.chunks_exact(row_bytes).enumerate() {
+                for (b, block) in row.chunks_exact(ty.block_bytes()).enumerate() {
+                    for (i, run) in block.chunks(4).enumerate() {
+                        let at = grouped_offset(ty, r, b, 4 * i);
+                        let together = run.len() == 4
+                            && (1..4).all(|e| grouped_offset(ty, r, b, 4 * i + e) == at + e);
+                        if together {
+                            d[at..at + 4].copy_from_slice(run);
+                        } else {
+                            for (e, &v) in run.iter().enumerate() {
+                                d[grouped_offset(ty, r, b, 4 * i + e)] = v;
+                            }
+                        }
+                    }
                 }
             }
-        }
-    }
+        });
     Ok(())
 }
 

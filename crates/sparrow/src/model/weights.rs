@@ -19,8 +19,9 @@ pub struct Linear {
     pub cols: usize,
     pub bias: Option<Vec<f32>>,
     /// The matrix copied into RAM for decode (see [`Weights::repack`]) and read instead of
-    /// the file: in sparrow's packed layout for the types that have one, in row groups
-    /// where the active SIMD level has a row-group kernel, else as stored.
+    /// the file: in sparrow's packed layout for the types that have one, in row groups if
+    /// asked (`LoadOptions::row_groups`) and the active SIMD level has their kernels, else
+    /// as stored.
     pub in_ram: Option<Arc<memmap2::Mmap>>,
     /// Whether `in_ram` holds the rows in row groups ([`sparrow_quant::row_groups`]).
     pub grouped: bool,
