@@ -24,10 +24,12 @@ use crate::types::GgmlType;
 /// pay for waking the pool at all.
 const TASK_BYTES: usize = 32 * 1024;
 
-/// The row kernel a product with `acts` uses on `m`.
+/// The row kernel a product with `acts` uses on `m` (for a matrix in row groups on int8
+/// activations, its group kernel).
 fn row_dot(m: &QMatrix<'_>, acts: Acts) -> Result<Dot, QuantError> {
     let k = m.kernels()?;
     Ok(match (acts, k.dot_q8) {
+        (Acts::Int8, Some(_)) if m.is_grouped() => Dot::Groups(group_kernel(k)),
         (Acts::Int8, Some(q)) => Dot::Int8(q),
         _ => Dot::F32(k.dot),
     })
@@ -59,12 +61,13 @@ fn matvec_multi_with(
     for (m, out) in ms.iter().zip(outs.iter()) {
         check_len("x", m.cols(), x.len())?;
         check_len("out", m.rows(), out.len())?;
-        if m.is_grouped() && acts == Acts::Int8 {
-            m.kernels()?;
-            uses_q8k = true;
-        } else if let Dot::Int8(q) = row_dot(m, acts)? {
-            uses_q8_0 |= q.act_type() == GgmlType::Q8_0;
-            uses_q8k |= q.act_type() == GgmlType::Q8_K;
+        match row_dot(m, acts)? {
+            Dot::Int8(q) => {
+                uses_q8_0 |= q.act_type() == GgmlType::Q8_0;
+                uses_q8k |= q.act_type() == GgmlType::Q8_K;
+            }
+            Dot::Groups(_) => uses_q8k = true,
+            Dot::F32(_) => {}
         }
     }
     with_scratch(|s| {
@@ -77,30 +80,31 @@ fn matvec_multi_with(
         let (a0, ak) = (s.0.as_slice(), s.1.as_slice());
         // Rows `first..first + out.len()` of `m`, with its row kernel `dot`.
         let run = |m: &QMatrix<'_>, dot: Dot, first: usize, out: &mut [f32]| {
-            if m.is_grouped() {
-                match dot {
-                    Dot::Int8(_) => {
-                        let kernel = group_kernel(m.kernels().expect("kernels resolved above"));
-                        run_groups(m, kernel, first, &[ak], &mut [out]);
-                    }
-                    Dot::F32(f) => {
-                        let mut buf = Vec::new();
-                        for (j, v) in out.iter_mut().enumerate() {
-                            *v = f(row_bytes_of(m, first + j, &mut buf), x);
-                        }
-                    }
-                }
-                return;
-            }
             let row = |j: usize| {
                 let r = first + j;
                 &m.data()[r * m.row_bytes()..(r + 1) * m.row_bytes()]
             };
-            let out = out.iter_mut().enumerate();
             match dot {
-                Dot::Int8(Q8Dot::Q8_0(f)) => out.for_each(|(j, v)| *v = f(row(j), a0)),
-                Dot::Int8(Q8Dot::Q8K(f)) => out.for_each(|(j, v)| *v = f(row(j), ak)),
-                Dot::F32(f) => out.for_each(|(j, v)| *v = f(row(j), x)),
+                Dot::Groups(kernel) => run_groups(m, kernel, first, &[ak], &mut [out]),
+                Dot::F32(f) if m.is_grouped() => {
+                    // f32 activations on row groups: each row put back together first
+                    let mut buf = Vec::new();
+                    for (j, v) in out.iter_mut().enumerate() {
+                        *v = f(row_bytes_of(m, first + j, &mut buf), x);
+                    }
+                }
+                Dot::Int8(Q8Dot::Q8_0(f)) => out
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(j, v)| *v = f(row(j), a0)),
+                Dot::Int8(Q8Dot::Q8K(f)) => out
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(j, v)| *v = f(row(j), ak)),
+                Dot::F32(f) => out
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(j, v)| *v = f(row(j), x)),
             }
         };
         // Each matrix in ~32 KiB chunks of rows, all of them one parallel pass (nested
@@ -135,6 +139,8 @@ fn matvec_multi_with(
 #[derive(Clone, Copy)]
 enum Dot {
     Int8(Q8Dot),
+    /// A group kernel of a matrix in row groups, on Q8_K activations.
+    Groups(Q8KGroups),
     F32(fn(&[u8], &[f32]) -> f32),
 }
 
@@ -508,9 +514,17 @@ fn run_groups(
 ) {
     let rows = outs.first().map_or(0, |o| o.len());
     let blocks = m.cols() / crate::q8::Q8K_BLOCK;
-    let mut vals = vec![0f32; xs.len() * GROUP_ROWS];
+    // On the stack for a decode step's or a check's few tokens (no allocation per task).
+    let mut stack = [0f32; 8 * GROUP_ROWS];
+    let mut heap = Vec::new();
+    let vals: &mut [f32] = if xs.len() <= 8 {
+        &mut stack[..xs.len() * GROUP_ROWS]
+    } else {
+        heap.resize(xs.len() * GROUP_ROWS, 0.0);
+        &mut heap
+    };
     for j in (0..rows).step_by(GROUP_ROWS) {
-        kernel(m.group((first + j) / GROUP_ROWS), blocks, xs, &mut vals);
+        kernel(m.group((first + j) / GROUP_ROWS), blocks, xs, vals);
         for (t, o) in outs.iter_mut().enumerate() {
             o[j..j + GROUP_ROWS].copy_from_slice(&vals[t * GROUP_ROWS..][..GROUP_ROWS]);
         }

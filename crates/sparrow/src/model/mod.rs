@@ -118,6 +118,8 @@ pub struct Model {
     pub config: ModelConfig,
     weights: Weights,
     repacked: bool,
+    /// Whether some matrices are in row groups ([`LoadOptions::row_groups`]).
+    row_groups: bool,
     lean: bool,
 }
 
@@ -338,9 +340,7 @@ impl Model {
         if let Some(n) = &chosen.notice {
             eprintln!("{n}");
         }
-        if chosen.repack {
-            weights.repack(&file, options.row_groups)?;
-        }
+        let row_groups = chosen.repack && weights.repack(&file, options.row_groups)?.row_groups;
         if options.mlock {
             let locked = if chosen.repack {
                 weights.lock_in_ram()
@@ -359,6 +359,7 @@ impl Model {
             config,
             weights,
             repacked: chosen.repack,
+            row_groups,
             lean: chosen.lean,
         })
     }
@@ -371,7 +372,7 @@ impl Model {
 
     /// Whether some matrices are stored in row groups ([`LoadOptions::row_groups`]).
     pub fn has_row_groups(&self) -> bool {
-        self.weights.has_row_groups()
+        self.row_groups
     }
 
     /// Whether the model runs in the memory-lean mode ([`LoadOptions::lean`]).

@@ -99,6 +99,15 @@ impl Linear {
     }
 }
 
+/// What [`Weights::repack`] did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Repacked {
+    /// Bytes copied.
+    pub bytes: usize,
+    /// Whether some matrix went into row groups.
+    pub row_groups: bool,
+}
+
 /// Weights of one decoder block.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
@@ -286,15 +295,6 @@ impl Weights {
         all
     }
 
-    /// Whether some matrix is stored in row groups.
-    pub fn has_row_groups(&self) -> bool {
-        let layers = self
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
-        layers.chain([&self.output]).any(|w| w.grouped)
-    }
-
     /// Bytes [`Weights::repack`] would copy into anonymous memory (0 once done).
     pub fn repack_bytes(&mut self) -> usize {
         self.repackable()
@@ -320,13 +320,14 @@ impl Weights {
     /// active level has their kernels ([`sparrow_quant::row_groups`]), other types as
     /// stored, in memory asked for huge pages;
     /// their pages of the file mapping are released as they are copied, so resident memory
-    /// stays about the same. Returns the bytes copied.
-    pub fn repack(&mut self, file: &GgufFile, row_groups: bool) -> Result<usize> {
-        let mut total = 0;
+    /// stays about the same. Returns the bytes copied and whether row groups were made.
+    pub fn repack(&mut self, file: &GgufFile, row_groups: bool) -> Result<Repacked> {
+        let mut done = Repacked::default();
         // A tied output is the embedding table, whose rows are still read from the file.
         for (w, keep_mapped) in self.repackable() {
-            total += w.repack(file, keep_mapped, row_groups)?;
+            done.bytes += w.repack(file, keep_mapped, row_groups)?;
+            done.row_groups |= w.grouped;
         }
-        Ok(total)
+        Ok(done)
     }
 }
