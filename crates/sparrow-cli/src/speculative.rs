@@ -4,7 +4,9 @@
 
 use sparrow::attention::AttentionChoice;
 use sparrow::scheduler::SpeculationFactory;
-use sparrow::speculative::{check_vocabularies, DEFAULT_DRAFT_MAX, DEFAULT_DRAFT_P_MIN};
+use sparrow::speculative::{
+    check_vocabularies, DEFAULT_DRAFT_MAX, DEFAULT_DRAFT_P_MIN, DEFAULT_DRAFT_VOCAB,
+};
 use sparrow::{DraftModel, Drafter, Engine, KvOptions, PromptLookup, Speculation};
 use std::sync::Arc;
 
@@ -32,6 +34,12 @@ pub struct SpeculativeArgs {
     /// The draft model stops drafting when its best token is less likely than this.
     #[arg(long = "draft-p-min", alias = "spec-draft-p-min", default_value_t = DEFAULT_DRAFT_P_MIN, help_heading = HEADING)]
     pub draft_p_min: f32,
+    /// The draft model scores only the vocabulary's first N token ids (byte-level BPE
+    /// numbers tokens roughly by frequency) and the ids already in the context: each
+    /// draft step reads that much less of its output matrix. The output is unchanged (the
+    /// model checks every token); 0 scores every token.
+    #[arg(long = "draft-vocab", value_name = "N", default_value_t = DEFAULT_DRAFT_VOCAB, help_heading = HEADING)]
+    pub draft_vocab: usize,
     /// The draft model's attention policy (default settings; an index-trained policy
     /// needs an index for the draft model).
     #[arg(long = "attn-draft", default_value = "full", help_heading = HEADING)]
@@ -83,9 +91,11 @@ impl SpeculativeArgs {
                         return Err(format!("--draft-p-min {p_min} is outside [0, 1]"));
                     }
                     let model = Arc::clone(&draft.model);
+                    let vocab_head = self.draft_vocab;
                     Arc::new(move || {
                         let state = model.new_sequence(n_ctx, kv.clone(), &choice)?;
-                        let m = DraftModel::new(Arc::clone(&model), state, p_min, batch_size)?;
+                        let m = DraftModel::new(Arc::clone(&model), state, p_min, batch_size)?
+                            .with_vocab_head(vocab_head);
                         Speculation::new(Drafter::Model(Box::new(m)), max, min)
                     })
                 }

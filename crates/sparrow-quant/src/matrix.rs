@@ -225,6 +225,31 @@ impl<'a> QMatrix<'a> {
         Ok(())
     }
 
+    /// The first `n` rows, viewed in place in the same layout: their products give each row
+    /// the bits the whole matrix's give it (a draft model's logits over the most frequent
+    /// part of a vocabulary, [`crate::matvec`] over them, the rest through
+    /// [`crate::matvec_rows`]).
+    ///
+    /// Errors: [`QuantError::RowOutOfRange`] if `n` is zero or more than the rows;
+    /// [`QuantError::RowsInGroups`] if the matrix is in row groups and `n` would split one
+    /// (a multiple of 16 keeps them whole).
+    pub fn first_rows(&self, n: usize) -> Result<QMatrix<'a>, QuantError> {
+        if n == 0 || n > self.rows {
+            return Err(QuantError::RowOutOfRange {
+                row: n,
+                rows: self.rows,
+            });
+        }
+        if self.is_grouped() && !n.is_multiple_of(GROUP_ROWS) {
+            return Err(QuantError::RowsInGroups);
+        }
+        Ok(QMatrix {
+            data: &self.data[..n * self.row_bytes],
+            rows: n,
+            ..*self
+        })
+    }
+
     /// The bytes of row group `g` (rows `16 g .. 16 g + 16`) of a matrix in row groups.
     pub(crate) fn group(&self, g: usize) -> &'a [u8] {
         let bytes = GROUP_ROWS * self.row_bytes;

@@ -185,6 +185,69 @@ pub fn matvec_multi(
     matvec_multi_with(ms, x, outs, Acts::Int8)
 }
 
+/// `out[j]` = row `rows[j]` of `m` times `x`, each exactly the value [`matvec`] gives that
+/// row, for a few scattered rows (a draft model's logits for the rare tokens its context
+/// holds, beside [`QMatrix::first_rows`] for the frequent ones). One thread: meant for
+/// hundreds of rows, not a matrix. A matrix in row groups runs the group kernel over each
+/// group a row falls in (once for neighbouring rows of one group) and keeps that row.
+///
+/// Errors: [`QuantError::LenMismatch`] for `x` or `out`, [`QuantError::RowOutOfRange`] for
+/// a row past the end, [`QuantError::Unsupported`] for a format without kernels.
+pub fn matvec_rows(
+    m: &QMatrix<'_>,
+    rows: &[u32],
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    check_len("x", m.cols(), x.len())?;
+    check_len("out", rows.len(), out.len())?;
+    if let Some(&r) = rows.iter().find(|&&r| r as usize >= m.rows()) {
+        return Err(QuantError::RowOutOfRange {
+            row: r as usize,
+            rows: m.rows(),
+        });
+    }
+    let dot = row_dot(m, Acts::Int8)?;
+    with_scratch(|s| match dot {
+        Dot::Int8(Q8Dot::Q8_0(f)) => {
+            s.0.quantize_from(x);
+            let a = s.0.as_slice();
+            for (o, &r) in out.iter_mut().zip(rows) {
+                *o = f(m.row(r as usize), a);
+            }
+        }
+        Dot::Int8(Q8Dot::Q8K(f)) => {
+            s.1.quantize_from(x);
+            let a = s.1.as_slice();
+            for (o, &r) in out.iter_mut().zip(rows) {
+                *o = f(m.row(r as usize), a);
+            }
+        }
+        Dot::Groups(kernel) => {
+            s.1.quantize_from(x);
+            let a = s.1.as_slice();
+            let blocks = m.cols() / crate::q8::Q8K_BLOCK;
+            let mut vals = [0f32; GROUP_ROWS];
+            let mut computed = None;
+            for (o, &r) in out.iter_mut().zip(rows) {
+                let g = r as usize / GROUP_ROWS;
+                if computed != Some(g) {
+                    kernel(m.group(g), blocks, &[a], &mut vals);
+                    computed = Some(g);
+                }
+                *o = vals[r as usize % GROUP_ROWS];
+            }
+        }
+        Dot::F32(f) => {
+            let mut buf = Vec::new();
+            for (o, &r) in out.iter_mut().zip(rows) {
+                *o = f(row_bytes_of(m, r as usize, &mut buf), x);
+            }
+        }
+    });
+    Ok(())
+}
+
 /// [`matvec`] with f32 activations throughout: each output is exactly [`crate::dot`] of
 /// its row (the reference semantics; slower for quantized weights).
 pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), QuantError> {

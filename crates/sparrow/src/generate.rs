@@ -9,7 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::grammar::JsonConstraint;
-use crate::model::{Logits, Model, State};
+use crate::model::{Logits, Model, State, VocabHead};
 use crate::sampler::{LogProbs, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::ops::ControlFlow;
@@ -441,6 +441,29 @@ pub fn prefill<'s>(
     state: &'s mut State,
     tokens: &[u32],
     batch_size: usize,
+    progress: impl FnMut(usize, usize),
+) -> Result<&'s [f32]> {
+    prefill_into(model, state, tokens, batch_size, None, progress)
+}
+
+/// [`prefill`] whose logits for the last token cover only `head`'s ids (a draft model
+/// catching up: [`Model::forward_head`]).
+pub fn prefill_head<'s>(
+    model: &Model,
+    state: &'s mut State,
+    tokens: &[u32],
+    batch_size: usize,
+    head: &VocabHead,
+) -> Result<&'s [f32]> {
+    prefill_into(model, state, tokens, batch_size, Some(head), |_, _| {})
+}
+
+fn prefill_into<'s>(
+    model: &Model,
+    state: &'s mut State,
+    tokens: &[u32],
+    batch_size: usize,
+    head: Option<&VocabHead>,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<&'s [f32]> {
     if state.n_past() + tokens.len() > state.n_ctx() {
@@ -454,12 +477,24 @@ pub fn prefill<'s>(
     let n_chunks = tokens.len().div_ceil(batch);
     for (i, chunk) in tokens.chunks(batch).enumerate() {
         let last = i + 1 == n_chunks;
-        let want = if last { Logits::Last } else { Logits::None };
-        model.forward(state, chunk, want)?;
+        match (last, head) {
+            (true, Some(head)) => {
+                model.forward_head(state, chunk, head)?;
+            }
+            (true, None) => {
+                model.forward(state, chunk, Logits::Last)?;
+            }
+            (false, _) => {
+                model.forward(state, chunk, Logits::None)?;
+            }
+        }
         progress((i * batch + chunk.len()).min(tokens.len()), tokens.len());
     }
     // Borrow dance: the last forward's logits live in the state's scratch.
-    Ok(state.last_logits())
+    Ok(match head {
+        Some(_) => state.logits(),
+        None => state.last_logits(),
+    })
 }
 
 #[cfg(test)]

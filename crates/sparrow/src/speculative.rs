@@ -18,8 +18,8 @@
 //! rewound from the KV store and the policy ([`State::truncate`]).
 
 use crate::error::{Error, Result};
-use crate::generate::{prefill, Generation, Next, SpeculationStats, TokenSink};
-use crate::model::{Model, State};
+use crate::generate::{prefill, prefill_head, Generation, Next, SpeculationStats, TokenSink};
+use crate::model::{Model, State, VocabHead};
 use crate::sampler::argmax;
 use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
@@ -31,6 +31,10 @@ pub const DEFAULT_DRAFT_MAX: usize = 16;
 /// The draft model stops proposing below this probability of its own best token unless
 /// set (llama.cpp's `--draft-p-min` default).
 pub const DEFAULT_DRAFT_P_MIN: f32 = 0.75;
+
+/// The draft model scores the vocabulary's first this many ids (and those of the context)
+/// unless set (`--draft-vocab`; see [`VocabHead`]).
+pub const DEFAULT_DRAFT_VOCAB: usize = 32768;
 
 /// How drafts are made, and how many per check.
 ///
@@ -360,6 +364,9 @@ pub struct DraftModel {
     tokens: Vec<u32>,
     p_min: f32,
     batch_size: usize,
+    /// Logits over part of the vocabulary only (`--draft-vocab`): the frequent ids and
+    /// those of the context, which it includes as the context grows.
+    head: Option<VocabHead>,
 }
 
 impl DraftModel {
@@ -378,7 +385,56 @@ impl DraftModel {
             tokens: Vec::new(),
             p_min,
             batch_size: batch_size.max(1),
+            head: None,
         })
+    }
+
+    /// Draft from the logits of the vocabulary's first `first` ids and of the ids in the
+    /// context ([`VocabHead`]) rather than of every token: each step reads less of the
+    /// output matrix; a token outside them is never proposed (the check then decodes it).
+    /// `0`: the whole vocabulary.
+    pub fn with_vocab_head(mut self, first: usize) -> Self {
+        let vocab = self.model.config.vocab_size;
+        self.head = (first != 0 && first < vocab).then(|| VocabHead::new(first, vocab));
+        self
+    }
+
+    /// Logits of the last of `tokens`, fed at the draft's next positions as a prompt is:
+    /// over the head if it has one (logit `i` is token [`DraftModel::token_of`]`(i)`).
+    fn catch_up_pass(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        match &self.head {
+            Some(head) => prefill_head(&self.model, &mut self.state, tokens, self.batch_size, head),
+            None => prefill(
+                &self.model,
+                &mut self.state,
+                tokens,
+                self.batch_size,
+                |_, _| {},
+            ),
+        }
+        .map(<[f32]>::to_vec)
+    }
+
+    /// One decode step of the draft on `id`, its logits (as [`DraftModel::catch_up_pass`]'s)
+    /// written over `logits`.
+    fn step(&mut self, id: u32, logits: &mut Vec<f32>) -> Result<()> {
+        let l = match &self.head {
+            Some(head) => self.model.forward_head(&mut self.state, &[id], head)?,
+            None => self
+                .model
+                .forward(&mut self.state, &[id], crate::model::Logits::Last)?,
+        };
+        logits.clear();
+        logits.extend_from_slice(l);
+        Ok(())
+    }
+
+    /// The token of logit `i` of [`DraftModel::catch_up_pass`].
+    fn token_of(&self, i: u32) -> u32 {
+        match &self.head {
+            Some(head) => head.id(i as usize),
+            None => i,
+        }
     }
 
     /// Bring the draft's cache to `context` then `next` (keeping the prefix it already
@@ -400,15 +456,14 @@ impl DraftModel {
         let kept = self.state.truncate(shared);
         self.tokens.truncate(kept);
         let rest: Vec<u32> = (kept..total).map(token_at).collect();
-        match prefill(
-            &self.model,
-            &mut self.state,
-            &rest,
-            self.batch_size,
-            |_, _| {},
-        ) {
-            Ok(l) => {
-                let logits = l.to_vec();
+        if let Some(head) = &mut self.head {
+            if kept == 0 {
+                head.clear_included();
+            }
+            head.include(&rest);
+        }
+        match self.catch_up_pass(&rest) {
+            Ok(logits) => {
                 self.tokens.extend_from_slice(&rest);
                 Ok(Some(logits))
             }
@@ -440,7 +495,8 @@ impl DraftModel {
         let drafting = std::time::Instant::now();
         let mut unsure = false;
         while out.len() < want {
-            let (id, p) = best_with_probability(&logits);
+            let (best, p) = best_with_probability(&logits);
+            let id = self.token_of(best);
             if p < self.p_min {
                 unsure = true;
                 break;
@@ -449,15 +505,9 @@ impl DraftModel {
             if out.len() == want {
                 break;
             }
-            match self
-                .model
-                .forward(&mut self.state, &[id], crate::model::Logits::Last)
-            {
-                Ok(l) => logits.copy_from_slice(l),
-                Err(e) => {
-                    self.reset();
-                    return Err(e);
-                }
+            if let Err(e) = self.step(id, &mut logits) {
+                self.reset();
+                return Err(e);
             }
             self.tokens.push(id);
         }

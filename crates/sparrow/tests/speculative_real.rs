@@ -12,6 +12,7 @@ use sparrow::attention::AttentionChoice;
 use sparrow::kv::{ColdTier, KvOptions};
 use sparrow::policy::quest::QuestSettings;
 use sparrow::policy::saap::Layout;
+use sparrow::speculative::DEFAULT_DRAFT_VOCAB;
 use sparrow::{
     DraftModel, Drafter, Engine, Generation, KvType, Logits, PromptLookup, Sampler, SamplerConfig,
     Session, Speculation,
@@ -176,13 +177,22 @@ fn the_small_qwen_drafts_for_the_large_one() {
     let (mut drafted, mut accepted) = (0, 0);
     for text in [EDIT, open] {
         let prompt = target.tokenizer.encode(text, true, true);
-        for (name, choice, cold) in [
-            ("full", AttentionChoice::default(), false),
-            ("quest, cold", quest(), true),
+        // The draft's default head (the first ids and the context's) and its whole one.
+        for (name, choice, cold, vocab_head) in [
+            (
+                "full",
+                AttentionChoice::default(),
+                false,
+                DEFAULT_DRAFT_VOCAB,
+            ),
+            ("full, whole head", AttentionChoice::default(), false, 0),
+            ("quest, cold", quest(), true, DEFAULT_DRAFT_VOCAB),
         ] {
             let plain = greedy(&target, &choice, cold, None, &prompt, 32);
             let state = draft.model.new_state(N_CTX, KvType::F16).unwrap();
-            let model = DraftModel::new(Arc::clone(&draft.model), state, 0.0, 256).unwrap();
+            let model = DraftModel::new(Arc::clone(&draft.model), state, 0.0, 256)
+                .unwrap()
+                .with_vocab_head(vocab_head);
             let spec = Speculation::new(Drafter::Model(Box::new(model)), 6, 0)
                 .unwrap()
                 .always_draft_max();

@@ -19,8 +19,9 @@ use std::ops::Range;
 /// server batching several sequences keeps one more for the stacked pass.
 #[derive(Default)]
 pub struct Workspace {
-    x: Vec<f32>,
-    xb: Vec<f32>,
+    /// The residual stream of every row of the pass (after the pass: the last layer's).
+    pub(super) x: Vec<f32>,
+    pub(super) xb: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
@@ -526,7 +527,7 @@ fn resize(v: &mut Vec<f32>, n: usize) {
     v.resize(n, 0.0);
 }
 
-fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+pub(super) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
     let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {

@@ -6,6 +6,7 @@
 pub mod arch;
 pub mod config;
 mod forward;
+mod head;
 pub mod rope;
 pub mod spec;
 pub mod weights;
@@ -16,6 +17,7 @@ use crate::kv::{BlockTable, KvOptions, KvShape, KvStore, KvTypes, DEFAULT_BLOCK}
 pub use arch::{Architecture, RopeLayout};
 pub use config::ModelConfig;
 pub use forward::{SeqStep, Workspace};
+pub use head::VocabHead;
 use rope::RopeTable;
 use sparrow_gguf::GgufFile;
 pub use spec::{Activation, LayerAttention, LayerSpec};
