@@ -79,9 +79,17 @@ struct Measurements {
     /// Trial drafts since drafting last paid: each doubles the wait for the next.
     trials: u32,
     /// The last proposal came out empty because the draft model was unsure of its first
-    /// token (`--draft-p-min`): the step judges one draft, as a miss.
+    /// token (`--draft-p-min`).
     declined: bool,
+    /// Proposals asked for, and those that came out empty that way: a declined proposal
+    /// costs the catch-up and yields a plain step.
+    proposals: f64,
+    declines: f64,
 }
+
+/// The most tokens a draft model catches up after a check (the last draft, kept, and the
+/// token after it); more is the backlog of plain steps.
+const STEADY_CATCH_UP: usize = 2;
 
 /// Weight of the past in each new measurement.
 const DECAY: f64 = 0.9;
@@ -105,11 +113,22 @@ impl Measurements {
             plain_steps: 0,
             trials: 0,
             declined: false,
+            proposals: 0.0,
+            declines: 0.0,
         }
     }
 
     fn acceptance(&self) -> f64 {
         (self.kept / self.judged).clamp(0.0, 0.999)
+    }
+
+    /// The share of proposals the draft model declined (unsure of its first token).
+    fn decline_rate(&self) -> f64 {
+        if self.proposals > 0.0 {
+            (self.declines / self.proposals).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
     }
 
     /// Seconds a pass checking `k` drafts is expected to take: measured, or on the line
@@ -144,6 +163,17 @@ impl Measurements {
         })
     }
 
+    /// A proposal was made, `declined` if it came out empty for an unsure draft, after a
+    /// catch-up of `setup` seconds (`None`: not a check's usual catch-up).
+    fn proposed(&mut self, declined: bool, setup: Option<f64>) {
+        self.declined = declined;
+        self.proposals = DECAY * self.proposals + 1.0;
+        self.declines = DECAY * self.declines + f64::from(u8::from(declined));
+        if let Some(setup) = setup {
+            Self::update(&mut self.setup, setup);
+        }
+    }
+
     fn update(slot: &mut Option<f64>, value: f64) {
         *slot = Some(match *slot {
             Some(old) => DECAY * old + (1.0 - DECAY) * value,
@@ -155,9 +185,12 @@ impl Measurements {
 /// The draft length in `min..=max` (or 0) with the most expected tokens per second, when
 /// each draft is kept with probability `alpha`, a check of `k` drafts takes
 /// `pass_seconds(k)`, each draft token `draft_seconds` and drafting at all
-/// `setup_seconds` (a draft model catching up with the tokens kept).
+/// `setup_seconds` (a draft model catching up with the tokens kept) — after which the
+/// draft declines to propose anything with probability `decline` (unsure of its first
+/// token: the step is a plain one, the catch-up spent).
 pub fn best_draft_len(
     alpha: f64,
+    decline: f64,
     pass_seconds: impl Fn(usize) -> f64,
     draft_seconds: f64,
     setup_seconds: f64,
@@ -165,10 +198,16 @@ pub fn best_draft_len(
     max: usize,
 ) -> usize {
     let rate = |k: usize| {
-        // 1 + α + … + α^k tokens.
-        let tokens = (0..=k).map(|j| alpha.powi(j as i32)).sum::<f64>();
-        let setup = if k > 0 { setup_seconds } else { 0.0 };
-        tokens / (pass_seconds(k) + draft_seconds * k as f64 + setup)
+        if k == 0 {
+            return 1.0 / pass_seconds(0);
+        }
+        // 1 + α + … + α^k tokens when the draft proposes, one when it declines.
+        let drafted = (0..=k).map(|j| alpha.powi(j as i32)).sum::<f64>();
+        let tokens = decline + (1.0 - decline) * drafted;
+        let seconds = setup_seconds
+            + decline * pass_seconds(0)
+            + (1.0 - decline) * (pass_seconds(k) + draft_seconds * k as f64);
+        tokens / seconds
     };
     let mut best = (0, rate(0));
     for k in min.max(1)..=max {
@@ -260,6 +299,7 @@ impl Speculation {
         let (draft, setup) = (m.draft.unwrap_or(0.0), m.setup.unwrap_or(0.0));
         let k = best_draft_len(
             m.acceptance(),
+            m.decline_rate(),
             pass,
             draft,
             setup,
@@ -269,9 +309,17 @@ impl Speculation {
         if k > 0 {
             return (k, false);
         }
-        // Would drafts pay if every one were kept? If not, trying one cannot change that.
-        let could_pay =
-            best_draft_len(0.999, pass, draft, setup, self.draft_min, self.draft_max) > 0;
+        // Would drafts pay if every one were proposed and kept? If not, trying one cannot
+        // change that.
+        let could_pay = best_draft_len(
+            0.999,
+            0.0,
+            pass,
+            draft,
+            setup,
+            self.draft_min,
+            self.draft_max,
+        ) > 0;
         if could_pay && m.plain_steps >= RETRY_AFTER << m.trials.min(4) {
             (
                 TRIAL_DRAFT.clamp(self.draft_min.max(1), self.draft_max),
@@ -314,16 +362,15 @@ impl Speculation {
             Drafter::Lookup(l) => {
                 let started = std::time::Instant::now();
                 l.propose(context, next, want, out);
-                (0.0, started.elapsed().as_secs_f64(), false)
+                (Some(0.0), started.elapsed().as_secs_f64(), false)
             }
         };
         // A draft model too unsure to propose even one draft has spent its catch-up for
-        // nothing: for the expected yield of a check (what the length is chosen by) that
-        // is a miss, else drafting where the draft is usually unsure (chat) looks as good
-        // as its rare confident drafts (on two cores: 0.83× plain). (A proposal cut short
-        // after some drafts is not counted: those drafts paid for the catch-up.)
-        self.measure.declined = unsure && out.is_empty();
-        Measurements::update(&mut self.measure.setup, setup);
+        // a plain step: the share of such proposals weighs the catch-up against what the
+        // confident ones yield, else drafting where the draft is usually unsure (chat)
+        // looks as good as its rare confident drafts (on two cores: 0.83× plain). (A
+        // proposal cut short after some drafts is not one: those drafts paid for it.)
+        self.measure.proposed(unsure && out.is_empty(), setup);
         if !out.is_empty() {
             Measurements::update(&mut self.measure.draft, seconds / out.len() as f64);
         }
@@ -349,7 +396,7 @@ impl Speculation {
             return;
         }
         m.plain_steps = 0;
-        let judged = accepted + usize::from(accepted < drafted || declined);
+        let judged = accepted + usize::from(accepted < drafted);
         m.kept = DECAY * m.kept + accepted as f64;
         m.judged = DECAY * m.judged + judged as f64;
     }
@@ -440,7 +487,11 @@ impl DraftModel {
     /// Bring the draft's cache to `context` then `next` (keeping the prefix it already
     /// shares) and return the logits after them; `None` when they do not fit its context
     /// with room for a draft.
-    fn catch_up(&mut self, context: &[u32], next: Option<u32>) -> Result<Option<Vec<f32>>> {
+    fn catch_up(
+        &mut self,
+        context: &[u32],
+        next: Option<u32>,
+    ) -> Result<Option<(Vec<f32>, usize)>> {
         let total = context.len() + usize::from(next.is_some());
         if total == 0 || total >= self.state.n_ctx() {
             return Ok(None);
@@ -465,7 +516,7 @@ impl DraftModel {
         match self.catch_up_pass(&rest) {
             Ok(logits) => {
                 self.tokens.extend_from_slice(&rest);
-                Ok(Some(logits))
+                Ok(Some((logits, rest.len())))
             }
             Err(e) => {
                 self.reset();
@@ -476,21 +527,23 @@ impl DraftModel {
 
     /// Greedy drafts after `context` + `next`: catch the draft's cache up, then one token
     /// per pass until `want`, an unsure step or the end of its context. Returns the
-    /// seconds of the catch-up (whatever the draft's length) and of the drafting steps,
-    /// and whether it stopped at an unsure step (best token below `p_min`).
+    /// seconds of the catch-up (whatever the draft's length; `None` when it caught up
+    /// more than a check leaves behind — the backlog of plain steps, a cost paid once,
+    /// not at every check) and of the drafting steps, and whether it stopped at an unsure
+    /// step (best token below `p_min`).
     fn propose(
         &mut self,
         context: &[u32],
         next: u32,
         want: usize,
         out: &mut Vec<u32>,
-    ) -> Result<(f64, f64, bool)> {
+    ) -> Result<(Option<f64>, f64, bool)> {
         let catching_up = std::time::Instant::now();
-        let Some(mut logits) = self.catch_up(context, Some(next))? else {
+        let Some((mut logits, fed)) = self.catch_up(context, Some(next))? else {
             // Past the draft's context: no drafts, the model decodes plainly.
-            return Ok((0.0, 0.0, false));
+            return Ok((None, 0.0, false));
         };
-        let setup = catching_up.elapsed().as_secs_f64();
+        let setup = (fed <= STEADY_CATCH_UP).then(|| catching_up.elapsed().as_secs_f64());
         let want = want.min(self.state.n_ctx() - self.state.n_past());
         let drafting = std::time::Instant::now();
         let mut unsure = false;
@@ -719,35 +772,42 @@ mod tests {
         // A check costs a one-token pass plus `c` of one per draft.
         let cost = |c: f64| move |k: usize| 1.0 + c * k as f64;
         // Cheap checks and sure drafts: as far as allowed.
-        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0.0, 0, 16), 16);
+        assert_eq!(best_draft_len(0.99, 0.0, cost(0.1), 0.0, 0.0, 0, 16), 16);
         // Drafts kept one time in three, each extra row half a pass: not worth a check.
-        assert_eq!(best_draft_len(0.3, cost(0.55), 0.0, 0.0, 0, 16), 0);
+        assert_eq!(best_draft_len(0.3, 0.0, cost(0.55), 0.0, 0.0, 0, 16), 0);
         // In between, a short draft: α = 0.8 at 0.3 per row peaks at 2 drafts.
-        let k = best_draft_len(0.8, cost(0.3), 0.0, 0.0, 0, 16);
+        let k = best_draft_len(0.8, 0.0, cost(0.3), 0.0, 0.0, 0, 16);
         assert!((2..=3).contains(&k), "{k}");
         // A slow drafter moves the balance: the same odds, each draft token 0.5 of a pass.
-        assert_eq!(best_draft_len(0.8, cost(0.3), 0.5, 0.0, 0, 16), 0);
+        assert_eq!(best_draft_len(0.8, 0.0, cost(0.3), 0.5, 0.0, 0, 16), 0);
         // So does a costly start: sure drafts at 0.1 per row, but a whole pass to begin.
-        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 1.0, 0, 16), 16);
-        assert_eq!(best_draft_len(0.5, cost(0.1), 0.0, 1.0, 0, 16), 0);
+        assert_eq!(best_draft_len(0.99, 0.0, cost(0.1), 0.0, 1.0, 0, 16), 16);
+        assert_eq!(best_draft_len(0.5, 0.0, cost(0.1), 0.0, 1.0, 0, 16), 0);
+        // A draft that declines (unsure) pays its start for a plain step: at α = 0.8 and a
+        // start of 0.3 of a pass, drafts pay when proposed half the time, not one time in
+        // ten.
+        assert_eq!(best_draft_len(0.8, 0.0, cost(0.1), 0.0, 0.3, 0, 16), 7);
+        assert_eq!(best_draft_len(0.8, 0.5, cost(0.1), 0.0, 0.3, 0, 16), 8);
+        assert_eq!(best_draft_len(0.8, 0.9, cost(0.1), 0.0, 0.3, 0, 16), 0);
         // `min` bounds the lengths considered (0 is always one).
-        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0.0, 0, 4), 4);
+        assert_eq!(best_draft_len(0.99, 0.0, cost(0.1), 0.0, 0.0, 0, 4), 4);
     }
 
-    /// A draft too unsure to propose anything costs its catch-up for one token: counted as
-    /// a miss, so a draft that is mostly unsure stops being asked (while its rare confident
-    /// drafts, all kept, alone would keep it drafting).
+    /// A draft too unsure to propose anything costs its catch-up for one token: a draft
+    /// that is mostly unsure stops being asked (while its rare confident drafts, all kept,
+    /// alone would keep it drafting), without counting its declines against the drafts
+    /// it does make.
     #[test]
-    fn empty_unsure_proposals_count_as_misses() {
+    fn unsure_drafts_weigh_their_catch_up() {
         let lookup = || Drafter::Lookup(PromptLookup::new(2).unwrap());
         let mut s = Speculation::new(lookup(), 8, 0).unwrap();
-        s.measure.setup = Some(0.004);
         s.measure.draft = Some(0.004);
         let round = |s: &mut Speculation, unsure_empty: usize| {
             s.record(0, 0, Some(0.010));
+            s.measure.proposed(false, Some(0.008));
             s.record(2, 2, Some(0.014));
             for _ in 0..unsure_empty {
-                s.measure.declined = true;
+                s.measure.proposed(true, Some(0.008));
                 s.record(0, 0, Some(0.010));
             }
         };
@@ -762,9 +822,25 @@ mod tests {
             round(&mut s, 4);
         }
         assert_eq!(s.next_len().0, 0, "mostly unsure: not worth the catch-up");
-        assert!(s.measure.acceptance() < 0.5, "{}", s.measure.acceptance());
+        assert!(s.measure.acceptance() > 0.95, "{}", s.measure.acceptance());
+        assert!(
+            s.measure.decline_rate() > 0.7,
+            "{}",
+            s.measure.decline_rate()
+        );
         // An unsure step is not a plain one (no trial is due from it).
         assert_eq!(s.measure.plain_steps, 0);
+    }
+
+    /// A catch-up longer than a check leaves behind (the backlog of plain steps before a
+    /// trial) is not what a check's catch-up costs: it does not enter the measurements.
+    #[test]
+    fn a_backlog_catch_up_is_not_a_checks_cost() {
+        let lookup = || Drafter::Lookup(PromptLookup::new(2).unwrap());
+        let mut s = Speculation::new(lookup(), 8, 0).unwrap();
+        s.measure.proposed(false, Some(0.004));
+        s.measure.proposed(false, None);
+        assert_eq!(s.measure.setup, Some(0.004));
     }
 
     #[test]
