@@ -391,8 +391,10 @@ impl Speculation {
             Measurements::update(&mut m.pass[drafted], seconds);
         }
         let declined = std::mem::take(&mut m.declined);
-        if drafted == 0 && !declined {
-            m.plain_steps += 1;
+        if drafted == 0 {
+            // A declined proposal is not a plain step (no trial is due from it); its cost
+            // is in the decline rate, not in the acceptance of the drafts made.
+            m.plain_steps = if declined { 0 } else { m.plain_steps + 1 };
             return;
         }
         m.plain_steps = 0;
@@ -438,7 +440,8 @@ impl DraftModel {
 
     /// Draft from the logits of the vocabulary's first `first` ids and of the ids in the
     /// context ([`VocabHead`]) rather than of every token: each step reads less of the
-    /// output matrix; a token outside them is never proposed (the check then decodes it).
+    /// output matrix; a token outside them is never proposed (the check then decodes it),
+    /// and the draft's confidence (`--draft-p-min`) is its best token's share of the head.
     /// `0`: the whole vocabulary.
     pub fn with_vocab_head(mut self, first: usize) -> Self {
         let vocab = self.model.config.vocab_size;
