@@ -6,8 +6,9 @@
 //! covers the tokens it is likely to propose loses nothing but the rare proposal outside
 //! them (after FR-Spec, Zhao et al. 2025, which ranks tokens by corpus frequency). Here
 //! the part is the first ids of the vocabulary — byte-level BPE vocabularies number
-//! tokens in merge order, roughly by frequency, so no table is needed — and the ids the
-//! context itself holds (the names and rare words an answer copies from its prompt).
+//! tokens in merge order and SentencePiece ones by score, both roughly by frequency, so
+//! no table is needed — and the ids the context itself holds (the names and rare words an
+//! answer copies from its prompt).
 //! Each logit in the part has the bits the whole head gives it
 //! ([`sparrow_quant::QMatrix::first_rows`], [`sparrow_quant::matvec_rows`]).
 
