@@ -1,10 +1,11 @@
 //! Time of one pass of n decode steps (`forward_steps`) against n one-token passes and a
-//! prefill batch (`forward`), after a prompt: what a speculative check costs.
+//! prefill batch (`forward`), after a prompt: what a speculative check costs; and a draft
+//! model's step with logits over the whole vocabulary and over part of it.
 //!
 //! `cargo run --release -p sparrow --example steps_cost -- MODEL.gguf [THREADS] [row-groups]`
 //! (`row-groups`: the Q4_K/Q6_K weights in row groups, `LoadOptions::row_groups`)
 
-use sparrow::{Engine, KvType, Logits};
+use sparrow::{Engine, KvType, Logits, VocabHead};
 use std::time::Instant;
 
 fn main() {
@@ -52,4 +53,26 @@ fn main() {
             best[2] * 1e3
         );
     }
+    // A draft model's step: one token with logits over the whole vocabulary, and over the
+    // first 32,768 ids (`--draft-vocab`'s default; the prompt's ids past them included).
+    let vocab = m.config.vocab_size;
+    let mut head = VocabHead::new(32768, vocab);
+    head.include(&prompt);
+    let mut best = [f64::MAX; 2];
+    for _ in 0..20 {
+        let t = Instant::now();
+        m.forward(&mut st, &[300], Logits::Last).unwrap();
+        best[0] = best[0].min(t.elapsed().as_secs_f64());
+        let _ = st.truncate(base);
+        let t = Instant::now();
+        m.forward_head(&mut st, &[300], &head).unwrap();
+        best[1] = best[1].min(t.elapsed().as_secs_f64());
+        let _ = st.truncate(base);
+    }
+    println!(
+        "one token: whole head {:.2} ms, head of {} logits {:.2} ms",
+        best[0] * 1e3,
+        head.len(),
+        best[1] * 1e3
+    );
 }
