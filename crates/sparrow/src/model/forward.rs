@@ -445,11 +445,7 @@ impl Model {
         }
         let out = self.weights.output.matrix(self.file.bytes());
         product(&out, &ws.xb[..m * d], m, ws.rowwise, &mut ws.logits)?;
-        if let Some(cap) = c.final_logit_softcap {
-            ws.logits
-                .iter_mut()
-                .for_each(|v| *v = cap * (*v / cap).tanh());
-        }
+        soft_cap(&mut ws.logits, c.final_logit_softcap);
         Ok(())
     }
 
@@ -532,6 +528,13 @@ pub(super) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let scale = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
         *o = v * scale * w;
+    }
+}
+
+/// The model's final logit soft-cap (Gemma 2's `cap · tanh(logit / cap)`), if it has one.
+pub(super) fn soft_cap(logits: &mut [f32], cap: Option<f32>) {
+    if let Some(cap) = cap {
+        logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
     }
 }
 

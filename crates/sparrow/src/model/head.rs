@@ -12,7 +12,7 @@
 //! Each logit in the part has the bits the whole head gives it
 //! ([`sparrow_quant::QMatrix::first_rows`], [`sparrow_quant::matvec_rows`]).
 
-use super::forward::rms_norm;
+use super::forward::{rms_norm, soft_cap};
 use super::{Model, State};
 use crate::error::{Error, Result};
 use crate::model::Logits;
@@ -122,11 +122,7 @@ impl Model {
         let out = self.weights.output.matrix(self.file.bytes());
         matvec(&out.first_rows(head.first)?, &ws.xb[..d], frequent)?;
         matvec_rows(&out, &head.extra, &ws.xb[..d], included)?;
-        if let Some(cap) = c.final_logit_softcap {
-            ws.logits
-                .iter_mut()
-                .for_each(|v| *v = cap * (*v / cap).tanh());
-        }
+        soft_cap(&mut ws.logits, c.final_logit_softcap);
         Ok(&state.scratch.logits)
     }
 }
