@@ -139,9 +139,10 @@ pub struct ModelArgs {
     /// `--mlock`; limited by `ulimit -l`: a refusal is reported and the run goes on).
     #[arg(long = "mlock")]
     pub mlock: bool,
-    /// Store the Q4_K and Q6_K weights 16 rows at a time (AVX-512 hosts): passes of a few
-    /// tokens cost about half as much, one-token decode a few percent more, same results.
-    /// `auto` (default) turns it on for speculative decoding and for serving several slots.
+    /// Store the weights 16 rows at a time (AVX-512 hosts; Q5_0, Q4_K and Q6_K): passes of a
+    /// few tokens cost about half as much, one-token decode gains for Q5_0 and loses a few
+    /// percent for Q4_K/Q6_K. `auto` (default): Q5_0 always, every format for speculative
+    /// decoding and for serving several slots; `off`: none (the row kernels throughout).
     #[arg(long = "row-groups", value_name = "on|off|auto", default_value = "auto", value_parser = ["on", "off", "auto"])]
     pub row_groups: String,
 }
@@ -158,10 +159,10 @@ impl ModelArgs {
     /// `--row-groups auto` stores in row groups for.
     pub fn load_options_for(&self, few_token_passes: bool) -> sparrow::LoadOptions {
         let mut o = sparrow::LoadOptions {
-            row_groups: match self.row_groups.as_str() {
-                "on" => true,
-                "off" => false,
-                _ => few_token_passes,
+            row_groups: match (self.row_groups.as_str(), few_token_passes) {
+                ("on", _) | ("auto", true) => sparrow::RowGroups::Batched,
+                ("off", _) => sparrow::RowGroups::Off,
+                _ => sparrow::RowGroups::Decode,
             },
             ..Default::default()
         };

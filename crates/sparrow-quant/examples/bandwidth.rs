@@ -6,7 +6,7 @@
 //! For 1 thread and for every core: a plain read of a buffer far larger than the caches
 //! (a xor over 8-byte words, which the compiler vectorises), then `matvec` over a matrix of
 //! the same size in each format the Qwen2.5 Q4_K_M file uses (Q5_0 in ggml's and in
-//! sparrow's packed layout, Q4_K and Q6_K in ggml's and in row groups), as GB/s of weights
+//! sparrow's packed layout and in row groups, Q4_K and Q6_K in ggml's and in row groups), as GB/s of weights
 //! read. Best of 5 runs each; the machine
 //! should be otherwise idle.
 
@@ -102,6 +102,7 @@ fn main() {
     let formats = [
         ("Q5_0 (ggml layout)", GgmlType::Q5_0, 896, Layout::Ggml),
         ("Q5_0 (packed)", GgmlType::Q5_0, 896, Layout::Packed),
+        ("Q5_0 (row groups)", GgmlType::Q5_0, 896, Layout::Groups),
         ("Q8_0", GgmlType::Q8_0, 896, Layout::Ggml),
         ("Q4_K", GgmlType::Q4_K, 4864, Layout::Ggml),
         ("Q4_K (row groups)", GgmlType::Q4_K, 4864, Layout::Groups),

@@ -25,7 +25,7 @@ use crate::packed;
 use crate::panel::Layout;
 use crate::q8::{self, Q8Dot, Q8DotMulti};
 use crate::q8_tiles::Q8KRows;
-use crate::row_groups::Q8KGroups;
+use crate::row_groups::GroupDot;
 use crate::types::GgmlType;
 
 /// The kernels of one block format at one [`SimdLevel`].
@@ -57,7 +57,7 @@ pub struct Kernels {
     /// against any number of tokens, 16 rows in the lanes; bit-identical to `dot_q8` per row
     /// and token), where this level has one. A matrix is stored in row groups only where
     /// the active level has this kernel.
-    pub dot_q8_groups: Option<Q8KGroups>,
+    pub dot_q8_groups: Option<GroupDot>,
     /// Whether these kernels read rows in sparrow's packed layout (see [`crate::packed`])
     /// rather than ggml's.
     pub packed: bool,
@@ -70,14 +70,14 @@ pub(crate) type RowDot = fn(&[u8], &[f32]) -> f32;
 /// The activation type is in the type (see [`int8`]), so a level cannot hand a Q8_K kernel
 /// to a Q8_0 format.
 #[derive(Clone, Copy)]
-pub(crate) struct Int8<D, M> {
+pub(crate) struct Int8<D, M, G> {
     pub(crate) dot: D,
     pub(crate) multi: Option<M>,
     pub(crate) rows: Option<Q8KRows>,
-    pub(crate) groups: Option<Q8KGroups>,
+    pub(crate) groups: Option<G>,
 }
 
-impl<D: Copy, M: Copy> Int8<D, M> {
+impl<D: Copy, M: Copy, G: Copy> Int8<D, M, G> {
     /// A single-token kernel; batches below the panel threshold call it once per token.
     pub(crate) const fn new(dot: D) -> Self {
         Int8 {
@@ -110,7 +110,7 @@ impl<D: Copy, M: Copy> Int8<D, M> {
 
     /// These kernels plus a row-group form (see [`Kernels::dot_q8_groups`]).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only AVX-512 has one so far
-    pub(crate) const fn with_groups(self, groups: Q8KGroups) -> Self {
+    pub(crate) const fn with_groups(self, groups: G) -> Self {
         Int8 {
             groups: Some(groups),
             ..self
@@ -124,11 +124,17 @@ pub(crate) mod int8 {
     use crate::q8::{Q8KSlice, Q8_0Slice};
 
     /// Kernels of a legacy format, on Q8_0 activations.
-    pub(crate) type Q8_0 =
-        super::Int8<fn(&[u8], Q8_0Slice<'_>) -> f32, fn(&[u8], &[Q8_0Slice<'_>], &mut [f32])>;
+    pub(crate) type Q8_0 = super::Int8<
+        fn(&[u8], Q8_0Slice<'_>) -> f32,
+        fn(&[u8], &[Q8_0Slice<'_>], &mut [f32]),
+        crate::row_groups::Q8_0Groups,
+    >;
     /// Kernels of a k-quant, on Q8_K activations.
-    pub(crate) type Q8K =
-        super::Int8<fn(&[u8], Q8KSlice<'_>) -> f32, fn(&[u8], &[Q8KSlice<'_>], &mut [f32])>;
+    pub(crate) type Q8K = super::Int8<
+        fn(&[u8], Q8KSlice<'_>) -> f32,
+        fn(&[u8], &[Q8KSlice<'_>], &mut [f32]),
+        crate::row_groups::Q8KGroups,
+    >;
 }
 
 /// The scalar reference level: the catalogue's defaults, overriding nothing.
@@ -255,7 +261,10 @@ macro_rules! catalogue {
                 None => None,
             },
             dot_q8_rows: $int8.rows,
-            dot_q8_groups: $int8.groups,
+            dot_q8_groups: match $int8.groups {
+                Some(g) => Some(GroupDot::$act(g)),
+                None => None,
+            },
             packed: $packed,
         }
     };

@@ -36,7 +36,7 @@ pub(crate) use entry_pairs;
 
 /// A plain `fn` around the `#[target_feature]` kernel `$f` taking `(row, x: $x)` (or, with
 /// `multi`, `(row, xs: &[$x], out)`; with `rows`, a [`crate::q8_tiles::Q8KRows`]; with `groups`, a
-/// [`crate::row_groups::Q8KGroups`]), for the [`crate::catalogue::KernelSet`] of a level
+/// [`crate::row_groups::Q8KGroups`] or [`crate::row_groups::Q8_0Groups`] on `$x`), for the [`crate::catalogue::KernelSet`] of a level
 /// that needs features beyond the target's baseline.
 ///
 /// A named `fn`, not a closure: a closure coerced to a `fn` pointer goes through a shim
@@ -59,8 +59,8 @@ macro_rules! checked {
         }
         entry
     }};
-    (groups $f:path) => {{
-        fn entry(group: &[u8], blocks: usize, xs: &[$crate::q8::Q8KSlice<'_>], out: &mut [f32]) {
+    (groups $f:path : $x:ty) => {{
+        fn entry(group: &[u8], blocks: usize, xs: &[$x], out: &mut [f32]) {
             // SAFETY: as for the single-token form above.
             unsafe { $f(group, blocks, xs, out) }
         }

@@ -47,6 +47,8 @@ use crate::level::SimdLevel;
 use crate::matrix::QMatrix;
 use crate::panel::{panel_scalar, BatchActs, Layout, Panel, PanelKernel, PANEL};
 use crate::q8::{k_ints, legacy_ints};
+use crate::row_groups::GROUP_ROWS;
+use crate::types::GgmlType;
 
 /// Fewest tokens for which decoding panels pays off against the per-row kernels, with the
 /// AVX-512 VNNI micro-kernel. Measured on Qwen2.5-0.5B Q4_K_M, 2 threads (`sparrow bench
@@ -67,6 +69,14 @@ pub(crate) const MIN_TOKENS: usize = 16;
 /// speculative check rarely lands between, and there the rows keep their bits.
 #[cfg(target_arch = "x86_64")]
 pub(crate) const MIN_TOKENS_AVX512_K: usize = 64;
+
+/// As [`MIN_TOKENS`] for a Q5_0 matrix in row groups, whose group kernel keeps ahead of the
+/// panels for longer: measured on Qwen2.5-0.5B (its Q5_0 matrices grouped, 2 threads,
+/// `sparrow bench -p 16,64,128,256,512`, two runs per threshold), with the panels from 64
+/// tokens pp64 ran at 430–468 tok/s, from 256 at 564–689; pp128 at 610–672 against 729–749;
+/// pp256 and pp512 alike either way (808–834, 858–914).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const MIN_TOKENS_AVX512_GROUPS: usize = 256;
 
 /// As [`MIN_TOKENS`] for the AVX2 micro-kernel, whose per-row kernels are relatively
 /// cheaper against the (scalar) panel decoding: measured on Zen 3, the panels win from
@@ -101,6 +111,11 @@ fn decode(p: &mut Panel, lay: Layout, m: &QMatrix<'_>, r0: usize) {
                     p.mw[gi * PANEL + r] = 0.0;
                 }
             }
+            continue;
+        }
+        if m.is_grouped() {
+            // (only Q5_0's groups reach the panels: see `reads_groups`)
+            decode_q5_0_group_row(p, m, r0 + r, r);
             continue;
         }
         let row = m.row(r0 + r);
@@ -139,6 +154,33 @@ fn decode(p: &mut Panel, lay: Layout, m: &QMatrix<'_>, r0: usize) {
     }
 }
 
+/// Whether the panels read a matrix of `ty` in row groups (Q5_0, whose group layout holds
+/// a panel's bytes nearly as they are: [`decode_q5_0_group_row`]); a k-quant in row groups
+/// runs its group kernels at every batch size.
+pub(crate) fn reads_groups(ty: GgmlType) -> bool {
+    ty == GgmlType::Q5_0
+}
+
+/// Decodes row `row` of a Q5_0 matrix in row groups into panel row `r`: each 4-column unit
+/// of a group block is, per row, 4 bytes of nibbles with their fifth bits from the unit's
+/// mask, i.e. `s + 16` for the panel, and the scale is the row's f16.
+fn decode_q5_0_group_row(p: &mut Panel, m: &QMatrix<'_>, row: usize, r: usize) {
+    use crate::row_groups::{Q5_0_GROUP_BYTES, Q5_0_MASKS, Q5_0_QUADS};
+    let (group, i) = (m.group(row / GROUP_ROWS), row % GROUP_ROWS);
+    for (b, blk) in group.chunks_exact(Q5_0_GROUP_BYTES).enumerate() {
+        p.dw[b * PANEL + r] = half::f16::from_le_bytes([blk[2 * i], blk[2 * i + 1]]).to_f32();
+        for u in 0..8 {
+            let quad = &blk[Q5_0_QUADS + 64 * (u % 4) + 4 * i..][..4];
+            let mask = u64::from_le_bytes(blk[Q5_0_MASKS + 8 * u..][..8].try_into().unwrap());
+            let dst = &mut p.q[((8 * b + u) * PANEL + r) * 4..][..4];
+            for (e, (d, &q)) in dst.iter_mut().zip(quad).enumerate() {
+                let nibble = if u < 4 { q & 0x0F } else { q >> 4 };
+                *d = nibble | (((mask >> (4 * i + e)) & 1) as u8) << 4;
+            }
+        }
+    }
+}
+
 /// Stores the signed quants `q` of row `r`, starting at column `c0`, into the interleaved
 /// panel (offset by `off`, wrapping: `-128 + 128` is 0).
 #[inline]
@@ -154,15 +196,15 @@ fn put_q(panel: &mut [u8], off: u8, r: usize, c0: usize, q: &[i8]) {
 
 /// The panel micro-kernel of `level`, if it has one, and the fewest tokens of `ty` it is
 /// used for (more for a format whose multi-token row kernels at that level stay ahead for
-/// longer).
-fn panel_kernel(level: SimdLevel, ty: crate::types::GgmlType) -> Option<(PanelKernel, usize)> {
-    let _ = ty; // (only x86_64's AVX-512 level has a per-format threshold)
+/// longer, and for a matrix in row groups, whose group kernel does).
+fn panel_kernel(level: SimdLevel, ty: GgmlType, grouped: bool) -> Option<(PanelKernel, usize)> {
+    let _ = (ty, grouped); // (only x86_64's AVX-512 level has a per-format threshold)
     match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 | SimdLevel::Amx if level.is_supported() => {
-            use crate::types::GgmlType::{Q4_K, Q6_K};
             let min = match ty {
-                Q4_K | Q6_K => MIN_TOKENS_AVX512_K,
+                GgmlType::Q4_K | GgmlType::Q6_K => MIN_TOKENS_AVX512_K,
+                _ if grouped => MIN_TOKENS_AVX512_GROUPS,
                 _ => MIN_TOKENS,
             };
             Some((crate::x86::gemm::panel_avx512, min))
@@ -189,9 +231,10 @@ pub(crate) fn matmul_panels(
     n: usize,
     out: &mut [f32],
 ) -> bool {
-    let (Some(lay), Some((kernel, min_tokens))) =
-        (panel_layout(m.ty()), panel_kernel(level, m.ty()))
-    else {
+    let (Some(lay), Some((kernel, min_tokens))) = (
+        panel_layout(m.ty()),
+        panel_kernel(level, m.ty(), m.is_grouped()),
+    ) else {
         return false;
     };
     if n < min_tokens || m.cols() == 0 {

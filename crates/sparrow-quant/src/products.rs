@@ -11,9 +11,9 @@ use crate::error::QuantError;
 use crate::kernels::Kernels;
 use crate::level::SimdLevel;
 use crate::matrix::QMatrix;
-use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8KSlice, Q8_0Acts};
+use crate::q8::{Q8Dot, Q8DotMulti, Q8KActs, Q8KSlice, Q8_0Acts, Q8_0Slice};
 use crate::q8_tiles::{Q8KRows, Q8KTiles, TILE_TOKENS};
-use crate::row_groups::{Q8KGroups, GROUP_ROWS};
+use crate::row_groups::{GroupDot, GROUP_ROWS};
 use crate::types::GgmlType;
 
 /// Roughly how many weight bytes one parallel task walks (per token, for [`matmul`]).
@@ -66,7 +66,8 @@ fn matvec_multi_with(
                 uses_q8_0 |= q.act_type() == GgmlType::Q8_0;
                 uses_q8k |= q.act_type() == GgmlType::Q8_K;
             }
-            Dot::Groups(_) => uses_q8k = true,
+            Dot::Groups(GroupDot::Q8K(_)) => uses_q8k = true,
+            Dot::Groups(GroupDot::Q8_0(_)) => uses_q8_0 = true,
             Dot::F32(_) => {}
         }
     }
@@ -85,7 +86,8 @@ fn matvec_multi_with(
                 &m.data()[r * m.row_bytes()..(r + 1) * m.row_bytes()]
             };
             match dot {
-                Dot::Groups(kernel) => run_groups(m, kernel, first, &[ak], &mut [out]),
+                Dot::Groups(GroupDot::Q8K(f)) => run_groups(m, f, first, &[ak], &mut [out]),
+                Dot::Groups(GroupDot::Q8_0(f)) => run_groups(m, f, first, &[a0], &mut [out]),
                 Dot::F32(f) if m.is_grouped() => {
                     // f32 activations on row groups: each row put back together first
                     let mut buf = Vec::new();
@@ -139,8 +141,8 @@ fn matvec_multi_with(
 #[derive(Clone, Copy)]
 enum Dot {
     Int8(Q8Dot),
-    /// A group kernel of a matrix in row groups, on Q8_K activations.
-    Groups(Q8KGroups),
+    /// A group kernel of a matrix in row groups.
+    Groups(GroupDot),
     F32(fn(&[u8], &[f32]) -> f32),
 }
 
@@ -223,20 +225,13 @@ pub fn matvec_rows(
                 *o = f(m.row(r as usize), a);
             }
         }
-        Dot::Groups(kernel) => {
+        Dot::Groups(GroupDot::Q8K(kernel)) => {
             s.1.quantize_from(x);
-            let a = s.1.as_slice();
-            let blocks = m.cols() / crate::q8::Q8K_BLOCK;
-            let mut vals = [0f32; GROUP_ROWS];
-            let mut computed = None;
-            for (o, &r) in out.iter_mut().zip(rows) {
-                let g = r as usize / GROUP_ROWS;
-                if computed != Some(g) {
-                    kernel(m.group(g), blocks, &[a], &mut vals);
-                    computed = Some(g);
-                }
-                *o = vals[r as usize % GROUP_ROWS];
-            }
+            scattered_group_rows(m, kernel, s.1.as_slice(), rows, out);
+        }
+        Dot::Groups(GroupDot::Q8_0(kernel)) => {
+            s.0.quantize_from(x);
+            scattered_group_rows(m, kernel, s.0.as_slice(), rows, out);
         }
         Dot::F32(f) => {
             let mut buf = Vec::new();
@@ -246,6 +241,28 @@ pub fn matvec_rows(
         }
     });
     Ok(())
+}
+
+/// [`matvec_rows`] of a matrix in row groups: the group kernel over each group a row falls
+/// in (once for neighbouring rows of one group), keeping that row.
+fn scattered_group_rows<X: Copy>(
+    m: &QMatrix<'_>,
+    kernel: GroupKernel<X>,
+    x: X,
+    rows: &[u32],
+    out: &mut [f32],
+) {
+    let blocks = m.cols() / m.ty().block_elems();
+    let mut vals = [0f32; GROUP_ROWS];
+    let mut computed = None;
+    for (o, &r) in out.iter_mut().zip(rows) {
+        let g = r as usize / GROUP_ROWS;
+        if computed != Some(g) {
+            kernel(m.group(g), blocks, &[x], &mut vals);
+            computed = Some(g);
+        }
+        *o = vals[r as usize % GROUP_ROWS];
+    }
 }
 
 /// [`matvec`] with f32 activations throughout: each output is exactly [`crate::dot`] of
@@ -269,8 +286,9 @@ pub fn matvec_f32(m: &QMatrix<'_>, x: &[f32], out: &mut [f32]) -> Result<(), Qua
 /// (through the multi-token kernel, [`Kernels::dot_q8_multi`], where the level has one:
 /// each block unpacked once per group of tokens). Both give results equal to
 /// [`crate::dot_q8`] exactly. A matrix in row groups ([`QMatrix::new_grouped`]) runs its
-/// group kernel at every batch size, one token included, so there too every token's
-/// outputs are what [`matvec`] gives it alone.
+/// group kernel at every batch size below the panels' threshold, one token included, so
+/// there too every token's outputs are what [`matvec`] gives it alone (a Q5_0 matrix in
+/// row groups takes the panels from their threshold, as the other layouts do).
 pub fn matmul(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), QuantError> {
     matmul_with(m, xs, out, Acts::Int8, m.kernels()?, Panels::Allowed)
 }
@@ -347,28 +365,37 @@ fn matmul_with(
         out.fill(0.0);
         return Ok(());
     }
+    // The panels from their threshold, for a matrix in row groups too where they read its
+    // groups (Q5_0): a long prompt's prefill at their speed.
+    if acts == Acts::Int8
+        && panels == Panels::Allowed
+        && k.dot_q8.is_some()
+        && (!m.is_grouped() || crate::gemm::reads_groups(m.ty()))
+        && crate::gemm::matmul_panels(k.level, m, &xs[..n_tokens * m.cols()], n_tokens, out)
+    {
+        return Ok(());
+    }
     if m.is_grouped() {
         if acts == Acts::Int8 {
-            let a: Vec<Q8KActs> = xs
-                .chunks_exact(m.cols())
-                .take(n_tokens)
-                .map(Q8KActs::new)
-                .collect();
-            let slices: Vec<Q8KSlice<'_>> = a.iter().map(|a| a.as_slice()).collect();
-            matmul_groups(m, group_kernel(k), &slices, out);
+            let tokens = || xs.chunks_exact(m.cols()).take(n_tokens);
+            match group_kernel(k) {
+                GroupDot::Q8K(kernel) => {
+                    let a: Vec<Q8KActs> = tokens().map(Q8KActs::new).collect();
+                    let slices: Vec<Q8KSlice<'_>> = a.iter().map(|a| a.as_slice()).collect();
+                    matmul_groups(m, kernel, &slices, out);
+                }
+                GroupDot::Q8_0(kernel) => {
+                    let a: Vec<Q8_0Acts> = tokens().map(Q8_0Acts::new).collect();
+                    let slices: Vec<Q8_0Slice<'_>> = a.iter().map(|a| a.as_slice()).collect();
+                    matmul_groups(m, kernel, &slices, out);
+                }
+            }
         } else {
             let x: Vec<&[f32]> = xs.chunks_exact(m.cols()).take(n_tokens).collect();
             matmul_rows(m, n_tokens, 1, out, |row, o| {
                 o.iter_mut().zip(&x).for_each(|(v, x)| *v = (k.dot)(row, x))
             });
         }
-        return Ok(());
-    }
-    if acts == Acts::Int8
-        && panels == Panels::Allowed
-        && k.dot_q8.is_some()
-        && crate::gemm::matmul_panels(k.level, m, &xs[..n_tokens * m.cols()], n_tokens, out)
-    {
         return Ok(());
     }
     let tokens = || xs.chunks_exact(m.cols()).take(n_tokens);
@@ -559,24 +586,27 @@ fn par_row_chunks(
 /// The row-group kernel of a matrix in row groups with kernels `k`: the level's own, else
 /// the portable one (same bits: every group kernel computes
 /// [`crate::row_groups::q4_k_group_scalar`]'s numerics).
-fn group_kernel(k: &Kernels) -> Q8KGroups {
+fn group_kernel(k: &Kernels) -> GroupDot {
     k.dot_q8_groups
         .or(crate::row_groups::scalar_kernel(k.ty))
         .expect("only formats with row groups are stored in them")
 }
 
+/// A row-group kernel on activations `X` (see [`GroupDot`]).
+type GroupKernel<X> = fn(&[u8], usize, &[X], &mut [f32]);
+
 /// Rows `first .. first + outs[0].len()` of `m` (in row groups; `first` and the count
 /// whole groups, or the count reaching the last row) against every token of `xs`:
 /// `outs[t][j]` is row `first + j` for token `t`.
-fn run_groups(
+fn run_groups<X>(
     m: &QMatrix<'_>,
-    kernel: Q8KGroups,
+    kernel: GroupKernel<X>,
     first: usize,
-    xs: &[Q8KSlice<'_>],
+    xs: &[X],
     outs: &mut [&mut [f32]],
 ) {
     let rows = outs.first().map_or(0, |o| o.len());
-    let blocks = m.cols() / crate::q8::Q8K_BLOCK;
+    let blocks = m.cols() / m.ty().block_elems();
     // On the stack for a decode step's or a check's few tokens (no allocation per task).
     let mut stack = [0f32; 8 * GROUP_ROWS];
     let mut heap = Vec::new();
@@ -597,7 +627,7 @@ fn run_groups(
 /// [`matmul`] of a matrix in row groups: parallel over chunks of whole groups, each group
 /// run against every token (the kernel takes them a few at a time, the group's weights
 /// staying in cache).
-fn matmul_groups(m: &QMatrix<'_>, kernel: Q8KGroups, xs: &[Q8KSlice<'_>], out: &mut [f32]) {
+fn matmul_groups<X: Sync>(m: &QMatrix<'_>, kernel: GroupKernel<X>, xs: &[X], out: &mut [f32]) {
     let chunk = rows_per_task(m, xs.len().div_ceil(MULTI_WIDTH)).next_multiple_of(GROUP_ROWS);
     par_row_chunks(m, xs.len(), chunk, out, |c, outs| {
         run_groups(m, kernel, c * chunk, xs, outs)

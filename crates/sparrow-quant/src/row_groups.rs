@@ -1,5 +1,5 @@
-//! Row groups: Q4_K and Q6_K rows regrouped sixteen at a time, so a kernel holds one weight
-//! of each of 16 rows in the 16 lanes of a register.
+//! Row groups: Q4_K, Q6_K and Q5_0 rows regrouped sixteen at a time, so a kernel holds one
+//! weight of each of 16 rows in the 16 lanes of a register.
 //!
 //! Why: a product of a few tokens (a speculative check, a batch of serving slots) is bound
 //! by arithmetic, not by reading weights, and the per-row kernels spend it badly: lanes hold
@@ -37,12 +37,27 @@
 //! so three 64-byte loads give 4 columns of each of the four 32-element runs of half `h`
 //! (the low and high nibbles of the two `ql` loads, with their two top bits from `qh`).
 //!
+//! **Q5_0** (`16 × 22`; a permutation of bits, not only of bytes, for the fifth bits):
+//!
+//! | bytes | contents |
+//! |---|---|
+//! | `0..32` | the 16 rows' `d` (f16) |
+//! | `32..96` | eight 64-bit masks: bit `4 r + e` of mask `u` (bytes `32 + 8 u ..`) is the fifth bit of element `4 u + e` of row `r` |
+//! | `96..352` | for quad `q` (0..4), 64 bytes at `96 + 64 q`: bytes `4 q .. 4 q + 4` of each row's `qs`, row after row |
+//!
+//! so one 64-byte load holds elements `4 q .. 4 q + 4` (low nibbles) and `16 + 4 q ..` (high
+//! nibbles) of all 16 rows, and mask `u` marks, byte for byte, which of the 64 values of unit
+//! `u` (`q = u` low nibbles, `q = u − 4` high) has its fifth bit set. Why Q5_0: it is the
+//! format of every matrix of a small Qwen whose width is not a multiple of 256 (the 0.5B's
+//! attention and gate/up, 175 of the 278 MB a draft step reads), and its row kernels spend
+//! more instructions per byte than a core streams: they read ~24 GB/s where Q8_0 reads ~35.
+//!
 //! Matrices of other formats, or whose rows are not a whole number of groups, keep ggml's
 //! layout (see [`is_groupable`]).
 
 use crate::error::QuantError;
 use crate::formats::kquants::scale_min_k4;
-use crate::q8::{Q8KSlice, Q8K_BLOCK};
+use crate::q8::{Q8KSlice, Q8_0Slice, Q8K_BLOCK, Q8_0_BLOCK};
 use crate::types::GgmlType;
 use rayon::prelude::*;
 
@@ -51,6 +66,21 @@ use rayon::prelude::*;
 /// the block-totals numerics ([`q4_k_group_scalar`] spells them out), whatever the number
 /// of tokens.
 pub type Q8KGroups = fn(group: &[u8], blocks: usize, xs: &[Q8KSlice<'_>], out: &mut [f32]);
+
+/// A row-group kernel of a legacy format, on Q8_0 activations (as [`Q8KGroups`]; the
+/// numerics are the scalar row kernel's, [`crate::q8::q5_0`], spelled out by
+/// [`q5_0_group_scalar`]).
+pub type Q8_0Groups = fn(group: &[u8], blocks: usize, xs: &[Q8_0Slice<'_>], out: &mut [f32]);
+
+/// A format's row-group kernel, by the activations it takes (named as the variants of
+/// [`crate::Q8Dot`]).
+#[derive(Clone, Copy, Debug)]
+pub enum GroupDot {
+    /// A k-quant's, on Q8_K activations.
+    Q8K(Q8KGroups),
+    /// A legacy format's, on Q8_0 activations.
+    Q8_0(Q8_0Groups),
+}
 
 /// Rows per group.
 pub const GROUP_ROWS: usize = 16;
@@ -62,11 +92,47 @@ const Q6_K_BYTES: usize = 210;
 pub const Q4_K_GROUP_BYTES: usize = GROUP_ROWS * Q4_K_BYTES;
 /// Bytes of one block column of a Q6_K group.
 pub const Q6_K_GROUP_BYTES: usize = GROUP_ROWS * Q6_K_BYTES;
+/// Bytes of one Q5_0 block.
+const Q5_0_BYTES: usize = 22;
+/// Bytes of one block column of a Q5_0 group.
+pub const Q5_0_GROUP_BYTES: usize = GROUP_ROWS * Q5_0_BYTES;
+/// Where a Q5_0 group's fifth-bit masks start (after the 16 scales).
+pub const Q5_0_MASKS: usize = 32;
+/// Where a Q5_0 group's quads of nibbles start (after the eight masks).
+pub const Q5_0_QUADS: usize = 96;
 
-/// Whether a `rows`-row matrix of `ty` can be stored in row groups: Q4_K and Q6_K, in
-/// whole groups.
+/// Whether a `rows`-row matrix of `ty` can be stored in row groups: Q4_K, Q6_K and Q5_0,
+/// in whole groups.
 pub fn is_groupable(ty: GgmlType, rows: usize) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) && rows > 0 && rows.is_multiple_of(GROUP_ROWS)
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q5_0)
+        && rows > 0
+        && rows.is_multiple_of(GROUP_ROWS)
+}
+
+/// Where byte `i` of block `b` of row `r` of a Q5_0 group goes, for the bytes that move
+/// whole (the scale and the nibbles; `None` for the four bytes of fifth bits, which
+/// [`q5_0_fifth_bits`] spreads).
+#[inline]
+fn q5_0_offset(r: usize, b: usize, i: usize) -> Option<usize> {
+    let base = b * Q5_0_GROUP_BYTES;
+    match i {
+        0..2 => Some(base + 2 * r + i),
+        2..6 => None,
+        _ => {
+            let j = i - 6; // byte of qs
+            Some(base + Q5_0_QUADS + 64 * (j / 4) + 4 * r + j % 4)
+        }
+    }
+}
+
+/// Where nibble `u` of row `r`'s fifth bits (the bits of elements `4 u .. 4 u + 4`) of block
+/// `b` goes: the byte, and the shift within it.
+#[inline]
+fn q5_0_fifth_bits(r: usize, b: usize, u: usize) -> (usize, u32) {
+    (
+        b * Q5_0_GROUP_BYTES + Q5_0_MASKS + 8 * u + r / 2,
+        4 * (r as u32 % 2),
+    )
 }
 
 /// Where byte `i` of block `b` of row `r` (of a group of `ty`) goes within the group.
@@ -132,6 +198,12 @@ pub fn group_rows(
 ) -> Result<(), QuantError> {
     check(ty, src, dst, row_bytes)?;
     let group = GROUP_ROWS * row_bytes;
+    if ty == GgmlType::Q5_0 {
+        src.par_chunks_exact(group)
+            .zip(dst.par_chunks_exact_mut(group))
+            .for_each(|(s, d)| group_q5_0(s, row_bytes, d));
+        return Ok(());
+    }
     // In parallel over groups, and four bytes at a time where they stay together (the
     // quants move in runs of four): a model's worth of matrices is regrouped at load.
     src.par_chunks_exact(group)
@@ -157,9 +229,44 @@ pub fn group_rows(
     Ok(())
 }
 
+/// One group of 16 Q5_0 rows (`src`, ggml's layout) into `dst`.
+fn group_q5_0(src: &[u8], row_bytes: usize, dst: &mut [u8]) {
+    dst.fill(0); // the masks are built by or-ing nibbles in
+    for (r, row) in src.chunks_exact(row_bytes).enumerate() {
+        for (b, block) in row.chunks_exact(Q5_0_BYTES).enumerate() {
+            for (i, &v) in block.iter().enumerate() {
+                if let Some(o) = q5_0_offset(r, b, i) {
+                    dst[o] = v;
+                }
+            }
+            let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+            for u in 0..8 {
+                let (o, shift) = q5_0_fifth_bits(r, b, u);
+                dst[o] |= (((qh >> (4 * u)) & 0xF) as u8) << shift;
+            }
+        }
+    }
+}
+
 /// Writes row `r` of the group `group` (16 rows of `ty` in the grouped layout, as long as
 /// `out` is) to `out` in ggml's layout.
 pub fn ungroup_row(ty: GgmlType, group: &[u8], r: usize, out: &mut [u8]) {
+    if ty == GgmlType::Q5_0 {
+        for (b, block) in out.chunks_exact_mut(Q5_0_BYTES).enumerate() {
+            let mut qh = 0u32;
+            for u in 0..8 {
+                let (o, shift) = q5_0_fifth_bits(r, b, u);
+                qh |= (((group[o] >> shift) & 0xF) as u32) << (4 * u);
+            }
+            block[2..6].copy_from_slice(&qh.to_le_bytes());
+            for (i, v) in block.iter_mut().enumerate() {
+                if let Some(o) = q5_0_offset(r, b, i) {
+                    *v = group[o];
+                }
+            }
+        }
+        return;
+    }
     for (b, block) in out.chunks_exact_mut(ty.block_bytes()).enumerate() {
         for (i, v) in block.iter_mut().enumerate() {
             *v = group[grouped_offset(ty, r, b, i)];
@@ -172,11 +279,11 @@ pub fn ungroup_row(ty: GgmlType, group: &[u8], r: usize, out: &mut [u8]) {
 /// # Panics
 /// If `group` is shorter than `blocks` block columns, `out` than 16 values a token, or a
 /// token has fewer than `blocks` blocks of quants, scales or pair sums.
-pub(crate) fn check_group_args(
+pub(crate) fn check_group_args<X: GroupActs>(
     ty: GgmlType,
     group: &[u8],
     blocks: usize,
-    xs: &[Q8KSlice<'_>],
+    xs: &[X],
     out: &[f32],
 ) {
     assert!(
@@ -185,13 +292,27 @@ pub(crate) fn check_group_args(
     );
     assert!(out.len() >= xs.len() * GROUP_ROWS, "16 outputs per token");
     for x in xs {
-        assert!(
-            x.d.len() >= blocks
-                && x.qs.len() >= blocks * Q8K_BLOCK
-                && x.bsums.len() >= 16 * blocks
-                && x.pairs.len() >= 4 * blocks,
-            "every token covers the row"
-        );
+        assert!(x.covers(blocks), "every token covers the row");
+    }
+}
+
+/// Quantized activations a group kernel takes: whether they cover `blocks` weight blocks.
+pub(crate) trait GroupActs {
+    fn covers(&self, blocks: usize) -> bool;
+}
+
+impl GroupActs for Q8KSlice<'_> {
+    fn covers(&self, blocks: usize) -> bool {
+        self.d.len() >= blocks
+            && self.qs.len() >= blocks * Q8K_BLOCK
+            && self.bsums.len() >= 16 * blocks
+            && self.pairs.len() >= 4 * blocks
+    }
+}
+
+impl GroupActs for Q8_0Slice<'_> {
+    fn covers(&self, blocks: usize) -> bool {
+        self.d.len() >= blocks && self.qs.len() >= blocks * Q8_0_BLOCK && self.sum.len() >= blocks
     }
 }
 
@@ -254,15 +375,26 @@ pub fn q6_k_group_scalar(group: &[u8], blocks: usize, xs: &[Q8KSlice<'_>], out: 
     });
 }
 
+/// The portable Q5_0 row-group kernel: the scalar row kernel [`crate::q8::q5_0`] on each
+/// row put back together, whose numerics every Q5_0 group kernel reproduces bit for bit —
+/// per row and token, block by block, the block's exact integer dot `T = Σ q·x` (`q` the
+/// 5-bit value − 16), then `acc += (d · dx) · T` (a product, then a sum: no fused
+/// multiply-add).
+pub fn q5_0_group_scalar(group: &[u8], blocks: usize, xs: &[Q8_0Slice<'_>], out: &mut [f32]) {
+    each_row_and_token(GgmlType::Q5_0, group, blocks, xs, out, |row, x| {
+        crate::q8::q5_0(row, *x)
+    });
+}
+
 /// `out[t * 16 + r] = dot(row r in ggml's layout, token t)` for the group's 16 rows (of
 /// `blocks` blocks of `ty`), after the group kernels' argument checks.
-fn each_row_and_token(
+fn each_row_and_token<X: GroupActs>(
     ty: GgmlType,
     group: &[u8],
     blocks: usize,
-    xs: &[Q8KSlice<'_>],
+    xs: &[X],
     out: &mut [f32],
-    dot: impl Fn(&[u8], &Q8KSlice<'_>) -> f32,
+    dot: impl Fn(&[u8], &X) -> f32,
 ) {
     check_group_args(ty, group, blocks, xs, out);
     let mut row = vec![0u8; blocks * ty.block_bytes()];
@@ -275,10 +407,11 @@ fn each_row_and_token(
 }
 
 /// The portable row-group kernel of `ty`, if it has row groups.
-pub fn scalar_kernel(ty: GgmlType) -> Option<Q8KGroups> {
+pub fn scalar_kernel(ty: GgmlType) -> Option<GroupDot> {
     match ty {
-        GgmlType::Q4_K => Some(q4_k_group_scalar),
-        GgmlType::Q6_K => Some(q6_k_group_scalar),
+        GgmlType::Q4_K => Some(GroupDot::Q8K(q4_k_group_scalar)),
+        GgmlType::Q6_K => Some(GroupDot::Q8K(q6_k_group_scalar)),
+        GgmlType::Q5_0 => Some(GroupDot::Q8_0(q5_0_group_scalar)),
         _ => None,
     }
 }
@@ -289,7 +422,7 @@ mod tests {
 
     #[test]
     fn grouping_is_a_permutation_that_ungroups_exactly() {
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0] {
             let (rows, blocks) = (32, 3);
             let row_bytes = blocks * ty.block_bytes();
             let src: Vec<u8> = (0..rows * row_bytes)
@@ -297,16 +430,21 @@ mod tests {
                 .collect();
             let mut dst = vec![0u8; src.len()];
             group_rows(ty, &src, row_bytes, &mut dst).unwrap();
-            // Every byte lands in its own place: the offsets are a bijection.
-            let mut seen = vec![false; GROUP_ROWS * row_bytes];
-            for r in 0..GROUP_ROWS {
-                for b in 0..blocks {
-                    for i in 0..ty.block_bytes() {
-                        let o = grouped_offset(ty, r, b, i);
-                        assert!(!seen[o], "{ty:?}: offset {o} taken twice");
-                        seen[o] = true;
-                    }
-                }
+            // Every bit lands in its own place: grouping one group with a single bit set
+            // sets a single bit, a different one for every source bit.
+            let group = GROUP_ROWS * row_bytes;
+            let mut seen = vec![false; 8 * group];
+            let (mut one, mut out) = (vec![0u8; group], vec![0u8; group]);
+            for bit in 0..8 * group {
+                one.fill(0);
+                one[bit / 8] = 1 << (bit % 8);
+                group_rows(ty, &one, row_bytes, &mut out).unwrap();
+                let set: Vec<usize> = (0..8 * group)
+                    .filter(|&o| out[o / 8] >> (o % 8) & 1 == 1)
+                    .collect();
+                assert_eq!(set.len(), 1, "{ty:?}: source bit {bit} gave {set:?}");
+                assert!(!seen[set[0]], "{ty:?}: bit {} taken twice", set[0]);
+                seen[set[0]] = true;
             }
             let mut row = vec![0u8; row_bytes];
             for r in 0..rows {

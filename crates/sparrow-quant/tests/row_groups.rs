@@ -1,6 +1,6 @@
 //! Matrices stored in row groups (`sparrow_quant::row_groups`) against the same matrices in
 //! ggml's layout, through the public products: what the engine relies on when it regroups
-//! Q4_K and Q6_K weights at load.
+//! Q4_K, Q6_K and Q5_0 weights at load.
 
 mod common;
 
@@ -11,7 +11,7 @@ use sparrow_quant::{
     GgmlType, Kernels, QMatrix, QuantError, SimdLevel,
 };
 
-const TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
+const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0];
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
@@ -56,8 +56,13 @@ fn grouped_products_give_every_token_the_one_token_bits() {
             })
             .collect();
         for (t, x) in xs.chunks_exact(cols).enumerate().take(5) {
+            // The row kernel whose numerics the group kernels reproduce: for the k-quants
+            // the active level's (block totals), for Q5_0 the scalar one.
             let mut o = vec![f32::NAN; rows];
-            matvec(&plain, x, &mut o).unwrap();
+            match ty {
+                GgmlType::Q5_0 => matmul_at_level(SimdLevel::Scalar, &plain, x, &mut o).unwrap(),
+                _ => matvec(&plain, x, &mut o).unwrap(),
+            }
             if level_has_groups(ty) {
                 assert_eq!(
                     bits(&one[t]),
@@ -117,24 +122,28 @@ fn grouped_matrices_work_everywhere_a_matrix_does() {
     let (rows, cols) = (32, 512);
     let (d4, g4) = pair(&mut rng, GgmlType::Q4_K, rows, cols);
     let (d6, g6) = pair(&mut rng, GgmlType::Q6_K, rows, cols);
+    let (d5, g5) = pair(&mut rng, GgmlType::Q5_0, rows, cols);
     let q8 = random_row(&mut rng, GgmlType::Q8_0, 40 * cols);
     let m4 = QMatrix::new_grouped(GgmlType::Q4_K, &g4, rows, cols).unwrap();
     let m6 = QMatrix::new_grouped(GgmlType::Q6_K, &g6, rows, cols).unwrap();
     let p4 = QMatrix::new(GgmlType::Q4_K, &d4, rows, cols).unwrap();
     let p6 = QMatrix::new(GgmlType::Q6_K, &d6, rows, cols).unwrap();
+    let m5 = QMatrix::new_grouped(GgmlType::Q5_0, &g5, rows, cols).unwrap();
+    let p5 = QMatrix::new(GgmlType::Q5_0, &d5, rows, cols).unwrap();
     let m8 = QMatrix::new(GgmlType::Q8_0, &q8, 40, cols).unwrap();
     let x = rng.vec(cols);
 
     // One pass over several matrices equals each alone.
     let (mut a, mut b, mut c) = (vec![0f32; rows], vec![0f32; 40], vec![0f32; rows]);
-    matvec_multi(&[m4, m8, m6], &x, &mut [&mut a, &mut b, &mut c]).unwrap();
-    for (m, got) in [(&m4, &a), (&m8, &b), (&m6, &c)] {
+    let mut e = vec![0f32; rows];
+    matvec_multi(&[m4, m8, m6, m5], &x, &mut [&mut a, &mut b, &mut c, &mut e]).unwrap();
+    for (m, got) in [(&m4, &a), (&m8, &b), (&m6, &c), (&m5, &e)] {
         let mut alone = vec![0f32; m.rows()];
         matvec(m, &x, &mut alone).unwrap();
         assert_eq!(bits(got), bits(&alone), "{}", m.ty());
     }
 
-    for (g, p) in [(&m4, &p4), (&m6, &p6)] {
+    for (g, p) in [(&m4, &p4), (&m6, &p6), (&m5, &p5)] {
         // f32 activations: the same bits as the ggml layout (same kernel, same row).
         let (mut gf, mut pf) = (vec![0f32; rows], vec![0f32; rows]);
         matvec_f32(g, &x, &mut gf).unwrap();
@@ -164,7 +173,7 @@ fn grouped_matrices_work_everywhere_a_matrix_does() {
         );
     }
 
-    // Only Q4_K and Q6_K, in whole groups of 16 rows.
+    // Only Q4_K, Q6_K and Q5_0, in whole groups of 16 rows.
     assert!(!is_groupable(GgmlType::Q4_K, 24));
     assert!(QMatrix::new_grouped(GgmlType::Q4_K, &g4[..16 * 288], 16, cols).is_ok());
     assert_eq!(
@@ -175,4 +184,24 @@ fn grouped_matrices_work_everywhere_a_matrix_does() {
         QMatrix::new_grouped(GgmlType::Q4_K, &g4[..8 * 288], 8, cols).err(),
         Some(QuantError::Unsupported(GgmlType::Q4_K))
     );
+}
+
+/// A long batch of a Q5_0 matrix in row groups runs through the panels, decoded straight
+/// from the groups: the bits of the same batch on ggml's rows, at every level (at those
+/// without group kernels the panels read a grouped matrix all the same).
+#[test]
+fn grouped_q5_0_batches_take_the_panels_from_the_groups() {
+    let mut rng = Rng::new(9);
+    // a last panel of one group (rows not a multiple of the 32-row panel)
+    let (rows, cols, n) = (208, 320, 150);
+    let (data, grouped) = pair(&mut rng, GgmlType::Q5_0, rows, cols);
+    let plain = QMatrix::new(GgmlType::Q5_0, &data, rows, cols).unwrap();
+    let m = QMatrix::new_grouped(GgmlType::Q5_0, &grouped, rows, cols).unwrap();
+    let xs = rng.vec(n * cols);
+    for level in [SimdLevel::active(), SimdLevel::Scalar] {
+        let (mut got, mut want) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+        matmul_at_level(level, &m, &xs, &mut got).unwrap();
+        matmul_at_level(level, &plain, &xs, &mut want).unwrap();
+        assert_eq!(bits(&got), bits(&want), "{level:?}");
+    }
 }

@@ -2,8 +2,9 @@
 //! prefill batch (`forward`), after a prompt: what a speculative check costs; and a draft
 //! model's step with logits over the whole vocabulary and over part of it.
 //!
-//! `cargo run --release -p sparrow --example steps_cost -- MODEL.gguf [THREADS] [row-groups]`
-//! (`row-groups`: the Q4_K/Q6_K weights in row groups, `LoadOptions::row_groups`)
+//! `cargo run --release -p sparrow --example steps_cost -- MODEL.gguf [THREADS] [ROW_GROUPS]`
+//! (`ROW_GROUPS`: `off`, `decode` (the default: Q5_0 in row groups) or `batched` (every
+//! format that has them), `LoadOptions::row_groups`)
 
 use sparrow::{Engine, KvType, Logits, VocabHead};
 use std::time::Instant;
@@ -16,7 +17,12 @@ fn main() {
         .num_threads(threads)
         .build_global()
         .unwrap();
-    let row_groups = args.next().is_some_and(|a| a == "row-groups");
+    let row_groups = match args.next().as_deref() {
+        None | Some("decode") => sparrow::RowGroups::Decode,
+        Some("off") => sparrow::RowGroups::Off,
+        Some("batched") => sparrow::RowGroups::Batched,
+        Some(other) => panic!("row groups: off, decode or batched, not {other}"),
+    };
     let options = sparrow::LoadOptions {
         row_groups,
         ..Default::default()

@@ -37,7 +37,9 @@ pub use generate::{
     TokenLogprob, TokenSink, WithProgress,
 };
 pub use kv::{ColdTier, KvOptions, KvStore, KvType, KvTypes, RamStore, TieredStore};
-pub use model::{LoadOptions, Logits, Model, ModelConfig, SeqStep, State, VocabHead, Workspace};
+pub use model::{
+    LoadOptions, Logits, Model, ModelConfig, RowGroups, SeqStep, State, VocabHead, Workspace,
+};
 pub use sampler::{LogProbs, Sampler, SamplerConfig};
 pub use scheduler::Scheduler;
 pub use session::{Session, SessionStep};

@@ -10,7 +10,7 @@
 
 mod common;
 
-use sparrow::{KvType, LoadOptions, Logits, Model};
+use sparrow::{KvType, LoadOptions, Logits, Model, RowGroups};
 use sparrow_quant::SimdLevel;
 
 fn logits_of(model: &Model, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
@@ -151,11 +151,13 @@ fn lean_mode_splits_long_batches_and_reads_the_file() {
     assert!(all == read.forward(&mut c, &prompt, Logits::All).unwrap());
 }
 
-/// Row groups (`LoadOptions::row_groups`: the Q4_K and Q6_K matrices 16 rows at a time,
-/// where the level has group kernels) give the logits of ggml's rows to the bit — prefill,
-/// one-token decode and a pass of decode steps (a speculative check) alike: both layouts
-/// sum in block totals at the levels that have group kernels, and the option changes
-/// nothing elsewhere.
+/// Row groups for every format (`RowGroups::Batched`, what speculative decoding and
+/// batched serving load) give the logits of the default (`RowGroups::Decode`: Q5_0 in
+/// groups, Q4_K and Q6_K in ggml's rows) to the bit — prefill, one-token decode and a pass
+/// of decode steps (a speculative check) alike: both layouts of a k-quant sum in block
+/// totals at the levels that have group kernels, and the choice changes nothing elsewhere.
+/// With no row groups at all (`RowGroups::Off`) the Q5_0 products sum in another order:
+/// the logits agree to f32 rounding.
 #[test]
 fn row_groups_give_the_rows_logits_to_the_bit() {
     let load = |row_groups| {
@@ -170,12 +172,47 @@ fn row_groups_give_the_rows_logits_to_the_bit() {
         )
         .unwrap()
     };
-    let (rows, groups) = (load(false), load(true));
-    let level_has_groups = sparrow_quant::Kernels::get(sparrow_quant::GgmlType::Q4_K)
-        .is_some_and(|k| k.dot_q8_groups.is_some());
-    assert!(!rows.has_row_groups());
-    assert_eq!(groups.has_row_groups(), level_has_groups);
+    let (rows, groups) = (load(RowGroups::Decode), load(RowGroups::Batched));
+    let off = load(RowGroups::Off);
+    let level_has_groups =
+        |ty| sparrow_quant::Kernels::get(ty).is_some_and(|k| k.dot_q8_groups.is_some());
+    assert!(!off.has_row_groups());
+    assert_eq!(
+        rows.has_row_groups(),
+        level_has_groups(sparrow_quant::GgmlType::Q5_0)
+    );
+    assert_eq!(
+        groups.has_row_groups(),
+        level_has_groups(sparrow_quant::GgmlType::Q4_K)
+    );
     let prompt: Vec<u32> = (0..20).map(|i| 100 + 911 * i).collect();
+    // Off against the default: the Q5_0 sums' order differs, and int8 activations carry a
+    // last-bit difference into a quantization step now and then, so the logits differ by
+    // the noise of any two summation orders on this model (~0.06 RMS, as between SIMD
+    // levels), and every clear choice of next token is the same.
+    for (p, q) in logits_of(&off, &prompt, 4)
+        .iter()
+        .zip(&logits_of(&rows, &prompt, 4))
+    {
+        let rms = (p
+            .iter()
+            .zip(q)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum::<f64>()
+            / p.len() as f64)
+            .sqrt();
+        assert!(
+            rms < 0.15,
+            "no row groups vs Q5_0 in groups: {rms} RMS apart"
+        );
+        let best = |v: &[f32]| (0..v.len()).max_by(|&i, &j| v[i].total_cmp(&v[j])).unwrap();
+        let (i, j) = (best(p), best(q));
+        assert!(
+            i == j || (p[i] - p[j]).abs() < 0.5,
+            "next token {i} vs {j} at a margin of {}",
+            p[i] - p[j]
+        );
+    }
     let a = logits_of(&rows, &prompt, 4);
     let b = logits_of(&groups, &prompt, 4);
     let steps = |m: &Model| {

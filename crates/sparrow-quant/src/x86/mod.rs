@@ -85,7 +85,8 @@ impl<const AMX: bool> KernelSet for Avx512Set<AMX> {
     const BF16: RowDot = checked!(avx512::dot_bf16: &[f32]);
     const Q4_0: int8::Q8_0 = Int8::new(checked!(avx2::q4_0_vnni: Q8_0Slice<'_>));
     const Q4_1: int8::Q8_0 = Int8::new(checked!(avx2::q4_1_vnni: Q8_0Slice<'_>));
-    const Q5_0: int8::Q8_0 = Int8::new(checked!(avx512::q5_0: Q8_0Slice<'_>));
+    const Q5_0: int8::Q8_0 = int8::Q8_0::new(checked!(avx512::q5_0: Q8_0Slice<'_>))
+        .with_groups(checked!(groups row_groups::q5_0_group: Q8_0Slice<'_>));
     const Q5_1: int8::Q8_0 = Int8::new(checked!(avx2::q5_1_vnni: Q8_0Slice<'_>));
     const Q8_0: int8::Q8_0 = Int8::multi(
         checked!(avx512::q8_0: Q8_0Slice<'_>),
@@ -104,7 +105,7 @@ impl<const AMX: bool> KernelSet for Avx512Set<AMX> {
             checked!(avx512::q4_k_totals: Q8KSlice<'_>),
             checked!(multi avx512::q4_k_totals_multi: Q8KSlice<'_>),
         )
-        .with_groups(checked!(groups row_groups::q4_k_group))
+        .with_groups(checked!(groups row_groups::q4_k_group: Q8KSlice<'_>))
     };
     const Q5_K: int8::Q8K = Int8::new(checked!(avx2::q5_k_vnni: Q8KSlice<'_>));
     const Q6_K: int8::Q8K = if AMX {
@@ -118,7 +119,7 @@ impl<const AMX: bool> KernelSet for Avx512Set<AMX> {
             checked!(avx512::q6_k_totals: Q8KSlice<'_>),
             checked!(multi avx512::q6_k_totals_multi: Q8KSlice<'_>),
         )
-        .with_groups(checked!(groups row_groups::q6_k_group))
+        .with_groups(checked!(groups row_groups::q6_k_group: Q8KSlice<'_>))
     };
     const Q8_K: int8::Q8K = Int8::new(checked!(avx2::q8_k_vnni: Q8KSlice<'_>));
     const Q5_0_PACKED: int8::Q8_0 = Int8::multi(

@@ -1,4 +1,5 @@
-//! The AVX-512 VNNI kernel of Q4_K row groups ([`crate::row_groups`]): 16 rows in the lanes.
+//! The AVX-512 VNNI kernels of Q4_K, Q6_K and Q5_0 row groups ([`crate::row_groups`]): 16
+//! rows in the lanes.
 //!
 //! Per block and token: one `vpdpbusd` per 4 columns of 16 rows (64 products), each
 //! sub-block's integer dots scaled by its 6-bit scale in one `vpmulld` for all 16 rows and
@@ -10,8 +11,11 @@
 
 use core::arch::x86_64::*;
 
-use crate::q8::{Q8KSlice, Q8K_BLOCK};
-use crate::row_groups::{check_group_args, GROUP_ROWS, Q4_K_GROUP_BYTES, Q6_K_GROUP_BYTES};
+use crate::q8::{Q8KSlice, Q8_0Slice, Q8K_BLOCK, Q8_0_BLOCK};
+use crate::row_groups::{
+    check_group_args, GROUP_ROWS, Q4_K_GROUP_BYTES, Q5_0_GROUP_BYTES, Q5_0_MASKS, Q5_0_QUADS,
+    Q6_K_GROUP_BYTES,
+};
 use crate::types::GgmlType;
 
 /// How far ahead the group kernels ask for their lines: 8 KiB, as the row kernels. 64 KiB
@@ -117,6 +121,62 @@ unsafe fn q4_k_body<const N: usize>(
     core::array::from_fn(|t| {
         let mut o = [0f32; GROUP_ROWS];
         _mm512_storeu_ps(o.as_mut_ptr(), _mm512_sub_ps(acc[t], acc_m[t]));
+        o
+    })
+}
+
+/// Rows `0..16` of one Q5_0 group against `N` tokens: `out[t][r]`. Per block: four 64-byte
+/// loads hold the 16 rows' nibbles, each unit of 4 columns gets its fifth bits from one
+/// 64-bit mask (a masked byte add of 16), and per token eight `vpdpbusd` (the activation's 4
+/// bytes broadcast) give the 16 rows' sums of `(q + 16) · x`; the block's `16 Σ x` comes off
+/// in integers, and `acc += (d · dx) · T` as the scalar row kernel ([`crate::q8::q5_0`])
+/// does it, so every row and token gets its bits.
+///
+/// # Safety
+/// AVX-512 F/BW/VL + VNNI and F16C must be available; `group` holds `blocks` block
+/// columns; every token has `blocks` blocks of quants, scales and sums.
+#[inline(always)]
+unsafe fn q5_0_body<const N: usize>(
+    group: &[u8],
+    blocks: usize,
+    xs: &[Q8_0Slice<'_>; N],
+) -> [[f32; GROUP_ROWS]; N] {
+    debug_assert!(group.len() >= blocks * Q5_0_GROUP_BYTES);
+    let (m4, sixteen) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
+    let mut acc = [_mm512_setzero_ps(); N];
+    for b in 0..blocks {
+        let base = group.as_ptr().add(b * Q5_0_GROUP_BYTES);
+        super::avx2::prefetch_at::<Q5_0_GROUP_BYTES, PREFETCH_BYTES>(base);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.cast()));
+        let w: [__m512i; 4] =
+            core::array::from_fn(|q| _mm512_loadu_si512(base.add(Q5_0_QUADS + 64 * q).cast()));
+        // Unit `u`: columns `4 u .. 4 u + 4` of the 16 rows as unsigned 5-bit values.
+        let v: [__m512i; 8] = core::array::from_fn(|u| {
+            let nibbles = match u {
+                0..4 => _mm512_and_si512(w[u], m4),
+                _ => _mm512_and_si512(_mm512_srli_epi16::<4>(w[u - 4]), m4),
+            };
+            let fifth: __mmask64 =
+                core::ptr::read_unaligned(base.add(Q5_0_MASKS + 8 * u).cast::<u64>());
+            _mm512_mask_add_epi8(nibbles, fifth, nibbles, sixteen)
+        });
+        for t in 0..N {
+            let xq = xs[t].qs.as_ptr().add(Q8_0_BLOCK * b);
+            let mut a = [_mm512_setzero_si512(); 4];
+            for (u, vu) in v.iter().enumerate() {
+                let x = _mm512_set1_epi32(core::ptr::read_unaligned(xq.add(4 * u).cast()));
+                a[u % 4] = _mm512_dpbusd_epi32(a[u % 4], *vu, x);
+            }
+            let sum = _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3]));
+            let offset = _mm512_set1_epi32(16 * *xs[t].sum.as_ptr().add(b));
+            let total = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, offset));
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(*xs[t].d.as_ptr().add(b)));
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(scale, total));
+        }
+    }
+    core::array::from_fn(|t| {
+        let mut o = [0f32; GROUP_ROWS];
+        _mm512_storeu_ps(o.as_mut_ptr(), acc[t]);
         o
     })
 }
@@ -257,6 +317,14 @@ pub(crate) fn q6_k_group(group: &[u8], blocks: usize, xs: &[Q8KSlice<'_>], out: 
     run_tiles!(q6_k_body, group, blocks, xs, out);
 }
 
+/// One Q5_0 group of 16 rows against every token of `xs` (see [`q4_k_group`] and
+/// [`crate::row_groups::Q8_0Groups`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn q5_0_group(group: &[u8], blocks: usize, xs: &[Q8_0Slice<'_>], out: &mut [f32]) {
+    check_group_args(GgmlType::Q5_0, group, blocks, xs, out);
+    run_tiles!(q5_0_body, group, blocks, xs, out);
+}
+
 /// One group of 16 rows (`blocks` blocks each, grouped) against every token of `xs`:
 /// `out[t * 16 + r]` (see [`crate::row_groups::Q8KGroups`]).
 ///
@@ -271,8 +339,8 @@ pub(crate) fn q4_k_group(group: &[u8], blocks: usize, xs: &[Q8KSlice<'_>], out: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::q8::Q8KActs;
-    use crate::row_groups::{group_rows, scalar_kernel};
+    use crate::q8::{Q8KActs, Q8_0Acts};
+    use crate::row_groups::{group_rows, scalar_kernel, GroupDot};
     use crate::x86::avx512;
 
     fn xorshift(s: &mut u64) -> u64 {
@@ -340,7 +408,9 @@ mod tests {
             group_rows(ty, &w, blocks * bb, &mut g).unwrap();
             let a = acts(11, blocks, &mut s);
             let xs: Vec<Q8KSlice<'_>> = a.iter().map(|a| a.as_slice()).collect();
-            let scalar = scalar_kernel(ty).unwrap();
+            let Some(GroupDot::Q8K(scalar)) = scalar_kernel(ty) else {
+                panic!("{ty:?} has a portable group kernel");
+            };
             for tokens in 1..=xs.len() {
                 for gi in 0..n / GROUP_ROWS {
                     let group = &g[gi * GROUP_ROWS * blocks * bb..][..GROUP_ROWS * blocks * bb];
@@ -365,6 +435,64 @@ mod tests {
                                 "{at} (portable)"
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The AVX-512 Q5_0 group kernel gives, for every row and token and any token count,
+    /// the bits of the scalar row kernel on the ungrouped rows (and of the portable group
+    /// kernel), extreme activations and scales of either sign included.
+    #[test]
+    fn q5_0_groups_give_the_scalar_kernels_bits_for_every_token_count() {
+        if !crate::level::SimdLevel::Avx512.is_supported() {
+            return;
+        }
+        let ty = GgmlType::Q5_0;
+        let mut s = 0x0fed_cba9_8765_4321u64;
+        let (n, blocks) = (48, 7);
+        let bb = ty.block_bytes();
+        let mut w: Vec<u8> = (0..n * blocks * bb)
+            .map(|_| xorshift(&mut s) as u8)
+            .collect();
+        for b in w.chunks_exact_mut(bb) {
+            let v = ((xorshift(&mut s) % 2000) as f32 - 1000.0) / 64_000.0;
+            b[..2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+        let mut g = vec![0u8; w.len()];
+        group_rows(ty, &w, blocks * bb, &mut g).unwrap();
+        let a: Vec<Q8_0Acts> = (0..11)
+            .map(|t| {
+                let x: Vec<f32> = (0..blocks * 32)
+                    .map(|i| match t {
+                        2 => [-50.0, 50.0, 50.0][i % 3],
+                        _ => ((xorshift(&mut s) % 20001) as f32 - 10000.0) / (1000.0 + t as f32),
+                    })
+                    .collect();
+                Q8_0Acts::new(&x)
+            })
+            .collect();
+        let xs: Vec<Q8_0Slice<'_>> = a.iter().map(|a| a.as_slice()).collect();
+        let Some(GroupDot::Q8_0(portable)) = scalar_kernel(ty) else {
+            panic!("Q5_0 has a portable group kernel");
+        };
+        let gb = GROUP_ROWS * blocks * bb;
+        for tokens in 1..=xs.len() {
+            for (gi, group) in g.chunks_exact(gb).enumerate() {
+                let mut out = vec![0f32; tokens * GROUP_ROWS];
+                // SAFETY: AVX-512 checked above.
+                unsafe { q5_0_group(group, blocks, &xs[..tokens], &mut out) };
+                let mut port = vec![0f32; tokens * GROUP_ROWS];
+                portable(group, blocks, &xs[..tokens], &mut port);
+                for t in 0..tokens {
+                    for r in 0..GROUP_ROWS {
+                        let row = &w[(gi * GROUP_ROWS + r) * blocks * bb..][..blocks * bb];
+                        let want = crate::q8::q5_0(row, xs[t]);
+                        let got = out[t * GROUP_ROWS + r];
+                        let at = format!("{tokens} tokens: row {r} of group {gi}, token {t}");
+                        assert_eq!(got.to_bits(), want.to_bits(), "{at}: {got} vs {want}");
+                        assert_eq!(port[t * GROUP_ROWS + r].to_bits(), want.to_bits(), "{at}");
                     }
                 }
             }

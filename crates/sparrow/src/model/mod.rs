@@ -23,6 +23,7 @@ use sparrow_gguf::GgufFile;
 pub use spec::{Activation, LayerAttention, LayerSpec};
 use std::path::Path;
 use std::sync::Arc;
+pub use weights::RowGroups;
 use weights::Weights;
 
 /// How a model is loaded.
@@ -48,15 +49,10 @@ pub struct LoadOptions {
     /// A refusal by the OS (`ulimit -l`) is reported on stderr and the model runs
     /// unlocked.
     pub mlock: bool,
-    /// When repacking, store the Q4_K and Q6_K matrices in row groups
-    /// ([`sparrow_quant::row_groups`]: 16 rows in a register's lanes) where the active SIMD
-    /// level has group kernels (AVX-512). A pass of a few tokens — a speculative check, a
-    /// batch of serving slots — then costs about half as much (the 1.5B model, two Zen 4
-    /// cores: 8 tokens in 2.1 one-token passes instead of 3.3), while a one-token pass
-    /// runs ~5–9% slower than on ggml's rows; the bits are the same either way (both sum
-    /// in block totals). Off by default; the CLI turns it on for speculative decoding and
-    /// for serving several slots.
-    pub row_groups: bool,
+    /// Which matrices repacking stores in row groups ([`sparrow_quant::row_groups`]: 16
+    /// rows in a register's lanes), where the active SIMD level has group kernels
+    /// (AVX-512): see [`RowGroups`]. Default [`RowGroups::Decode`].
+    pub row_groups: RowGroups,
 }
 
 /// The most tokens one forward pass of a lean model computes at once: a longer batch is
@@ -73,7 +69,7 @@ impl Default for LoadOptions {
             lean: None,
             mmap: true,
             mlock: false,
-            row_groups: false,
+            row_groups: RowGroups::default(),
         }
     }
 }

@@ -19,8 +19,8 @@ pub struct Linear {
     pub cols: usize,
     pub bias: Option<Vec<f32>>,
     /// The matrix copied into RAM for decode (see [`Weights::repack`]) and read instead of
-    /// the file: in sparrow's packed layout for the types that have one, in row groups if
-    /// asked (`LoadOptions::row_groups`) and the active SIMD level has their kernels, else
+    /// the file: in row groups if asked (`LoadOptions::row_groups`) and the active SIMD level
+    /// has their kernels, else in sparrow's packed layout for the types that have one, else
     /// as stored.
     pub in_ram: Option<Arc<memmap2::Mmap>>,
     /// Whether `in_ram` holds the rows in row groups ([`sparrow_quant::row_groups`]).
@@ -35,10 +35,10 @@ impl Linear {
     /// The matrix as a view over its copy in RAM, or else over the file image `file_bytes`.
     pub fn matrix<'a>(&'a self, file_bytes: &'a [u8]) -> QMatrix<'a> {
         match &self.in_ram {
+            Some(p) if self.grouped => QMatrix::new_grouped(self.ty, p, self.rows, self.cols),
             Some(p) if packed::is_packable(self.ty) => {
                 QMatrix::new_packed(self.ty, p, self.rows, self.cols)
             }
-            Some(p) if self.grouped => QMatrix::new_grouped(self.ty, p, self.rows, self.cols),
             Some(p) => QMatrix::new(self.ty, p, self.rows, self.cols),
             None => QMatrix::new(
                 self.ty,
@@ -53,7 +53,12 @@ impl Linear {
     /// Copies this matrix into RAM (packed if its type has a packed layout, in row groups if
     /// `row_groups` and the level has their kernels), releasing its pages of the file
     /// mapping as it goes unless `keep_mapped`; the bytes copied.
-    fn repack(&mut self, file: &GgufFile, keep_mapped: bool, row_groups: bool) -> Result<usize> {
+    fn repack(
+        &mut self,
+        file: &GgufFile,
+        keep_mapped: bool,
+        row_groups: RowGroups,
+    ) -> Result<usize> {
         let src = &file.bytes()[self.bytes.clone()];
         if self.in_ram.is_some() || self.rows == 0 || src.is_empty() {
             return Ok(0);
@@ -73,17 +78,17 @@ impl Linear {
         let row_bytes = src.len() / self.rows;
         // Row groups if asked and the level has their kernels (see `LoadOptions::row_groups`);
         // chunks of whole groups.
-        let grouped = row_groups
+        let grouped = row_groups.wants(self.ty)
             && row_groups::is_groupable(self.ty, self.rows)
             && Kernels::get(self.ty).is_some_and(|k| k.dot_q8_groups.is_some());
         let chunk_rows = REPACK_CHUNK_BYTES.div_ceil(row_bytes).max(1);
         let chunk = chunk_rows.next_multiple_of(row_groups::GROUP_ROWS) * row_bytes;
         for (i, (s, d)) in src.chunks(chunk).zip(dst.chunks_mut(chunk)).enumerate() {
-            if packed::is_packable(self.ty) {
-                packed::pack_rows(self.ty, s, row_bytes, d).map_err(|e| cannot(e.to_string()))?;
-            } else if grouped {
+            if grouped {
                 row_groups::group_rows(self.ty, s, row_bytes, d)
                     .map_err(|e| cannot(e.to_string()))?;
+            } else if packed::is_packable(self.ty) {
+                packed::pack_rows(self.ty, s, row_bytes, d).map_err(|e| cannot(e.to_string()))?;
             } else {
                 d.copy_from_slice(s);
             }
@@ -96,6 +101,40 @@ impl Linear {
         self.in_ram = Some(Arc::new(dst));
         self.grouped = grouped;
         Ok(src.len())
+    }
+}
+
+/// Which weight matrices go into row groups at load ([`crate::LoadOptions::row_groups`]).
+///
+/// A pass of a few tokens — a speculative check, a batch of serving slots — costs about
+/// half as much in row groups (the 1.5B model, two Zen 4 cores: 8 tokens in 2.1 one-token
+/// passes instead of 3.3; the 0.5B's Q5_0 matrices 8 tokens in 22–24 ms instead of 37–43).
+/// A one-token pass gains for Q5_0, whose row kernels spend more instructions per byte than
+/// a core streams, and loses ~5–9% for Q4_K and Q6_K. Either way a matrix's products give
+/// every token the same bits at every batch size below the panels' threshold, and a Q4_K or
+/// Q6_K matrix gives the bits of its ggml rows (both sum in block totals), so the choice
+/// between [`RowGroups::Decode`] and [`RowGroups::Batched`] changes speed, not results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RowGroups {
+    /// Every matrix as stored (or packed): the row kernels throughout.
+    Off,
+    /// The formats whose one-token products are faster in row groups too (Q5_0), the
+    /// others as stored: plain decoding.
+    #[default]
+    Decode,
+    /// Every format that has row groups (Q5_0, Q4_K, Q6_K): passes of a few tokens.
+    Batched,
+}
+
+impl RowGroups {
+    /// Whether a matrix of `ty` goes into row groups under this choice (where it can:
+    /// [`sparrow_quant::row_groups::is_groupable`] and the level's kernels decide too).
+    pub fn wants(self, ty: GgmlType) -> bool {
+        match self {
+            RowGroups::Off => false,
+            RowGroups::Decode => ty == GgmlType::Q5_0,
+            RowGroups::Batched => true,
+        }
     }
 }
 
@@ -321,7 +360,7 @@ impl Weights {
     /// stored, in memory asked for huge pages;
     /// their pages of the file mapping are released as they are copied, so resident memory
     /// stays about the same. Returns the bytes copied and whether row groups were made.
-    pub fn repack(&mut self, file: &GgufFile, row_groups: bool) -> Result<Repacked> {
+    pub fn repack(&mut self, file: &GgufFile, row_groups: RowGroups) -> Result<Repacked> {
         let mut done = Repacked::default();
         // A tied output is the embedding table, whose rows are still read from the file.
         for (w, keep_mapped) in self.repackable() {
