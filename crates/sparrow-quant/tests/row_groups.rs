@@ -193,7 +193,8 @@ fn grouped_matrices_work_everywhere_a_matrix_does() {
 fn grouped_q5_0_batches_take_the_panels_from_the_groups() {
     let mut rng = Rng::new(9);
     // a last panel of one group (rows not a multiple of the 32-row panel)
-    let (rows, cols, n) = (208, 320, 150);
+    // (the AVX-512 level's panels take a Q5_0 matrix in groups from 256 tokens)
+    let (rows, cols, n) = (208, 320, 260);
     let (data, grouped) = pair(&mut rng, GgmlType::Q5_0, rows, cols);
     let plain = QMatrix::new(GgmlType::Q5_0, &data, rows, cols).unwrap();
     let m = QMatrix::new_grouped(GgmlType::Q5_0, &grouped, rows, cols).unwrap();
@@ -202,6 +203,16 @@ fn grouped_q5_0_batches_take_the_panels_from_the_groups() {
         let (mut got, mut want) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
         matmul_at_level(level, &m, &xs, &mut got).unwrap();
         matmul_at_level(level, &plain, &xs, &mut want).unwrap();
-        assert_eq!(bits(&got), bits(&want), "{level:?}");
+        let differ = got
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "{level:?}: {differ} of {} outputs differ",
+            got.len()
+        );
     }
 }
