@@ -31,7 +31,10 @@ pub struct SpeculativeArgs {
     /// Fewest draft tokens worth a check; fewer, and the step runs plainly.
     #[arg(long = "draft-min", aliases = ["draft-n-min", "spec-draft-n-min"], default_value_t = 0, help_heading = HEADING)]
     pub draft_min: usize,
-    /// The draft model stops drafting when its best token is less likely than this.
+    /// The draft model stops drafting once the product of its drafts' probabilities (its
+    /// own odds that the check keeps them all) falls below this; every token it computed
+    /// is checked, the one that crossed the line included (llama.cpp stops at a single
+    /// token below it, unchecked).
     #[arg(long = "draft-p-min", alias = "spec-draft-p-min", default_value_t = DEFAULT_DRAFT_P_MIN, help_heading = HEADING)]
     pub draft_p_min: f32,
     /// The draft model scores only the vocabulary's first N token ids (byte-level BPE

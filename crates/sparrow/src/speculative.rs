@@ -28,8 +28,9 @@ use std::sync::Arc;
 /// Most draft tokens per check unless set (llama.cpp's `--draft-max` default).
 pub const DEFAULT_DRAFT_MAX: usize = 16;
 
-/// The draft model stops proposing below this probability of its own best token unless
-/// set (llama.cpp's `--draft-p-min` default).
+/// The draft model stops drafting once the product of its drafts' probabilities falls
+/// below this unless set (the number is llama.cpp's `--draft-p-min` default, whose rule is
+/// per token: see [`DraftModel`]).
 pub const DEFAULT_DRAFT_P_MIN: f32 = 0.75;
 
 /// The draft model scores the vocabulary's first this many ids (and those of the context)
@@ -78,13 +79,6 @@ struct Measurements {
     plain_steps: usize,
     /// Trial drafts since drafting last paid: each doubles the wait for the next.
     trials: u32,
-    /// The last proposal came out empty because the draft model was unsure of its first
-    /// token (`--draft-p-min`).
-    declined: bool,
-    /// Proposals asked for, and those that came out empty that way: a declined proposal
-    /// costs the catch-up and yields a plain step.
-    proposals: f64,
-    declines: f64,
 }
 
 /// The most tokens a draft model catches up after a check (the last draft, kept, and the
@@ -112,23 +106,11 @@ impl Measurements {
             setup: None,
             plain_steps: 0,
             trials: 0,
-            declined: false,
-            proposals: 0.0,
-            declines: 0.0,
         }
     }
 
     fn acceptance(&self) -> f64 {
         (self.kept / self.judged).clamp(0.0, 0.999)
-    }
-
-    /// The share of proposals the draft model declined (unsure of its first token).
-    fn decline_rate(&self) -> f64 {
-        if self.proposals > 0.0 {
-            (self.declines / self.proposals).clamp(0.0, 1.0)
-        } else {
-            0.0
-        }
     }
 
     /// Seconds a pass checking `k` drafts is expected to take: measured, or on the line
@@ -163,12 +145,9 @@ impl Measurements {
         })
     }
 
-    /// A proposal was made, `declined` if it came out empty for an unsure draft, after a
-    /// catch-up of `setup` seconds (`None`: not a check's usual catch-up).
-    fn proposed(&mut self, declined: bool, setup: Option<f64>) {
-        self.declined = declined;
-        self.proposals = DECAY * self.proposals + 1.0;
-        self.declines = DECAY * self.declines + f64::from(u8::from(declined));
+    /// A proposal was made after a catch-up of `setup` seconds (`None`: not a check's
+    /// usual catch-up).
+    fn proposed(&mut self, setup: Option<f64>) {
         if let Some(setup) = setup {
             Self::update(&mut self.setup, setup);
         }
@@ -185,12 +164,9 @@ impl Measurements {
 /// The draft length in `min..=max` (or 0) with the most expected tokens per second, when
 /// each draft is kept with probability `alpha`, a check of `k` drafts takes
 /// `pass_seconds(k)`, each draft token `draft_seconds` and drafting at all
-/// `setup_seconds` (a draft model catching up with the tokens kept) — after which the
-/// draft declines to propose anything with probability `decline` (unsure of its first
-/// token: the step is a plain one, the catch-up spent).
+/// `setup_seconds` (a draft model catching up with the tokens kept).
 pub fn best_draft_len(
     alpha: f64,
-    decline: f64,
     pass_seconds: impl Fn(usize) -> f64,
     draft_seconds: f64,
     setup_seconds: f64,
@@ -201,13 +177,9 @@ pub fn best_draft_len(
         if k == 0 {
             return 1.0 / pass_seconds(0);
         }
-        // 1 + α + … + α^k tokens when the draft proposes, one when it declines.
-        let drafted = (0..=k).map(|j| alpha.powi(j as i32)).sum::<f64>();
-        let tokens = decline + (1.0 - decline) * drafted;
-        let seconds = setup_seconds
-            + decline * pass_seconds(0)
-            + (1.0 - decline) * (pass_seconds(k) + draft_seconds * k as f64);
-        tokens / seconds
+        // 1 + α + … + α^k tokens
+        let tokens = (0..=k).map(|j| alpha.powi(j as i32)).sum::<f64>();
+        tokens / (setup_seconds + pass_seconds(k) + draft_seconds * k as f64)
     };
     let mut best = (0, rate(0));
     for k in min.max(1)..=max {
@@ -299,7 +271,6 @@ impl Speculation {
         let (draft, setup) = (m.draft.unwrap_or(0.0), m.setup.unwrap_or(0.0));
         let k = best_draft_len(
             m.acceptance(),
-            m.decline_rate(),
             pass,
             draft,
             setup,
@@ -311,15 +282,8 @@ impl Speculation {
         }
         // Would drafts pay if every one were proposed and kept? If not, trying one cannot
         // change that.
-        let could_pay = best_draft_len(
-            0.999,
-            0.0,
-            pass,
-            draft,
-            setup,
-            self.draft_min,
-            self.draft_max,
-        ) > 0;
+        let could_pay =
+            best_draft_len(0.999, pass, draft, setup, self.draft_min, self.draft_max) > 0;
         if could_pay && m.plain_steps >= RETRY_AFTER << m.trials.min(4) {
             (
                 TRIAL_DRAFT.clamp(self.draft_min.max(1), self.draft_max),
@@ -357,20 +321,15 @@ impl Speculation {
         if want == 0 || want < self.draft_min {
             return Ok(());
         }
-        let (setup, seconds, unsure) = match &mut self.drafter {
+        let (setup, seconds) = match &mut self.drafter {
             Drafter::Model(m) => m.propose(context, next, want, out)?,
             Drafter::Lookup(l) => {
                 let started = std::time::Instant::now();
                 l.propose(context, next, want, out);
-                (Some(0.0), started.elapsed().as_secs_f64(), false)
+                (Some(0.0), started.elapsed().as_secs_f64())
             }
         };
-        // A draft model too unsure to propose even one draft has spent its catch-up for
-        // a plain step: the share of such proposals weighs the catch-up against what the
-        // confident ones yield, else drafting where the draft is usually unsure (chat)
-        // looks as good as its rare confident drafts (on two cores: 0.83× plain). (A
-        // proposal cut short after some drafts is not one: those drafts paid for it.)
-        self.measure.proposed(unsure && out.is_empty(), setup);
+        self.measure.proposed(setup);
         if !out.is_empty() {
             Measurements::update(&mut self.measure.draft, seconds / out.len() as f64);
         }
@@ -390,11 +349,8 @@ impl Speculation {
         if let Some(seconds) = seconds {
             Measurements::update(&mut m.pass[drafted], seconds);
         }
-        let declined = std::mem::take(&mut m.declined);
         if drafted == 0 {
-            // A declined proposal is not a plain step (no trial is due from it); its cost
-            // is in the decline rate, not in the acceptance of the drafts made.
-            m.plain_steps = if declined { 0 } else { m.plain_steps + 1 };
+            m.plain_steps += 1;
             return;
         }
         m.plain_steps = 0;
@@ -419,8 +375,9 @@ pub struct DraftModel {
 }
 
 impl DraftModel {
-    /// A draft model over `state` (a state of `model`), proposing while its best token's
-    /// probability is at least `p_min`. `batch_size`: prompt tokens per pass when it
+    /// A draft model over `state` (a state of `model`), drafting while the product of its
+    /// drafts' probabilities — its own odds that the check keeps them all — is at least
+    /// `p_min` (see [`DraftModel::propose`]). `batch_size`: prompt tokens per pass when it
     /// catches up with a long context.
     pub fn new(model: Arc<Model>, state: State, p_min: f32, batch_size: usize) -> Result<Self> {
         if !(0.0..=1.0).contains(&p_min) {
@@ -529,36 +486,39 @@ impl DraftModel {
     }
 
     /// Greedy drafts after `context` + `next`: catch the draft's cache up, then one token
-    /// per pass until `want`, an unsure step or the end of its context. Returns the
-    /// seconds of the catch-up (whatever the draft's length; `None` when it caught up
-    /// more than a check leaves behind — the backlog of plain steps, a cost paid once,
-    /// not at every check) and of the drafting steps, and whether it stopped at an unsure
-    /// step (best token below `p_min`).
+    /// per pass until `want`, the end of its context, or the product of the drafts'
+    /// probabilities below `p_min`. Every token a step computed is proposed, the one that
+    /// crossed `p_min` included: its step is paid, and checking it costs a row of the
+    /// check, not a pass — where declining an unsure first token (llama.cpp's rule, and
+    /// sparrow's before) paid the step and a plain pass for nothing. On the 1.5B with the
+    /// 0.5B drafting, the chat prompts' drafts are right 70% of the time but at least 0.75
+    /// sure only 30%: `examples/draft_bound.rs` traces them, docs/performance.md has the
+    /// rules tried. Returns the seconds of the catch-up (whatever the draft's length;
+    /// `None` when it caught up more than a check leaves behind — the backlog of plain
+    /// steps, a cost paid once, not at every check) and of the drafting steps.
     fn propose(
         &mut self,
         context: &[u32],
         next: u32,
         want: usize,
         out: &mut Vec<u32>,
-    ) -> Result<(Option<f64>, f64, bool)> {
+    ) -> Result<(Option<f64>, f64)> {
         let catching_up = std::time::Instant::now();
         let Some((mut logits, fed)) = self.catch_up(context, Some(next))? else {
             // Past the draft's context: no drafts, the model decodes plainly.
-            return Ok((None, 0.0, false));
+            return Ok((None, 0.0));
         };
         let setup = (fed <= STEADY_CATCH_UP).then(|| catching_up.elapsed().as_secs_f64());
         let want = want.min(self.state.n_ctx() - self.state.n_past());
         let drafting = std::time::Instant::now();
-        let mut unsure = false;
+        // The draft's own odds that every draft so far is kept.
+        let mut all_kept = 1.0;
         while out.len() < want {
             let (best, p) = best_with_probability(&logits);
             let id = self.token_of(best);
-            if p < self.p_min {
-                unsure = true;
-                break;
-            }
             out.push(id);
-            if out.len() == want {
+            all_kept *= p;
+            if out.len() == want || all_kept < self.p_min {
                 break;
             }
             if let Err(e) = self.step(id, &mut logits) {
@@ -567,7 +527,7 @@ impl DraftModel {
             }
             self.tokens.push(id);
         }
-        Ok((setup, drafting.elapsed().as_secs_f64(), unsure))
+        Ok((setup, drafting.elapsed().as_secs_f64()))
     }
 
     fn reset(&mut self) {
@@ -775,64 +735,22 @@ mod tests {
         // A check costs a one-token pass plus `c` of one per draft.
         let cost = |c: f64| move |k: usize| 1.0 + c * k as f64;
         // Cheap checks and sure drafts: as far as allowed.
-        assert_eq!(best_draft_len(0.99, 0.0, cost(0.1), 0.0, 0.0, 0, 16), 16);
+        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0.0, 0, 16), 16);
         // Drafts kept one time in three, each extra row half a pass: not worth a check.
-        assert_eq!(best_draft_len(0.3, 0.0, cost(0.55), 0.0, 0.0, 0, 16), 0);
+        assert_eq!(best_draft_len(0.3, cost(0.55), 0.0, 0.0, 0, 16), 0);
         // In between, a short draft: α = 0.8 at 0.3 per row peaks at 2 drafts.
-        let k = best_draft_len(0.8, 0.0, cost(0.3), 0.0, 0.0, 0, 16);
+        let k = best_draft_len(0.8, cost(0.3), 0.0, 0.0, 0, 16);
         assert!((2..=3).contains(&k), "{k}");
         // A slow drafter moves the balance: the same odds, each draft token 0.5 of a pass.
-        assert_eq!(best_draft_len(0.8, 0.0, cost(0.3), 0.5, 0.0, 0, 16), 0);
+        assert_eq!(best_draft_len(0.8, cost(0.3), 0.5, 0.0, 0, 16), 0);
         // So does a costly start: sure drafts at 0.1 per row, but a whole pass to begin.
-        assert_eq!(best_draft_len(0.99, 0.0, cost(0.1), 0.0, 1.0, 0, 16), 16);
-        assert_eq!(best_draft_len(0.5, 0.0, cost(0.1), 0.0, 1.0, 0, 16), 0);
-        // A draft that declines (unsure) pays its start for a plain step: at α = 0.8 and a
-        // start of 0.3 of a pass, drafts pay when proposed half the time, not one time in
-        // ten.
-        assert_eq!(best_draft_len(0.8, 0.0, cost(0.1), 0.0, 0.3, 0, 16), 7);
-        assert_eq!(best_draft_len(0.8, 0.5, cost(0.1), 0.0, 0.3, 0, 16), 8);
-        assert_eq!(best_draft_len(0.8, 0.9, cost(0.1), 0.0, 0.3, 0, 16), 0);
+        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 1.0, 0, 16), 16);
+        assert_eq!(best_draft_len(0.5, cost(0.1), 0.0, 1.0, 0, 16), 0);
+        // A start of 0.3 of a pass: at α = 0.8 and 0.1 a row, a longer draft to pay for it.
+        assert_eq!(best_draft_len(0.8, cost(0.1), 0.0, 0.3, 0, 16), 7);
+        assert_eq!(best_draft_len(0.8, cost(0.1), 0.0, 0.0, 0, 16), 6);
         // `min` bounds the lengths considered (0 is always one).
-        assert_eq!(best_draft_len(0.99, 0.0, cost(0.1), 0.0, 0.0, 0, 4), 4);
-    }
-
-    /// A draft too unsure to propose anything costs its catch-up for one token: a draft
-    /// that is mostly unsure stops being asked (while its rare confident drafts, all kept,
-    /// alone would keep it drafting), without counting its declines against the drafts
-    /// it does make.
-    #[test]
-    fn unsure_drafts_weigh_their_catch_up() {
-        let lookup = || Drafter::Lookup(PromptLookup::new(2).unwrap());
-        let mut s = Speculation::new(lookup(), 8, 0).unwrap();
-        s.measure.draft = Some(0.004);
-        let round = |s: &mut Speculation, unsure_empty: usize| {
-            s.record(0, 0, Some(0.010));
-            s.measure.proposed(false, Some(0.008));
-            s.record(2, 2, Some(0.014));
-            for _ in 0..unsure_empty {
-                s.measure.proposed(true, Some(0.008));
-                s.record(0, 0, Some(0.010));
-            }
-        };
-        for _ in 0..20 {
-            round(&mut s, 0);
-        }
-        assert!(
-            s.next_len().0 > 0,
-            "confident drafts, all kept: worth drafting"
-        );
-        for _ in 0..20 {
-            round(&mut s, 4);
-        }
-        assert_eq!(s.next_len().0, 0, "mostly unsure: not worth the catch-up");
-        assert!(s.measure.acceptance() > 0.95, "{}", s.measure.acceptance());
-        assert!(
-            s.measure.decline_rate() > 0.7,
-            "{}",
-            s.measure.decline_rate()
-        );
-        // An unsure step is not a plain one (no trial is due from it).
-        assert_eq!(s.measure.plain_steps, 0);
+        assert_eq!(best_draft_len(0.99, cost(0.1), 0.0, 0.0, 0, 4), 4);
     }
 
     /// A catch-up longer than a check leaves behind (the backlog of plain steps before a
@@ -841,8 +759,8 @@ mod tests {
     fn a_backlog_catch_up_is_not_a_checks_cost() {
         let lookup = || Drafter::Lookup(PromptLookup::new(2).unwrap());
         let mut s = Speculation::new(lookup(), 8, 0).unwrap();
-        s.measure.proposed(false, Some(0.004));
-        s.measure.proposed(false, None);
+        s.measure.proposed(Some(0.004));
+        s.measure.proposed(None);
         assert_eq!(s.measure.setup, Some(0.004));
     }
 

@@ -216,6 +216,56 @@ fn draft_over(
         .always_draft_max()
 }
 
+/// A draft checks every token it computed, the one that took the product of its drafts'
+/// probabilities below `--draft-p-min` included (never declining an unsure first token),
+/// and stops there: at 1.0 each check holds exactly one draft, at 0 as many as asked.
+#[test]
+fn a_draft_checks_what_it_computed_and_stops_at_its_odds() {
+    let e = engine(31);
+    let prompt = repeating_prompt();
+    let full = AttentionChoice::named("full");
+    let run = |p_min: f32| {
+        let d = engine(33);
+        let state = sequence(&d.model, &full, None);
+        let model = DraftModel::new(Arc::clone(&d.model), state, p_min, 64).unwrap();
+        let s = Speculation::new(Drafter::Model(Box::new(model)), 6, 0)
+            .unwrap()
+            .always_draft_max();
+        let greedy = SamplerConfig::greedy();
+        generate(
+            &e,
+            &full,
+            Some(s),
+            &prompt,
+            greedy,
+            Generation::new(40, false),
+        )
+    };
+    let plain = generate(
+        &e,
+        &full,
+        None,
+        &prompt,
+        SamplerConfig::greedy(),
+        Generation::new(40, false),
+    );
+    let (one, all) = (run(1.0), run(0.0));
+    for (got, p_min) in [(&one, 1.0), (&all, 0.0)] {
+        assert_eq!(got.1, plain.1, "p_min {p_min}: the plain output");
+    }
+    let (one, all) = (one.3.unwrap(), all.3.unwrap());
+    // (every pass after the prompt's is a check of one draft)
+    assert_eq!(
+        one.drafted + 1,
+        one.target_passes,
+        "one draft a check: {one:?}"
+    );
+    assert!(
+        all.drafted as f64 > 4.0 * all.target_passes as f64,
+        "six drafts a check: {all:?}"
+    );
+}
+
 fn lookup_drafts(max: usize) -> Speculation {
     Speculation::new(Drafter::Lookup(PromptLookup::new(3).unwrap()), max, 1)
         .unwrap()
