@@ -70,13 +70,13 @@ pub(crate) const MIN_TOKENS: usize = 16;
 #[cfg(target_arch = "x86_64")]
 pub(crate) const MIN_TOKENS_AVX512_K: usize = 64;
 
-/// As [`MIN_TOKENS`] for a Q5_0 matrix in row groups, whose group kernel keeps ahead of the
-/// panels for longer: measured on Qwen2.5-0.5B (its Q5_0 matrices grouped, 2 threads,
-/// `sparrow bench -p 16,64,128,256,512`, two runs per threshold), with the panels from 64
+/// The fewest tokens a matrix in row groups (of those the panels read: Q5_0) runs through
+/// the panels for, at any level: its group kernel keeps ahead of them for longer. Measured
+/// at AVX-512 on Qwen2.5-0.5B (its Q5_0 matrices grouped, 2 threads, `sparrow bench -p
+/// 16,64,128,256,512`, two runs per threshold), with the panels from 64
 /// tokens pp64 ran at 430–468 tok/s, from 256 at 564–689; pp128 at 610–672 against 729–749;
 /// pp256 and pp512 alike either way (808–834, 858–914).
-#[cfg(target_arch = "x86_64")]
-pub(crate) const MIN_TOKENS_AVX512_GROUPS: usize = 256;
+pub(crate) const MIN_TOKENS_GROUPS: usize = 256;
 
 /// As [`MIN_TOKENS`] for the AVX2 micro-kernel, whose per-row kernels are relatively
 /// cheaper against the (scalar) panel decoding: measured on Zen 3, the panels win from
@@ -196,29 +196,35 @@ fn put_q(panel: &mut [u8], off: u8, r: usize, c0: usize, q: &[i8]) {
 
 /// The panel micro-kernel of `level`, if it has one, and the fewest tokens of `ty` it is
 /// used for (more for a format whose multi-token row kernels at that level stay ahead for
-/// longer, and for a matrix in row groups, whose group kernel does).
+/// longer, and for a matrix in row groups, whose group kernel does: at every level, so a
+/// matrix in groups gives each token of a shorter batch the one-token bits everywhere).
 fn panel_kernel(level: SimdLevel, ty: GgmlType, grouped: bool) -> Option<(PanelKernel, usize)> {
-    let _ = (ty, grouped); // (only x86_64's AVX-512 level has a per-format threshold)
-    match level {
+    let _ = ty; // (only x86_64's AVX-512 level has a per-format threshold)
+    let (kernel, min): (PanelKernel, usize) = match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512 | SimdLevel::Amx if level.is_supported() => {
             let min = match ty {
                 GgmlType::Q4_K | GgmlType::Q6_K => MIN_TOKENS_AVX512_K,
-                _ if grouped => MIN_TOKENS_AVX512_GROUPS,
                 _ => MIN_TOKENS,
             };
-            Some((crate::x86::gemm::panel_avx512, min))
+            (crate::x86::gemm::panel_avx512, min)
         }
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 if level.is_supported() => {
-            Some((crate::x86::gemm::panel_avx2, MIN_TOKENS_AVX2))
-        }
+        SimdLevel::Avx2 if level.is_supported() => (crate::x86::gemm::panel_avx2, MIN_TOKENS_AVX2),
         #[cfg(target_arch = "aarch64")]
         SimdLevel::NeonDot if level.is_supported() => {
-            Some((crate::aarch64::gemm::panel_neondot, MIN_TOKENS_NEON))
+            (crate::aarch64::gemm::panel_neondot, MIN_TOKENS_NEON)
         }
-        _ => None,
-    }
+        _ => return None,
+    };
+    Some((
+        kernel,
+        if grouped {
+            min.max(MIN_TOKENS_GROUPS)
+        } else {
+            min
+        },
+    ))
 }
 
 /// `out[t * rows + r]` for every token and every row, through panels, if `level` has a
