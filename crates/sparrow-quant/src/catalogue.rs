@@ -54,8 +54,9 @@ pub struct Kernels {
     /// (AMX, Q8_K formats). [`crate::matmul`] prefers it to `dot_q8_multi`.
     pub dot_q8_rows: Option<Q8KRows>,
     /// The row-group form of `dot_q8` (16 rows of a matrix in [`crate::row_groups`]' layout
-    /// against any number of tokens, 16 rows in the lanes; bit-identical to `dot_q8` per row
-    /// and token), where this level has one. A matrix is stored in row groups only where
+    /// against any number of tokens, 16 rows in the lanes; bit-identical per row and token
+    /// to `dot_q8` for the k-quants, to the scalar level's `dot_q8` for Q5_0), where this
+    /// level has one. A matrix is stored in row groups only where
     /// the active level has this kernel.
     pub dot_q8_groups: Option<GroupDot>,
     /// Whether these kernels read rows in sparrow's packed layout (see [`crate::packed`])

@@ -50,9 +50,9 @@ impl Linear {
         .expect("shape was validated when the model was loaded")
     }
 
-    /// Copies this matrix into RAM (packed if its type has a packed layout, in row groups if
-    /// `row_groups` and the level has their kernels), releasing its pages of the file
-    /// mapping as it goes unless `keep_mapped`; the bytes copied.
+    /// Copies this matrix into RAM (in row groups if `row_groups` wants its type and the
+    /// level has their kernels, else packed if its type has a packed layout), releasing its
+    /// pages of the file mapping as it goes unless `keep_mapped`; the bytes copied.
     fn repack(
         &mut self,
         file: &GgufFile,
