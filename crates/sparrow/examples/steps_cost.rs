@@ -60,9 +60,9 @@ fn main() {
         );
     }
     // A draft model's step: one token with logits over the whole vocabulary, and over the
-    // first 32,768 ids (`--draft-vocab`'s default; the prompt's ids past them included).
+    // first ids (`--draft-vocab`'s default; the prompt's ids past them included).
     let vocab = m.config.vocab_size;
-    let mut head = VocabHead::new(32768, vocab);
+    let mut head = VocabHead::new(sparrow::speculative::DEFAULT_DRAFT_VOCAB, vocab);
     head.include(&prompt);
     let mut best = [f64::MAX; 2];
     for _ in 0..20 {
