@@ -161,22 +161,16 @@ pub(crate) fn reads_groups(ty: GgmlType) -> bool {
     ty == GgmlType::Q5_0
 }
 
-/// Decodes row `row` of a Q5_0 matrix in row groups into panel row `r`: each 4-column unit
-/// of a group block is, per row, 4 bytes of nibbles with their fifth bits from the unit's
-/// mask, i.e. `s + 16` for the panel, and the scale is the row's f16.
+/// Decodes row `row` of a Q5_0 matrix in row groups into panel row `r`: per block, the
+/// row's unsigned 5-bit values are `s + 16`, what the panel stores, and its scale.
 fn decode_q5_0_group_row(p: &mut Panel, m: &QMatrix<'_>, row: usize, r: usize) {
-    use crate::row_groups::{Q5_0_GROUP_BYTES, Q5_0_MASKS, Q5_0_QUADS};
+    use crate::row_groups::{q5_0_group_row, Q5_0_GROUP_BYTES};
     let (group, i) = (m.group(row / GROUP_ROWS), row % GROUP_ROWS);
     for (b, blk) in group.chunks_exact(Q5_0_GROUP_BYTES).enumerate() {
-        p.dw[b * PANEL + r] = half::f16::from_le_bytes([blk[2 * i], blk[2 * i + 1]]).to_f32();
-        for u in 0..8 {
-            let quad = &blk[Q5_0_QUADS + 64 * (u % 4) + 4 * i..][..4];
-            let mask = u64::from_le_bytes(blk[Q5_0_MASKS + 8 * u..][..8].try_into().unwrap());
-            let dst = &mut p.q[((8 * b + u) * PANEL + r) * 4..][..4];
-            for (e, (d, &q)) in dst.iter_mut().zip(quad).enumerate() {
-                let nibble = if u < 4 { q & 0x0F } else { q >> 4 };
-                *d = nibble | (((mask >> (4 * i + e)) & 1) as u8) << 4;
-            }
+        let (d, values) = q5_0_group_row(blk, i);
+        p.dw[b * PANEL + r] = d;
+        for (u, four) in values.chunks_exact(4).enumerate() {
+            p.q[((8 * b + u) * PANEL + r) * 4..][..4].copy_from_slice(four);
         }
     }
 }

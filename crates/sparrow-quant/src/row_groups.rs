@@ -229,6 +229,20 @@ pub fn group_rows(
     Ok(())
 }
 
+/// Row `r` of one block column `blk` of a Q5_0 group: its scale, and its 32 values as
+/// unsigned 5-bit integers (`q + 16`), unit by unit (element `4 u + e` at `4 u + e`).
+pub(crate) fn q5_0_group_row(blk: &[u8], r: usize) -> (f32, [u8; 32]) {
+    let d = half::f16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]).to_f32();
+    let values = std::array::from_fn(|k| {
+        let (u, e) = (k / 4, k % 4);
+        let q = blk[q5_0_offset(r, 0, 6 + 4 * (u % 4) + e).expect("a byte of qs")];
+        let nibble = if u < 4 { q & 0x0F } else { q >> 4 };
+        let (at, shift) = q5_0_fifth_bits(r, 0, u);
+        nibble | ((blk[at] >> (shift + e as u32)) & 1) << 4
+    });
+    (d, values)
+}
+
 /// One group of 16 Q5_0 rows (`src`, ggml's layout) into `dst`.
 fn group_q5_0(src: &[u8], row_bytes: usize, dst: &mut [u8]) {
     dst.fill(0); // the masks are built by or-ing nibbles in

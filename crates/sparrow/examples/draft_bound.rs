@@ -20,23 +20,17 @@
 //! never drafts a token that is thrown away, never declines, and its draft never catches
 //! up. A tree of drafts (several candidates a position) is outside it.
 
-use sparrow::{ChatMessage, Engine, KvType, LoadOptions, Logits, RowGroups, VocabHead};
+use sparrow::speculative::best_with_probability;
+use sparrow::{
+    ChatMessage, Engine, Generation, KvType, LoadOptions, Logits, RowGroups, Sampler,
+    SamplerConfig, Session, VocabHead,
+};
 use std::time::Instant;
 
 #[derive(serde::Deserialize)]
 struct Prompt {
     kind: String,
     prompt: String,
-}
-
-fn argmax(v: &[f32]) -> usize {
-    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
-}
-
-/// The largest softmax probability of `v`.
-fn top_prob(v: &[f32]) -> f64 {
-    let m = v.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    1.0 / v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>()
 }
 
 fn main() {
@@ -95,13 +89,13 @@ fn main() {
             let (ok, sureness): (Vec<bool>, Vec<f64>) = (0..out.len())
                 .map(|i| {
                     let row = &logits[(ids.len() + i - 1) * vocab..][..vocab];
-                    let right = argmax(row) as u32 == out[i];
-                    let p = top_prob(row);
+                    let (best, p) = best_with_probability(row);
+                    let right = best == out[i];
                     if p >= 0.75 {
                         sure += 1;
                         sure_right += right as usize;
                     }
-                    (right, p)
+                    (right, p as f64)
                 })
                 .unzip();
             trace.push(serde_json::json!({"kind": kind, "ok": ok, "p": sureness}));
@@ -128,14 +122,20 @@ fn main() {
 
 /// The target's greedy continuation of `ids`, `n` tokens (fewer at an end of generation).
 fn greedy(e: &Engine, ids: &[u32], n: usize) -> Vec<u32> {
-    let m = &e.model;
-    let mut st = m.new_state(ids.len() + n + 1, KvType::F16).unwrap();
-    let mut next = argmax(m.forward(&mut st, ids, Logits::Last).unwrap()) as u32;
+    let state = e.model.new_state(ids.len() + n + 1, KvType::F16).unwrap();
     let mut out = Vec::new();
-    while out.len() < n && !e.tokenizer.is_eog(next) {
-        out.push(next);
-        next = argmax(m.forward(&mut st, &[next], Logits::Last).unwrap()) as u32;
-    }
+    Session::new(state)
+        .generate(
+            e,
+            ids,
+            &mut Sampler::new(SamplerConfig::greedy()),
+            &mut Generation::new(n, false),
+            &mut |id: Option<u32>, _: &str| {
+                out.extend(id);
+                std::ops::ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
     out
 }
 

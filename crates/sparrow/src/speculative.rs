@@ -539,8 +539,9 @@ impl DraftModel {
     }
 }
 
-/// The most likely token and its probability under softmax(`logits`).
-fn best_with_probability(logits: &[f32]) -> (u32, f32) {
+/// The most likely token and its probability under softmax(`logits`): a draft's token and
+/// its odds (also `examples/draft_bound.rs`'s).
+pub fn best_with_probability(logits: &[f32]) -> (u32, f32) {
     let id = argmax(logits);
     let max = logits[id as usize];
     let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
