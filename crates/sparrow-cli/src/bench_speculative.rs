@@ -68,10 +68,7 @@ fn generate(
             ids,
             &mut Sampler::new(SamplerConfig::greedy()),
             &mut Generation::new(n, false),
-            &mut |id: Option<u32>, _: &str| {
-                out.extend(id);
-                std::ops::ControlFlow::Continue(())
-            },
+            &mut sparrow::collect_ids(&mut out),
         )
         .map_err(|e| e.to_string())?;
     Ok((out, stats.gen_time.as_secs_f64(), stats.speculation))

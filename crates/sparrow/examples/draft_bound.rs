@@ -130,10 +130,7 @@ fn greedy(e: &Engine, ids: &[u32], n: usize) -> Vec<u32> {
             ids,
             &mut Sampler::new(SamplerConfig::greedy()),
             &mut Generation::new(n, false),
-            &mut |id: Option<u32>, _: &str| {
-                out.extend(id);
-                std::ops::ControlFlow::Continue(())
-            },
+            &mut sparrow::collect_ids(&mut out),
         )
         .unwrap();
     out

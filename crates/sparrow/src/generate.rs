@@ -367,6 +367,15 @@ pub fn collect_text(out: &mut String) -> impl FnMut(Option<u32>, &str) -> Contro
     }
 }
 
+/// A sink that appends the id of every generated token to `out` and never stops the
+/// generation: `session.generate(.., &mut collect_ids(&mut ids))`.
+pub fn collect_ids(out: &mut Vec<u32>) -> impl FnMut(Option<u32>, &str) -> ControlFlow<()> + '_ {
+    |id, _| {
+        out.extend(id);
+        ControlFlow::Continue(())
+    }
+}
+
 /// A token callback and a prefill progress callback, as one [`TokenSink`].
 pub struct WithProgress<T, P> {
     /// Receives what [`TokenSink::on_token`] receives.

@@ -33,8 +33,8 @@ pub use chat::{ChatMessage, ChatTemplate, TemplateAllocator, TemplateLimits};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use generate::{
-    collect_text, prefill, Generation, GenerationStats, Next, Output, SpeculationStats, StopReason,
-    TokenLogprob, TokenSink, WithProgress,
+    collect_ids, collect_text, prefill, Generation, GenerationStats, Next, Output,
+    SpeculationStats, StopReason, TokenLogprob, TokenSink, WithProgress,
 };
 pub use kv::{ColdTier, KvOptions, KvStore, KvType, KvTypes, RamStore, TieredStore};
 pub use model::{

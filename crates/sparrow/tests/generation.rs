@@ -9,7 +9,6 @@ use sparrow::{
     collect_text, Engine, Generation, KvType, Logits, Next, Sampler, SamplerConfig, Session,
     StopReason,
 };
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -220,10 +219,7 @@ fn a_session_reuses_the_prefix_it_shares_and_forgets_the_rest() {
                 prompt,
                 &mut greedy(),
                 &mut gen,
-                &mut |id: Option<u32>, _: &str| {
-                    ids.extend(id);
-                    ControlFlow::Continue(())
-                },
+                &mut sparrow::collect_ids(&mut ids),
             )
             .unwrap();
         (stats, ids)

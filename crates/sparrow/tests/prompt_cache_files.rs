@@ -11,7 +11,6 @@ use sparrow::synthetic::SyntheticSpec;
 use sparrow::{
     ColdTier, Engine, Generation, KvOptions, KvType, Sampler, SamplerConfig, Session, State,
 };
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -49,10 +48,7 @@ fn greedy(
             &[held, question].concat(),
             &mut Sampler::new(SamplerConfig::greedy()),
             &mut Generation::new(n, true),
-            &mut |id: Option<u32>, _: &str| {
-                out.extend(id);
-                ControlFlow::Continue(())
-            },
+            &mut sparrow::collect_ids(&mut out),
         )
         .unwrap();
     (out, session.into_parts().0)

@@ -122,10 +122,7 @@ fn greedy(
             prompt,
             &mut Sampler::new(SamplerConfig::greedy()),
             &mut Generation::new(n, true),
-            &mut |id: Option<u32>, _: &str| {
-                ids.extend(id);
-                std::ops::ControlFlow::Continue(())
-            },
+            &mut sparrow::collect_ids(&mut ids),
         )
         .unwrap();
     if cold {
