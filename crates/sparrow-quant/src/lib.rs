@@ -68,8 +68,8 @@ pub use error::QuantError;
 pub use kernels::{Kernels, SimdLevel};
 pub use matrix::QMatrix;
 pub use products::{
-    matmul, matmul_at_level, matmul_f32, matmul_rowwise, matvec, matvec_f32, matvec_multi,
-    matvec_rows,
+    matmul, matmul_at_level, matmul_f32, matmul_multi, matmul_rowwise, matvec, matvec_f32,
+    matvec_multi, matvec_rows,
 };
 pub use types::GgmlType;
 

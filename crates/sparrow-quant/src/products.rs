@@ -301,6 +301,81 @@ pub fn matmul_rowwise(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<()
     matmul_with(m, xs, out, Acts::Int8, m.kernels()?, Panels::Never)
 }
 
+/// Several batched products with the same input rows: `outs[i] = ms[i] * xs`, each output
+/// exactly what [`matmul`] gives (`rowwise`: what [`matmul_rowwise`] gives). Where every
+/// matrix is in row groups and the batch runs their group kernels (below the panels'
+/// threshold, or `rowwise`), the rows are quantized once per activation type rather than
+/// once per matrix and all the matrices are *one* parallel pass — a layer's q, k and v
+/// projections, or its gate and up, in a speculative check or a batch of decode steps,
+/// where each product is short and a pass per matrix leaves threads waiting on the small
+/// ones. Otherwise each product runs on its own.
+pub fn matmul_multi(
+    ms: &[QMatrix<'_>],
+    xs: &[f32],
+    outs: &mut [&mut [f32]],
+    rowwise: bool,
+) -> Result<(), QuantError> {
+    check_len("outputs", ms.len(), outs.len())?;
+    let panels = match rowwise {
+        true => Panels::Never,
+        false => Panels::Allowed,
+    };
+    let fused = ms.iter().all(|m| m.is_grouped() && m.cols() > 0)
+        && ms
+            .first()
+            .is_some_and(|m| ms.iter().all(|o| o.cols() == m.cols()));
+    let n_tokens = ms.first().map_or(0, |m| xs.len() / m.cols().max(1));
+    let under_panels = panels == Panels::Never
+        || n_tokens < crate::gemm::MIN_TOKENS_GROUPS
+        || ms.iter().all(|m| !crate::gemm::reads_groups(m.ty()));
+    if !(fused && under_panels) {
+        for (m, out) in ms.iter().zip(outs.iter_mut()) {
+            matmul_with(m, xs, out, Acts::Int8, m.kernels()?, panels)?;
+        }
+        return Ok(());
+    }
+    let cols = ms[0].cols();
+    if !xs.len().is_multiple_of(cols) {
+        return Err(QuantError::LenMismatch {
+            what: "xs (not a whole number of cols-long rows)",
+            expected: xs.len() / cols * cols,
+            actual: xs.len(),
+        });
+    }
+    let mut dots = Vec::with_capacity(ms.len());
+    for (m, out) in ms.iter().zip(outs.iter()) {
+        check_len("out", n_tokens * m.rows(), out.len())?;
+        dots.push(group_kernel(m.kernels()?));
+    }
+    if n_tokens == 0 {
+        return Ok(());
+    }
+    let uses = |q8k: bool| dots.iter().any(|d| matches!(d, GroupDot::Q8K(_)) == q8k);
+    let tokens = || xs.chunks_exact(cols);
+    let a8k: Vec<Q8KActs> = match uses(true) {
+        true => tokens().map(Q8KActs::new).collect(),
+        false => Vec::new(),
+    };
+    let a80: Vec<Q8_0Acts> = match uses(false) {
+        true => tokens().map(Q8_0Acts::new).collect(),
+        false => Vec::new(),
+    };
+    let s8k: Vec<Q8KSlice<'_>> = a8k.iter().map(|a| a.as_slice()).collect();
+    let s80: Vec<Q8_0Slice<'_>> = a80.iter().map(|a| a.as_slice()).collect();
+    let run = |(m, dot, out): (&QMatrix<'_>, &GroupDot, &mut &mut [f32])| match *dot {
+        GroupDot::Q8K(kernel) => matmul_groups(m, kernel, &s8k, out),
+        GroupDot::Q8_0(kernel) => matmul_groups(m, kernel, &s80, out),
+    };
+    // One parallel pass: every matrix's chunks of groups are tasks of the same pool
+    // (nested rayon iterators), so a thread done with a small matrix takes a big one's.
+    ms.par_iter()
+        .zip(dots.par_iter())
+        .zip(outs.par_iter_mut())
+        .map(|((m, d), o)| (m, d, o))
+        .for_each(run);
+    Ok(())
+}
+
 /// [`matmul`] with the kernels of `level` rather than the active one (for tests and
 /// benchmarks). [`QuantError::Unsupported`] if the level is not supported here.
 #[doc(hidden)]

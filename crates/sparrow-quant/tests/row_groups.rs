@@ -7,8 +7,8 @@ mod common;
 use common::{random_row, ref_dot, Rng};
 use sparrow_quant::row_groups::{group_rows, is_groupable};
 use sparrow_quant::{
-    matmul, matmul_at_level, matmul_f32, matmul_rowwise, matvec, matvec_f32, matvec_multi,
-    GgmlType, Kernels, QMatrix, QuantError, SimdLevel,
+    matmul, matmul_at_level, matmul_f32, matmul_multi, matmul_rowwise, matvec, matvec_f32,
+    matvec_multi, GgmlType, Kernels, QMatrix, QuantError, SimdLevel,
 };
 
 const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0];
@@ -112,6 +112,75 @@ fn grouped_products_give_every_token_the_one_token_bits() {
             );
         }
     }
+}
+
+/// Several batched products of the same rows in one pass (`matmul_multi`, a layer's q/k/v
+/// or gate/up in a speculative check): each output has the bits of that product alone — for
+/// matrices in row groups on either activation type side by side (Q4_K and Q6_K on Q8_K,
+/// Q5_0 on Q8_0, each quantized once), for a matrix not in groups among them, through the
+/// panels from their threshold unless rowwise, at one and three threads.
+#[test]
+fn one_pass_over_several_batched_products_gives_each_its_own_bits() {
+    let mut rng = Rng::new(11);
+    let cols = 512;
+    let shapes = [
+        (GgmlType::Q4_K, 48),
+        (GgmlType::Q5_0, 32),
+        (GgmlType::Q6_K, 80),
+    ];
+    let stored: Vec<(GgmlType, usize, Vec<u8>, Vec<u8>)> = shapes
+        .iter()
+        .map(|&(ty, rows)| {
+            let (d, g) = pair(&mut rng, ty, rows, cols);
+            (ty, rows, d, g)
+        })
+        .collect();
+    let grouped: Vec<QMatrix<'_>> = stored
+        .iter()
+        .map(|(ty, rows, _, g)| QMatrix::new_grouped(*ty, g, *rows, cols).unwrap())
+        .collect();
+    let q8 = random_row(&mut rng, GgmlType::Q8_0, 24 * cols);
+    let mut mixed = grouped.clone();
+    mixed.push(QMatrix::new(GgmlType::Q8_0, &q8, 24, cols).unwrap());
+    let xs = rng.vec(300 * cols);
+    for p in [pool(1), pool(3)] {
+        for ms in [&grouped, &mixed] {
+            for n in [2, 3, 5, 9, 300] {
+                for rowwise in [true, false] {
+                    let x = &xs[..n * cols];
+                    let mut outs: Vec<Vec<f32>> =
+                        ms.iter().map(|m| vec![f32::NAN; n * m.rows()]).collect();
+                    let mut views: Vec<&mut [f32]> =
+                        outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                    p.install(|| matmul_multi(ms, x, &mut views, rowwise))
+                        .unwrap();
+                    for (m, got) in ms.iter().zip(&outs) {
+                        let mut want = vec![f32::NAN; n * m.rows()];
+                        let alone = if rowwise { matmul_rowwise } else { matmul };
+                        p.install(|| alone(m, x, &mut want)).unwrap();
+                        assert_eq!(
+                            bits(got),
+                            bits(&want),
+                            "{}: {n} tokens, rowwise {rowwise}",
+                            m.ty()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A mismatch is an error naming what, never a panic.
+    let mut short = [0f32; 5];
+    let err = matmul_multi(&grouped[..1], &xs[..2 * cols], &mut [&mut short[..]], true);
+    assert!(
+        matches!(err, Err(QuantError::LenMismatch { .. })),
+        "{err:?}"
+    );
+    let err = matmul_multi(&grouped[..2], &xs[..2 * cols], &mut [&mut short[..]], true);
+    assert!(
+        matches!(err, Err(QuantError::LenMismatch { .. })),
+        "{err:?}"
+    );
 }
 
 /// A grouped matrix among others in one pass, f32 activations, rows read back, and the

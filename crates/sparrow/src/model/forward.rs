@@ -12,7 +12,7 @@ use super::{LayerAttention, LayerSpec, Logits, Model, State, LEAN_BATCH};
 use crate::attention::{attend, attend_sliding, AttnShape};
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
-use sparrow_quant::{matmul, matmul_rowwise, matvec, matvec_multi, QMatrix};
+use sparrow_quant::{matmul, matmul_multi, matmul_rowwise, matvec, matvec_multi, QMatrix};
 use std::ops::Range;
 
 /// Activations of one forward pass, reused between passes. Each [`State`] has its own; a
@@ -462,8 +462,9 @@ impl Model {
         Ok(())
     }
 
-    /// Several projections of the same input `x` (q/k/v, gate/up): in decode one parallel
-    /// pass over all their rows ([`matvec_multi`]), otherwise one batched product each.
+    /// Several projections of the same input `x` (q/k/v, gate/up): one parallel pass over
+    /// all their rows ([`matvec_multi`] for one row, [`matmul_multi`] for a few rows of
+    /// matrices in row groups; a prefill's batch runs one product each).
     fn linears<const N: usize>(
         &self,
         ws: [&Linear; N],
@@ -472,16 +473,13 @@ impl Model {
         rowwise: bool,
         mut outs: [&mut [f32]; N],
     ) -> Result<()> {
-        if n == 1 {
-            let ms = ws.map(|w| w.matrix(self.file.bytes()));
-            matvec_multi(&ms, x, &mut outs)?;
-            for (w, out) in ws.into_iter().zip(outs) {
-                add_bias(w, out);
-            }
-        } else {
-            for (w, out) in ws.into_iter().zip(outs) {
-                self.linear(w, x, n, rowwise, out)?;
-            }
+        let ms = ws.map(|w| w.matrix(self.file.bytes()));
+        match n {
+            1 => matvec_multi(&ms, x, &mut outs)?,
+            _ => matmul_multi(&ms, x, &mut outs, rowwise)?,
+        }
+        for (w, out) in ws.into_iter().zip(outs) {
+            add_bias(w, out);
         }
         Ok(())
     }
