@@ -54,8 +54,21 @@ pub struct RunArgs {
     prompt_cache: Option<std::path::PathBuf>,
 }
 
-/// Build the global thread pool that all kernels run on.
+/// Build the global thread pool that all kernels run on, with the calling thread as one of
+/// its threads: the command's forward passes then start their products from inside the
+/// pool rather than waking it from outside for each (`sparrow::threads`).
 pub fn init_threads(threads: Option<usize>) -> Result<usize, String> {
+    build_pool(threads, true)
+}
+
+/// [`init_threads`] for a command whose calling thread does other work while the kernels
+/// run (the server's HTTP loop): the pool's threads are all its own, and the thread that
+/// generates runs on one of them ([`sparrow::threads::on_pool`]).
+pub fn init_pool_threads(threads: Option<usize>) -> Result<usize, String> {
+    build_pool(threads, false)
+}
+
+fn build_pool(threads: Option<usize>, join: bool) -> Result<usize, String> {
     let n = match threads {
         Some(0) => return Err("-t/--threads must be at least 1".into()),
         Some(n) => n,
@@ -63,10 +76,13 @@ pub fn init_threads(threads: Option<usize>) -> Result<usize, String> {
             .map(|n| n.get())
             .unwrap_or(1),
     };
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build_global()
-        .map_err(|e| format!("cannot start {n} threads: {e}"))?;
+    let builder = rayon::ThreadPoolBuilder::new().num_threads(n);
+    match join {
+        true => builder.use_current_thread(),
+        false => builder,
+    }
+    .build_global()
+    .map_err(|e| format!("cannot start {n} threads: {e}"))?;
     Ok(n)
 }
 

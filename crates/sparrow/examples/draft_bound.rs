@@ -47,6 +47,7 @@ fn main() {
     let mut trace = Vec::new();
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
+        .use_current_thread() // the passes start from a pool thread, as the CLI's do
         .build_global()
         .unwrap();
     let options = LoadOptions {

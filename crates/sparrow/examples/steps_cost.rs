@@ -15,6 +15,7 @@ fn main() {
     let threads: usize = args.next().map_or(2, |t| t.parse().expect("threads"));
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
+        .use_current_thread() // the passes start from a pool thread, as the CLI's do
         .build_global()
         .unwrap();
     let row_groups = match args.next().as_deref() {

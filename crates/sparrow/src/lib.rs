@@ -22,6 +22,7 @@ pub mod session;
 pub mod speculative;
 #[cfg(any(test, feature = "testing"))]
 pub mod synthetic;
+pub mod threads;
 pub mod tokenizer;
 
 /// The unit tests render hostile chat templates under the heap cap, as the binary does.

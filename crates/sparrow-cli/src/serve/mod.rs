@@ -125,7 +125,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     // Bad policy names and settings are refused here, before the model is loaded.
     let kv_types = a.kv.types();
     let attention = a.kv.choice()?;
-    let threads = crate::run::init_threads(a.threads)?;
+    let threads = crate::run::init_pool_threads(a.threads)?;
     let path = a.model.resolve()?;
     let options = a
         .model

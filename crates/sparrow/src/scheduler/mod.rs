@@ -135,7 +135,9 @@ impl Scheduler {
         let (tx, rx) = sync_channel(cfg.queue);
         std::thread::Builder::new()
             .name("sparrow-generate".into())
-            .spawn(move || worker.run(rx))
+            // The loop runs on a thread of the kernels' pool (`on_pool`), so its passes'
+            // products do not each wake the pool from outside.
+            .spawn(move || crate::threads::on_pool(|| worker.run(rx)))
             .map_err(|e| Error::Other(format!("cannot start the generation thread: {e}")))?;
         Ok(Scheduler {
             tx,
