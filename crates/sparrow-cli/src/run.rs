@@ -61,9 +61,12 @@ pub fn init_threads(threads: Option<usize>) -> Result<usize, String> {
     build_pool(threads, true)
 }
 
-/// [`init_threads`] for a command whose calling thread does other work while the kernels
-/// run (the server's HTTP loop): the pool's threads are all its own, and the thread that
-/// generates runs on one of them ([`sparrow::threads::on_pool`]).
+/// [`init_threads`] for a command whose calling thread waits on other threads that use the
+/// kernels (the server's HTTP loop beside its generation loop, `saap train`'s workers): the
+/// pool's threads are all its own. A calling thread in the pool that blocks on anything but
+/// the pool does not take the pool's work, so with one thread such a command would wait
+/// forever. (The server's generation loop runs on a pool thread itself:
+/// [`sparrow::threads::on_pool`].)
 pub fn init_pool_threads(threads: Option<usize>) -> Result<usize, String> {
     build_pool(threads, false)
 }

@@ -155,7 +155,8 @@ impl HeadProgress {
 }
 
 pub fn train(a: TrainArgs) -> Result<(), String> {
-    let threads = init_threads(a.threads)?;
+    // The heads train on threads of their own that use the pool while this one reports.
+    let threads = crate::run::init_pool_threads(a.threads)?;
     let settings = TrainSettings {
         clusters: a.clusters,
         hidden: a.hidden,
@@ -184,9 +185,12 @@ pub fn train(a: TrainArgs) -> Result<(), String> {
         Some(dir) => load_records(dir).map_err(|e| e.to_string())?,
         None => {
             let mut recs = Vec::new();
-            record_contexts(&engine, &a.text, |_, r| {
-                recs.push(r);
-                Ok(())
+            // The recording's passes start from a pool thread (this one is not).
+            sparrow::threads::on_pool(|| {
+                record_contexts(&engine, &a.text, |_, r| {
+                    recs.push(r);
+                    Ok(())
+                })
             })?;
             recs
         }
