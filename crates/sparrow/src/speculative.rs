@@ -61,6 +61,9 @@ pub struct Speculation {
     measure: Measurements,
     /// Ask for `draft_max` drafts every time, whatever they cost.
     always_max: bool,
+    /// The fewest drafts a check asks for once drafting pays ([`MODEL_DRAFT_FLOOR`] with a
+    /// draft model, 1 with prompt lookup).
+    len_floor: usize,
     /// A deliberately wrong acceptance rule, for the tests that must tell it from the right
     /// one: every draft is taken as generated, unsampled.
     take_drafts_unchecked: bool,
@@ -83,6 +86,17 @@ struct Measurements {
     /// Trial drafts since drafting last paid: each doubles the wait for the next.
     trials: u32,
 }
+
+/// With a draft model, the fewest drafts a check asks for once drafting pays. The draft's
+/// own odds end an unsure run (`--draft-p-min`, [`DraftModel::propose`]); the length
+/// chooser's model — every draft kept at one rate α — undervalues a confident run where
+/// the draft is unsure elsewhere: on the chat prompts (α ≈ 0.6) it asked for 2 drafts and
+/// cut confident runs short. Replayed over the trace (`scripts/draft_rules.py`, product rule
+/// at 0.75), drafts capped at 2 give chat 1.28× plain against 1.32× at 4; measured (`bench
+/// -m $M15 -md $M05`, chat, four alternated pairs, each against its run's plain) 1.26,
+/// 1.17, 1.28, 1.25× against 1.14, 1.08, 1.22, 1.23× without the floor. Asking for all 16
+/// every time (the replay's best) lost 2–3% on code in three pairs.
+pub const MODEL_DRAFT_FLOOR: usize = 4;
 
 /// The most tokens a draft model catches up after a check (the last draft, kept, and the
 /// token after it); more is the backlog of plain steps.
@@ -205,12 +219,17 @@ impl Speculation {
     /// checked when fewer than `draft_min` come.
     pub fn new(drafter: Drafter, draft_max: usize, draft_min: usize) -> Result<Self> {
         Self::check_lengths(draft_max, draft_min)?;
+        let len_floor = match drafter {
+            Drafter::Model(_) => MODEL_DRAFT_FLOOR,
+            Drafter::Lookup(_) => 1,
+        };
         Ok(Speculation {
             drafter,
             draft_max,
             draft_min,
             measure: Measurements::new(draft_max),
             always_max: false,
+            len_floor,
             take_drafts_unchecked: false,
             stats: SpeculationStats::default(),
         })
@@ -281,7 +300,7 @@ impl Speculation {
             self.draft_max,
         );
         if k > 0 {
-            return (k, false);
+            return (k.max(self.len_floor).min(self.draft_max), false);
         }
         // Would drafts pay if every one were proposed and kept? If not, trying one cannot
         // change that.
@@ -810,6 +829,43 @@ mod tests {
         assert_eq!(s.stats().accepted, 80);
         assert!(Speculation::new(lookup(), 0, 0).is_err());
         assert!(Speculation::new(lookup(), 4, 5).is_err());
+    }
+
+    /// Once drafting pays, a draft model is asked for at least [`MODEL_DRAFT_FLOOR`] drafts
+    /// (its own odds end an unsure run); prompt lookup for what the chooser picks.
+    #[test]
+    fn a_draft_model_is_asked_for_runs_its_odds_can_end() {
+        use crate::synthetic::{synthetic_gguf, SyntheticSpec};
+        let bytes = synthetic_gguf(&SyntheticSpec::default());
+        let file = Arc::new(sparrow_gguf::GgufFile::from_bytes(bytes).unwrap());
+        let model = Arc::new(Model::from_gguf(file).unwrap());
+        let state = model.new_state(64, crate::KvType::F16).unwrap();
+        let draft = DraftModel::new(model, state, 0.75, 16).unwrap();
+        let lookup = Drafter::Lookup(PromptLookup::new(2).unwrap());
+        let mut by_model = Speculation::new(Drafter::Model(Box::new(draft)), 8, 0).unwrap();
+        let mut by_lookup = Speculation::new(lookup, 8, 0).unwrap();
+        // Drafts kept about two times in three, each extra row a third of a pass: the
+        // chooser's best is a short draft.
+        for s in [&mut by_model, &mut by_lookup] {
+            for _ in 0..20 {
+                s.record(2, 1, Some(0.016));
+                s.record(0, 0, Some(0.010));
+                s.record(4, 3, Some(0.020));
+            }
+        }
+        let (chosen, trial) = by_lookup.next_len();
+        assert!(
+            (1..MODEL_DRAFT_FLOOR).contains(&chosen) && !trial,
+            "{chosen}"
+        );
+        assert_eq!(by_model.next_len(), (MODEL_DRAFT_FLOOR, false));
+        // The floor never passes --draft-max, and does not start drafting that does not pay.
+        by_model.draft_max = 3;
+        assert_eq!(by_model.next_len(), (3, false));
+        for _ in 0..40 {
+            by_model.record(3, 0, Some(0.030));
+        }
+        assert_eq!(by_model.next_len(), (0, false));
     }
 
     #[test]
