@@ -6,9 +6,10 @@
 //! caller sleeps on a lock until it is done: a wake-up of a pool thread and of the caller
 //! per product, a hundred products a token. Started from a thread *of* the pool, the work
 //! goes on that thread's own queue and the caller takes part in it. Measured on a two-core
-//! host (Zen 4, the `steps_cost` example, one-token passes): the 0.5B model's step 12.2–13.2
-//! ms from outside against 10.9–11.6 ms on the pool; the 1.5B model's 27.4–27.7 against
-//! 26.8–26.9 ms.
+//! host (Zen 4, one-token passes with the whole head timed both ways, two alternated
+//! pairs): the 0.5B model's 12.2–13.2 ms from outside against 10.9–11.6 ms on the pool,
+//! the 1.5B model's 27.4–27.7 against 26.8–26.9 ms; `sparrow run`'s decode 1.085× (0.5B)
+//! and 1.049× (1.5B) once its main thread joined the pool (docs/performance.md).
 
 /// Runs `f` on a thread of the current rayon pool and returns what it returns: directly if
 /// the calling thread is one, else on one of the pool's threads while the caller waits
