@@ -76,7 +76,7 @@ pub(crate) const MIN_TOKENS_AVX512_K: usize = 64;
 /// 16,64,128,256,512`, two runs per threshold), with the panels from 64
 /// tokens pp64 ran at 430–468 tok/s, from 256 at 564–689; pp128 at 610–672 against 729–749;
 /// pp256 and pp512 alike either way (808–834, 858–914).
-pub(crate) const MIN_TOKENS_GROUPS: usize = 256;
+const MIN_TOKENS_GROUPS: usize = 256;
 
 /// As [`MIN_TOKENS`] for the AVX2 micro-kernel, whose per-row kernels are relatively
 /// cheaper against the (scalar) panel decoding: measured on Zen 3, the panels win from
@@ -231,17 +231,26 @@ pub(crate) fn matmul_panels(
     n: usize,
     out: &mut [f32],
 ) -> bool {
-    let (Some(lay), Some((kernel, min_tokens))) = (
-        panel_layout(m.ty()),
-        panel_kernel(level, m.ty(), m.is_grouped()),
-    ) else {
-        return false;
-    };
-    if n < min_tokens || m.cols() == 0 {
-        return false;
+    match panel_plan(level, m, n) {
+        Some((lay, kernel)) => {
+            run_panels(lay, kernel, m, xs, n, out);
+            true
+        }
+        None => false,
     }
-    run_panels(lay, kernel, m, xs, n, out);
-    true
+}
+
+/// Whether [`matmul_panels`] takes a batch of `n` tokens of `m` at `level`.
+pub(crate) fn panels_take(level: SimdLevel, m: &QMatrix<'_>, n: usize) -> bool {
+    panel_plan(level, m, n).is_some()
+}
+
+/// The panel layout and micro-kernel for `n` tokens of `m` at `level`: `None` without a
+/// panel kernel for its format there, or below that kernel's threshold.
+fn panel_plan(level: SimdLevel, m: &QMatrix<'_>, n: usize) -> Option<(Layout, PanelKernel)> {
+    let lay = panel_layout(m.ty())?;
+    let (kernel, min_tokens) = panel_kernel(level, m.ty(), m.is_grouped())?;
+    (n >= min_tokens && m.cols() > 0).then_some((lay, kernel))
 }
 
 /// As [`matmul_panels`] with the portable micro-kernel (for tests).

@@ -320,15 +320,15 @@ pub fn matmul_multi(
         true => Panels::Never,
         false => Panels::Allowed,
     };
-    let fused = ms.iter().all(|m| m.is_grouped() && m.cols() > 0)
+    let n_tokens = ms.first().map_or(0, |m| xs.len() / m.cols().max(1));
+    let mut fused = ms.iter().all(|m| m.is_grouped() && m.cols() > 0)
         && ms
             .first()
             .is_some_and(|m| ms.iter().all(|o| o.cols() == m.cols()));
-    let n_tokens = ms.first().map_or(0, |m| xs.len() / m.cols().max(1));
-    let under_panels = panels == Panels::Never
-        || n_tokens < crate::gemm::MIN_TOKENS_GROUPS
-        || ms.iter().all(|m| !crate::gemm::reads_groups(m.ty()));
-    if !(fused && under_panels) {
+    for m in ms {
+        fused &= !takes_panels(m.kernels()?, m, n_tokens, Acts::Int8, panels);
+    }
+    if !fused {
         for (m, out) in ms.iter().zip(outs.iter_mut()) {
             matmul_with(m, xs, out, Acts::Int8, m.kernels()?, panels)?;
         }
@@ -394,6 +394,16 @@ pub fn matmul_f32(m: &QMatrix<'_>, xs: &[f32], out: &mut [f32]) -> Result<(), Qu
     matmul_with(m, xs, out, Acts::F32, m.kernels()?, Panels::Allowed)
 }
 
+/// Whether a batched product of `n` tokens of `m` with kernels `k` goes through the panels
+/// (else through the row or group kernels).
+fn takes_panels(k: &Kernels, m: &QMatrix<'_>, n: usize, acts: Acts, panels: Panels) -> bool {
+    acts == Acts::Int8
+        && panels == Panels::Allowed
+        && k.dot_q8.is_some()
+        && (!m.is_grouped() || crate::gemm::reads_groups(m.ty()))
+        && crate::gemm::panels_take(k.level, m, n)
+}
+
 /// Whether a batched product may take the panel kernels (faster for many tokens, equal to
 /// the one-token product only to f32 rounding).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -442,10 +452,7 @@ fn matmul_with(
     }
     // The panels from their threshold, for a matrix in row groups too where they read its
     // groups (Q5_0): a long prompt's prefill at their speed.
-    if acts == Acts::Int8
-        && panels == Panels::Allowed
-        && k.dot_q8.is_some()
-        && (!m.is_grouped() || crate::gemm::reads_groups(m.ty()))
+    if takes_panels(k, m, n_tokens, acts, panels)
         && crate::gemm::matmul_panels(k.level, m, &xs[..n_tokens * m.cols()], n_tokens, out)
     {
         return Ok(());

@@ -61,9 +61,6 @@ pub struct Speculation {
     measure: Measurements,
     /// Ask for `draft_max` drafts every time, whatever they cost.
     always_max: bool,
-    /// The fewest drafts a check asks for once drafting pays ([`MODEL_DRAFT_FLOOR`] with a
-    /// draft model, 1 with prompt lookup).
-    len_floor: usize,
     /// A deliberately wrong acceptance rule, for the tests that must tell it from the right
     /// one: every draft is taken as generated, unsampled.
     take_drafts_unchecked: bool,
@@ -219,17 +216,12 @@ impl Speculation {
     /// checked when fewer than `draft_min` come.
     pub fn new(drafter: Drafter, draft_max: usize, draft_min: usize) -> Result<Self> {
         Self::check_lengths(draft_max, draft_min)?;
-        let len_floor = match drafter {
-            Drafter::Model(_) => MODEL_DRAFT_FLOOR,
-            Drafter::Lookup(_) => 1,
-        };
         Ok(Speculation {
             drafter,
             draft_max,
             draft_min,
             measure: Measurements::new(draft_max),
             always_max: false,
-            len_floor,
             take_drafts_unchecked: false,
             stats: SpeculationStats::default(),
         })
@@ -274,6 +266,15 @@ impl Speculation {
         self.stats
     }
 
+    /// The fewest drafts a check asks for once drafting pays: [`MODEL_DRAFT_FLOOR`] with a
+    /// draft model (its odds end an unsure run), 1 with prompt lookup.
+    fn len_floor(&self) -> usize {
+        match self.drafter {
+            Drafter::Model(_) => MODEL_DRAFT_FLOOR,
+            Drafter::Lookup(_) => 1,
+        }
+    }
+
     /// How many drafts the next check should ask for, from the measurements, and whether
     /// that is a trial (drafting does not pay by the measurements so far).
     fn next_len(&self) -> (usize, bool) {
@@ -300,7 +301,7 @@ impl Speculation {
             self.draft_max,
         );
         if k > 0 {
-            return (k.max(self.len_floor).min(self.draft_max), false);
+            return (k.max(self.len_floor()).min(self.draft_max), false);
         }
         // Would drafts pay if every one were proposed and kept? If not, trying one cannot
         // change that.
