@@ -130,8 +130,16 @@ impl SpeculativeArgs {
 
 /// The stderr line of a speculative generation's counts.
 pub fn summary(s: &sparrow::SpeculationStats, n_generated: usize) -> String {
+    let siblings = if s.siblings > 0 {
+        format!(
+            ", {} of {} second choices taken",
+            s.siblings_kept, s.siblings
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "speculation: {} drafted, {} accepted ({:.1}%), {:.2} tokens per pass of the model ({} passes)",
+        "speculation: {} drafted, {} accepted ({:.1}%){siblings}, {:.2} tokens per pass of the model ({} passes)",
         s.drafted,
         s.accepted,
         100.0 * s.acceptance(),

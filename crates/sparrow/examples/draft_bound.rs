@@ -87,19 +87,24 @@ fn main() {
             let logits = d.model.forward(&mut st, &all, Logits::All).unwrap();
             let vocab = d.model.config.vocab_size;
             // The draft's view of output token `i` is the row before it.
-            let (ok, sureness): (Vec<bool>, Vec<f64>) = (0..out.len())
-                .map(|i| {
-                    let row = &logits[(ids.len() + i - 1) * vocab..][..vocab];
-                    let (best, p) = best_with_probability(row);
-                    let right = best == out[i];
-                    if p >= 0.75 {
-                        sure += 1;
-                        sure_right += right as usize;
-                    }
-                    (right, p as f64)
-                })
-                .unzip();
-            trace.push(serde_json::json!({"kind": kind, "ok": ok, "p": sureness}));
+            let (mut ok, mut sureness) = (Vec::new(), Vec::new());
+            let (mut ok2, mut sureness2) = (Vec::new(), Vec::new());
+            for i in 0..out.len() {
+                let row = &logits[(ids.len() + i - 1) * vocab..][..vocab];
+                let (best, p) = best_with_probability(row);
+                let (second, p2) = runner_up(row, best, p);
+                let right = best == out[i];
+                if p >= 0.75 {
+                    sure += 1;
+                    sure_right += right as usize;
+                }
+                ok.push(right);
+                sureness.push(p as f64);
+                ok2.push(second == out[i]);
+                sureness2.push(p2 as f64);
+            }
+            trace.push(serde_json::json!({"kind": kind, "ok": ok, "p": sureness,
+                "ok2": ok2, "p2": sureness2}));
             plain += out.len() as f64 * costs.pass(1);
             best += oracle_cost(&ok, &costs);
             agree.extend(ok);
@@ -119,6 +124,18 @@ fn main() {
         let all = serde_json::json!({"costs": costs, "prompts": trace});
         std::fs::write(&path, serde_json::to_string(&all).unwrap()).unwrap();
     }
+}
+
+/// The draft's second-best token and its probability, given the best and its probability
+/// (the best's probability is 1 / Σ exp(l − max), so the runner-up's is exp(l₂ − max) · p).
+fn runner_up(row: &[f32], best: u32, p: f32) -> (u32, f32) {
+    let (mut id, mut l) = (0u32, f32::NEG_INFINITY);
+    for (i, &v) in row.iter().enumerate() {
+        if i as u32 != best && v > l {
+            (id, l) = (i as u32, v);
+        }
+    }
+    (id, (l - row[best as usize]).exp() * p)
 }
 
 /// The target's greedy continuation of `ids`, `n` tokens (fewer at an end of generation).

@@ -40,6 +40,11 @@ pub struct SpeculationStats {
     pub accepted: usize,
     /// Forward passes of the model while generating (checks and plain steps).
     pub target_passes: usize,
+    /// Sibling drafts checked (a draft's second choice beside it,
+    /// [`crate::Model::forward_steps_with_siblings`]) and those the model took: each a
+    /// token more for its check.
+    pub siblings: usize,
+    pub siblings_kept: usize,
 }
 
 impl SpeculationStats {

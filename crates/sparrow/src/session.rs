@@ -13,7 +13,7 @@ use crate::generate::{prefill, Generation, GenerationStats, Next, SpeculationSta
 use crate::model::{Logits, Model, SeqStep, State, Workspace};
 use crate::prefix_cache::PrefixCache;
 use crate::sampler::Sampler;
-use crate::speculative::{judge_drafts, Check, Speculation};
+use crate::speculative::{judge_drafts, Check, Sibling, Speculation};
 use std::time::Instant;
 
 /// Prompt tokens per forward pass of a [`Session`]'s prefill, unless set otherwise.
@@ -109,7 +109,7 @@ impl Session {
     pub fn propose_drafts(&mut self, next: u32, room: usize, out: &mut Vec<u32>) -> Result<()> {
         out.clear();
         match &mut self.speculation {
-            Some(spec) => spec.propose(&self.tokens, next, room, out),
+            Some(spec) => spec.propose(&self.tokens, next, room, out, None),
             None => Ok(()),
         }
     }
@@ -206,10 +206,25 @@ impl Session {
 
     /// Run `tokens` as decode steps ([`Model::forward_steps`]) and remember them.
     pub fn feed_steps(&mut self, model: &Model, tokens: &[u32], want: Logits) -> Result<&[f32]> {
+        self.feed_steps_with_siblings(model, tokens, &[], want)
+    }
+
+    /// [`Session::feed_steps`] where the last `siblings.len()` tokens are siblings
+    /// ([`Model::forward_steps_with_siblings`]): the others are remembered.
+    pub fn feed_steps_with_siblings(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        siblings: &[usize],
+        want: Logits,
+    ) -> Result<&[f32]> {
         let done = model
-            .forward_steps(&mut self.state, tokens, want)
+            .forward_steps_with_siblings(&mut self.state, tokens, siblings, want)
             .map(|_| ());
-        self.settle(tokens, done.is_ok());
+        self.settle(
+            &tokens[..tokens.len() - siblings.len().min(tokens.len())],
+            done.is_ok(),
+        );
         done?;
         Ok(self.state.logits())
     }
@@ -352,6 +367,8 @@ impl Session {
                     drafted: after.drafted - before.drafted,
                     accepted: after.accepted - before.accepted,
                     target_passes: after.target_passes - before.target_passes,
+                    siblings: after.siblings - before.siblings,
+                    siblings_kept: after.siblings_kept - before.siblings_kept,
                 });
             }
             None => loop {
@@ -374,8 +391,11 @@ impl Session {
     /// The token loop with drafts: each token to feed goes into one pass together with
     /// the drafts that follow it ([`Model::forward_steps`]); the generation then steps
     /// through the pass's rows as it would through one-token passes, and the drafts after
-    /// the first one it does not sample are rewound. The output is the plain loop's
-    /// (see [`crate::speculative`]).
+    /// the first one it does not sample are rewound. Where the state takes them
+    /// ([`State::takes_siblings`]), the draft's second choices ride along as siblings: when
+    /// the generation samples one in place of its draft, the token after it is known too,
+    /// and the sibling is fed with the next pass. The output is the plain loop's (see
+    /// [`crate::speculative`]).
     fn decode_speculatively(
         &mut self,
         engine: &Engine,
@@ -386,9 +406,13 @@ impl Session {
         mut logits: Vec<f32>,
     ) -> Result<()> {
         let model = &engine.model;
+        let vocab = model.config.vocab_size;
         let n_ctx = self.state.n_ctx();
-        let mut drafts = Vec::new();
-        let mut batch = Vec::new();
+        let takes_siblings = self.state.takes_siblings();
+        let (mut drafts, mut siblings) = (Vec::new(), Vec::new());
+        let (mut batch, mut sibling_rows, mut context) = (Vec::new(), Vec::new(), Vec::new());
+        // Tokens sampled but not yet in the cache before the one to feed: a sibling taken.
+        let mut lead: Vec<u32> = Vec::new();
         let mut next = gen.step(
             &engine.tokenizer,
             sampler,
@@ -398,27 +422,44 @@ impl Session {
         );
         while let Next::Feed(id) = next {
             let n0 = self.state.n_past();
-            // Room for `id` and the drafts in the cache, and no more drafts than tokens
-            // the generation may still make after `id`.
-            let room = (n_ctx - n0 - 1).min(gen.remaining().saturating_sub(1));
-            spec.propose(&self.tokens, id, room, &mut drafts)?;
+            let fed = lead.len() + 1;
+            // Room for the fed tokens and the drafts in the cache, and no more drafts than
+            // tokens the generation may still make after `id`.
+            let room = (n_ctx - n0 - fed).min(gen.remaining().saturating_sub(1));
+            context.clear();
+            context.extend_from_slice(&self.tokens);
+            context.extend_from_slice(&lead);
+            let wants_siblings = takes_siblings.then_some(&mut siblings);
+            spec.propose(&context, id, room, &mut drafts, wants_siblings)?;
             batch.clear();
+            batch.extend_from_slice(&lead);
             batch.push(id);
             batch.extend_from_slice(&drafts);
+            batch.extend(siblings.iter().map(|s: &Sibling| s.token));
+            sibling_rows.clear();
+            sibling_rows.extend(siblings.iter().map(|s| fed + s.draft));
             let pass = Instant::now();
-            self.feed_steps(model, &batch, Logits::All)?;
+            self.feed_steps_with_siblings(model, &batch, &sibling_rows, Logits::All)?;
             let seconds = pass.elapsed().as_secs_f64();
+            let rows = self.state.logits();
+            let steps_end = (fed + drafts.len()) * vocab;
             let check = Check {
-                rows: self.state.logits(),
+                rows: &rows[(fed - 1) * vocab..steps_end],
                 drafts: &drafts,
-                room: n_ctx - n0 - 1,
+                room: n_ctx - n0 - fed,
                 unchecked: spec.takes_drafts_unchecked(),
+                siblings: &siblings,
+                sibling_rows: &rows[steps_end..],
             };
             let judged = judge_drafts(check, gen, &engine.tokenizer, sampler, &mut logits, sink);
             let kept = judged.kept;
             next = judged.next;
-            spec.record(drafts.len(), kept, Some(seconds));
-            self.rewind_to(model, n0 + 1 + kept)?;
+            // A pass that also fed a sibling is not a check of this length's usual cost.
+            spec.record(drafts.len(), kept, (fed == 1).then_some(seconds));
+            spec.record_siblings(siblings.len(), judged.sibling.is_some());
+            lead.clear();
+            lead.extend(judged.sibling);
+            self.rewind_to(model, n0 + fed + kept)?;
         }
         Ok(())
     }

@@ -95,6 +95,24 @@ struct Measurements {
 /// every time (the replay's best) lost 2–3% on code in three pairs.
 pub const MODEL_DRAFT_FLOOR: usize = 4;
 
+/// A draft model's second choice at a draft it is less sure of than this is checked beside
+/// it, as a sibling ([`Sibling`]). Replayed over the trace of the 1.5B with the 0.5B
+/// drafting (`examples/draft_bound.rs`, which records the runner-up; costs of
+/// docs/speculative/draft-trace-1.5b-0.5b.json): chat 1.33× plain without siblings, 1.39,
+/// 1.39, 1.38, 1.37× with them below 0.5, 0.6, 0.7, 0.8 (code 1.95, 1.95, 1.96, 1.97,
+/// 1.95×; edits level): on chat the draft is wrong at 30% of tokens, and its second choice
+/// is the model's token at 45% of those.
+pub const SIBLING_BELOW: f32 = 0.6;
+
+/// A draft's alternative checked beside it: the draft model's second choice at draft
+/// index `draft`. When the model samples `token` there instead of the draft, the check's
+/// sibling row ([`Model::forward_steps_with_siblings`]) gives the model's next token too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sibling {
+    pub draft: usize,
+    pub token: u32,
+}
+
 /// The most tokens a draft model catches up after a check (the last draft, kept, and the
 /// token after it); more is the backlog of plain steps.
 const STEADY_CATCH_UP: usize = 2;
@@ -327,15 +345,21 @@ impl Speculation {
     }
 
     /// Drafts to follow `context` then `next` (the token about to be fed), at most
-    /// `room` of them, into `out` (emptied first). Too few to check leaves `out` empty.
+    /// `room` of them, into `out` (emptied first), and when `siblings` is given, a draft
+    /// model's second choices where it is unsure ([`SIBLING_BELOW`]; emptied first). Too
+    /// few to check leaves both empty.
     pub(crate) fn propose(
         &mut self,
         context: &[u32],
         next: u32,
         room: usize,
         out: &mut Vec<u32>,
+        mut siblings: Option<&mut Vec<Sibling>>,
     ) -> Result<()> {
         out.clear();
+        if let Some(s) = siblings.as_deref_mut() {
+            s.clear();
+        }
         let (want, trial) = self.next_len();
         if want > 0 {
             self.measure.trials = if trial { self.measure.trials + 1 } else { 0 };
@@ -345,7 +369,7 @@ impl Speculation {
             return Ok(());
         }
         let (setup, seconds) = match &mut self.drafter {
-            Drafter::Model(m) => m.propose(context, next, want, out)?,
+            Drafter::Model(m) => m.propose(context, next, want, out, siblings.as_deref_mut())?,
             Drafter::Lookup(l) => {
                 let started = std::time::Instant::now();
                 l.propose(context, next, want, out);
@@ -358,6 +382,9 @@ impl Speculation {
         }
         if out.len() < self.draft_min.max(1) {
             out.clear();
+            if let Some(s) = siblings {
+                s.clear();
+            }
         }
         Ok(())
     }
@@ -380,6 +407,12 @@ impl Speculation {
         let judged = accepted + usize::from(accepted < drafted);
         m.kept = DECAY * m.kept + accepted as f64;
         m.judged = DECAY * m.judged + judged as f64;
+    }
+
+    /// A check carried `checked` siblings, and the model took one of them or not.
+    pub(crate) fn record_siblings(&mut self, checked: usize, taken: bool) {
+        self.stats.siblings += checked;
+        self.stats.siblings_kept += usize::from(taken);
     }
 }
 
@@ -518,13 +551,15 @@ impl DraftModel {
     /// sure only 30%: `examples/draft_bound.rs` traces them, docs/performance.md has the
     /// rules tried. Returns the seconds of the catch-up (whatever the draft's length;
     /// `None` when it caught up more than a check leaves behind — the backlog of plain
-    /// steps, a cost paid once, not at every check) and of the drafting steps.
+    /// steps, a cost paid once, not at every check) and of the drafting steps. With
+    /// `siblings`, each draft less than [`SIBLING_BELOW`] sure also gives its runner-up.
     fn propose(
         &mut self,
         context: &[u32],
         next: u32,
         want: usize,
         out: &mut Vec<u32>,
+        mut siblings: Option<&mut Vec<Sibling>>,
     ) -> Result<(Option<f64>, f64)> {
         let catching_up = std::time::Instant::now();
         let Some((mut logits, fed)) = self.catch_up(context, Some(next))? else {
@@ -539,6 +574,14 @@ impl DraftModel {
         while out.len() < want {
             let (best, p) = best_with_probability(&logits);
             let id = self.token_of(best);
+            if let (Some(siblings), true) = (siblings.as_deref_mut(), p < SIBLING_BELOW) {
+                if let Some(second) = runner_up(&logits, best) {
+                    siblings.push(Sibling {
+                        draft: out.len(),
+                        token: self.token_of(second),
+                    });
+                }
+            }
             out.push(id);
             all_kept *= p;
             if out.len() == want || all_kept < self.p_min {
@@ -566,6 +609,19 @@ pub fn best_with_probability(logits: &[f32]) -> (u32, f32) {
     let max = logits[id as usize];
     let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
     (id, 1.0 / sum)
+}
+
+/// The index of the largest logit other than `best`'s (none when there is no other).
+fn runner_up(logits: &[f32], best: u32) -> Option<u32> {
+    logits
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != best as usize)
+        .fold(None, |top: Option<(usize, f32)>, (i, &l)| match top {
+            Some((_, t)) if t >= l => top,
+            _ => Some((i, l)),
+        })
+        .map(|(i, _)| i as u32)
 }
 
 /// Prompt lookup: the drafts are what followed the most recent earlier occurrence of the
@@ -637,6 +693,9 @@ pub const CONTEXT_MAX: usize = 32;
 pub struct Judged {
     pub kept: usize,
     pub next: Next,
+    /// The sibling the generation sampled in place of the first draft it did not keep:
+    /// `next` then follows it (feed the sibling, then `next`).
+    pub sibling: Option<u32>,
 }
 
 /// A pass that checked drafts, to be judged ([`judge_drafts`]).
@@ -647,6 +706,10 @@ pub struct Check<'a> {
     pub drafts: &'a [u32],
     /// The cache's room after the first token.
     pub room: usize,
+    /// The siblings checked beside the drafts, and their rows of logits (`vocab` floats
+    /// each, after the sibling).
+    pub siblings: &'a [Sibling],
+    pub sibling_rows: &'a [f32],
     /// The deliberately wrong rule of [`Speculation::take_drafts_unchecked`].
     pub unchecked: bool,
 }
@@ -666,6 +729,8 @@ pub fn judge_drafts(
         drafts,
         room,
         unchecked,
+        siblings,
+        sibling_rows,
     } = check;
     let vocab = rows.len() / (drafts.len() + 1);
     let mut kept = 0;
@@ -680,7 +745,32 @@ pub fn judge_drafts(
         let next = gen.step(tokenizer, sampler, logits, room - j, sink);
         match next {
             Next::Feed(t) if drafts.get(j) == Some(&t) => kept += 1,
-            next => return Judged { kept, next },
+            Next::Feed(t) => {
+                // The generation sampled `t` in place of draft `j`: if `t` was checked as
+                // its sibling, the sibling's row is the one-token pass after `t`.
+                let Some(i) = siblings.iter().position(|s| s.draft == j && s.token == t) else {
+                    return Judged {
+                        kept,
+                        next: Next::Feed(t),
+                        sibling: None,
+                    };
+                };
+                logits.clear();
+                logits.extend_from_slice(&sibling_rows[i * vocab..(i + 1) * vocab]);
+                let next = gen.step(tokenizer, sampler, logits, room - j - 1, sink);
+                return Judged {
+                    kept,
+                    next,
+                    sibling: Some(t),
+                };
+            }
+            next => {
+                return Judged {
+                    kept,
+                    next,
+                    sibling: None,
+                }
+            }
         }
     }
     unreachable!("the row after the last draft is never a draft")

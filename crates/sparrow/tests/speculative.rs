@@ -127,6 +127,116 @@ fn decode_steps_match_one_token_passes_to_the_bit() {
     }
 }
 
+/// A check's siblings: the sibling standing for row `r` gets the bits of a one-token pass
+/// after the rows before `r`, the other rows keep theirs, and the cache afterwards is the
+/// cache without the siblings (the next steps' bits) — full attention alone and under a
+/// sparse prefill, in RAM and under a cold tier, at offsets that cross the store's blocks.
+#[test]
+fn siblings_get_the_bits_of_a_one_token_pass_after_the_rows_before_them() {
+    let e = engine(31);
+    let m = &e.model;
+    let vocab = m.config.vocab_size;
+    let prompt = synthetic_tokens(150, 5);
+    let steps = synthetic_tokens(60, 6);
+    let under_xattention = AttentionChoice {
+        prefill: Some("xattention".into()),
+        ..Default::default()
+    };
+    for (name, choice) in [
+        ("full", AttentionChoice::default()),
+        ("xattention+full", under_xattention),
+    ] {
+        for tier in [None, cold(name)] {
+            let label = format!("{name}, cold tier {}", tier.is_some());
+            // One-token passes: the steps, and each sibling after the steps before it.
+            let mut alone = sequence(m, &choice, tier.clone());
+            m.forward(&mut alone, &prompt, Logits::Last).unwrap();
+            let mut want = Vec::new();
+            for &t in &steps {
+                want.push(m.forward(&mut alone, &[t], Logits::Last).unwrap().to_vec());
+            }
+            let sibling_of = |t: u32| (t * 7 + 3) % 250 + 3;
+            let after = |at: usize| {
+                let mut s = sequence(m, &choice, tier.clone());
+                m.forward(&mut s, &prompt, Logits::Last).unwrap();
+                for &t in &steps[..at] {
+                    m.forward(&mut s, &[t], Logits::Last).unwrap();
+                }
+                m.forward(&mut s, &[sibling_of(steps[at])], Logits::Last)
+                    .unwrap()
+                    .to_vec()
+            };
+            let mut batched = sequence(m, &choice, tier.clone());
+            m.forward(&mut batched, &prompt, Logits::Last).unwrap();
+            let mut at = 0;
+            for (n, rows) in [(7, vec![1, 3, 6]), (12, vec![11]), (9, vec![1, 2, 4, 5, 8])] {
+                let base = batched.n_past();
+                let mut tokens = steps[at..at + n].to_vec();
+                tokens.extend(rows.iter().map(|&r| sibling_of(steps[at + r])));
+                let out = m
+                    .forward_steps_with_siblings(&mut batched, &tokens, &rows, Logits::All)
+                    .unwrap();
+                assert_eq!(out.len(), tokens.len() * vocab, "{label}");
+                for (i, row) in out.chunks_exact(vocab).take(n).enumerate() {
+                    assert!(row == &want[at + i][..], "{label}: step {} differs", at + i);
+                }
+                for (j, row) in out.chunks_exact(vocab).skip(n).enumerate() {
+                    let r = rows[j];
+                    assert!(
+                        row == &after(at + r)[..],
+                        "{label}: the sibling of step {} differs from its one-token pass",
+                        at + r
+                    );
+                }
+                assert_eq!(
+                    batched.n_past(),
+                    base + n,
+                    "{label}: siblings take no position"
+                );
+                at += n;
+            }
+            // The cache holds the steps, not the siblings: the next step's bits.
+            let next = m.forward(&mut batched, &[steps[at]], Logits::Last).unwrap();
+            assert!(
+                next == &want[at][..],
+                "{label}: the step after the checks differs"
+            );
+        }
+    }
+}
+
+/// Siblings are refused, with the state untouched, where they cannot be exact (a decode
+/// policy that selects keys) or do not make sense (rows out of order or out of range).
+#[test]
+fn siblings_are_refused_where_they_cannot_be_exact() {
+    let e = engine(31);
+    let m = &e.model;
+    let prompt = synthetic_tokens(40, 5);
+    let tokens = synthetic_tokens(7, 6);
+    let mut quest = sequence(m, &common::small_quest(), None);
+    m.forward(&mut quest, &prompt, Logits::Last).unwrap();
+    assert!(!quest.takes_siblings());
+    let err = m
+        .forward_steps_with_siblings(&mut quest, &tokens, &[2], Logits::All)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sibling"), "{err}");
+    assert_eq!(quest.n_past(), 40);
+    let mut full = sequence(m, &AttentionChoice::default(), None);
+    m.forward(&mut full, &prompt, Logits::Last).unwrap();
+    assert!(full.takes_siblings());
+    // Five steps and their siblings: rows in 1..5 only, increasing.
+    for rows in [&[0][..], &[5], &[3, 2]] {
+        let t = &tokens[..5 + rows.len()];
+        let err = m
+            .forward_steps_with_siblings(&mut full, t, rows, Logits::All)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sibling rows"), "{rows:?}: {err}");
+        assert_eq!(full.n_past(), 40);
+    }
+}
+
 /// The plain prefill of several tokens is not decode: with a selecting decode policy, the
 /// rows `forward` gives for a batch differ from one-token passes — the difference
 /// `forward_steps` exists for (so the test above can fail).
@@ -211,6 +321,25 @@ fn draft_over(
         .with_vocab_head(vocab_head);
     // Every step drafts (a synthetic draft costs as much as its target, which the
     // length chooser would rightly refuse): many drafts judged, right and wrong.
+    Speculation::new(Drafter::Model(Box::new(model)), 6, 0)
+        .unwrap()
+        .always_draft_max()
+}
+
+/// [`draft`] of the model of `seed` over a Q8_0 cache (full attention).
+fn draft_q8_0_cache(target: &Engine, seed: u64) -> Speculation {
+    let d = engine(seed);
+    let kv = KvOptions {
+        types: KvType::Q8_0.into(),
+        cold: None,
+        reserved: 0,
+    };
+    let state = d
+        .model
+        .new_sequence(N_CTX, kv, &AttentionChoice::default())
+        .unwrap();
+    check_vocabularies(&target.tokenizer, &d.tokenizer).unwrap();
+    let model = DraftModel::new(Arc::clone(&d.model), state, 0.0, 64).unwrap();
     Speculation::new(Drafter::Model(Box::new(model)), 6, 0)
         .unwrap()
         .always_draft_max()
@@ -304,6 +433,7 @@ fn speculative_output_is_the_plain_output() {
             ..SamplerConfig::default()
         },
     ];
+    let mut siblings_taken = 0;
     for (name, choice) in choices(&e.model) {
         for sampler in &samplers {
             let plain = generate(
@@ -325,6 +455,9 @@ fn speculative_output_is_the_plain_output() {
                     draft_over(&e, 31, &choice, 64),
                 ),
                 ("other draft", draft(&e, 32, &AttentionChoice::default())),
+                // The target over an 8-bit cache: its second choice is often the target's
+                // token where its first is not (a sibling taken).
+                ("self-draft, q8_0 cache", draft_q8_0_cache(&e, 31)),
                 ("lookup", lookup_drafts(5)),
                 (
                     "lookup, measured lengths",
@@ -332,6 +465,7 @@ fn speculative_output_is_the_plain_output() {
                 ),
             ];
             for (how, s) in drafters {
+                let takes_siblings = how.starts_with("self-draft, q8_0") && name == "full";
                 let got = generate(
                     &e,
                     &choice,
@@ -348,6 +482,14 @@ fn speculative_output_is_the_plain_output() {
                 assert_eq!(got.0, plain.0);
                 let stats = got.3.expect("speculative stats");
                 assert!(stats.target_passes <= 60, "{name}, {how}: {stats:?}");
+                if takes_siblings {
+                    // Second choices checked beside unsure drafts, and some taken (the
+                    // output above is the plain one all the same).
+                    assert!(stats.siblings > 0, "{name}, {how}: {stats:?}");
+                    siblings_taken += stats.siblings_kept;
+                } else if name != "full" {
+                    assert_eq!(stats.siblings, 0, "{name}, {how}: a sparse policy's check");
+                }
                 if how == "self-draft" && sampler.temperature == 0.0 {
                     // Its own greedy guesses are the greedy output: nearly all kept.
                     // (The draft catches up on kept tokens in a prefill batch, which a
@@ -364,6 +506,10 @@ fn speculative_output_is_the_plain_output() {
             }
         }
     }
+    assert!(
+        siblings_taken > 0,
+        "no sibling was ever taken: the path went untested"
+    );
 }
 
 /// Stop strings, the token limit and a context that fills up end a speculative generation

@@ -171,7 +171,7 @@ fn the_small_qwen_drafts_for_the_large_one() {
     sparrow::speculative::check_vocabularies(&target.tokenizer, &draft.tokenizer).unwrap();
     // A copying task (the draft is nearly always right) and an open question (it is not).
     let open = "<|im_start|>user\nIn two sentences, why do small birds sing at dawn?<|im_end|>\n<|im_start|>assistant\n";
-    let (mut drafted, mut accepted) = (0, 0);
+    let (mut drafted, mut accepted, mut siblings, mut siblings_kept) = (0, 0, 0, 0);
     for text in [EDIT, open] {
         let prompt = target.tokenizer.encode(text, true, true);
         // The draft's default head (the first ids and the context's) and its whole one.
@@ -183,6 +183,13 @@ fn the_small_qwen_drafts_for_the_large_one() {
                 DEFAULT_DRAFT_VOCAB,
             ),
             ("full, whole head", AttentionChoice::default(), false, 0),
+            // Siblings (full attention) written again and again under a cold tier.
+            (
+                "full, cold",
+                AttentionChoice::default(),
+                true,
+                DEFAULT_DRAFT_VOCAB,
+            ),
             ("quest, cold", quest(), true, DEFAULT_DRAFT_VOCAB),
         ] {
             let plain = greedy(&target, &choice, cold, None, &prompt, 32);
@@ -198,8 +205,12 @@ fn the_small_qwen_drafts_for_the_large_one() {
             let stats = stats.unwrap();
             drafted += stats.drafted;
             accepted += stats.accepted;
+            siblings += stats.siblings;
+            siblings_kept += stats.siblings_kept;
         }
     }
+    // Full attention's checks carried the draft's second choices where it was unsure.
+    assert!(siblings > 0, "{siblings_kept} of {siblings}");
     // Drafts both kept and refused were judged.
     assert!(
         accepted > 16 && accepted < drafted,

@@ -144,6 +144,16 @@ pub trait SparsePolicy: Send {
         true
     }
 
+    /// Whether a one-token (decode) plan at position `p` is every key up to `p`, in order —
+    /// nothing chosen from what the policy learned of the rows — so a step run out of order
+    /// (a layer's rows past `p` written, then `p` written again and attended, then the
+    /// later rows restored) reads exactly what a step run in order would. Speculative
+    /// checks run a draft's alternative ("sibling") that way; policies that select keys say
+    /// no, and their checks stay chains.
+    fn decodes_every_key(&self) -> bool {
+        false
+    }
+
     /// What layer `ctx.layer` reads for the batch in `ctx`. Side tables may borrow from the
     /// policy.
     fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p>;

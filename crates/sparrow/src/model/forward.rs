@@ -66,11 +66,11 @@ impl Model {
         self.check_step(state, tokens)?;
         if let Some(split) = self.lean_split(tokens.len(), want) {
             for chunk in tokens[..split].chunks(LEAN_BATCH) {
-                self.forward_one(state, chunk, Logits::None, false)?;
+                self.forward_one(state, chunk, Logits::None, false, &[])?;
             }
-            return self.forward_one(state, &tokens[split..], want, false);
+            return self.forward_one(state, &tokens[split..], want, false, &[]);
         }
-        self.forward_one(state, tokens, want, false)
+        self.forward_one(state, tokens, want, false, &[])
     }
 
     /// Run `tokens` as consecutive decode steps in one pass: every weight matrix is read
@@ -85,23 +85,70 @@ impl Model {
         tokens: &[u32],
         want: Logits,
     ) -> Result<&'s [f32]> {
+        self.forward_steps_with_siblings(state, tokens, &[], want)
+    }
+
+    /// [`Model::forward_steps`] where the last `siblings.len()` tokens are *siblings*: the
+    /// sibling `tokens[m + i]` (`m` = the tokens before them) stands at the position of row
+    /// `siblings[i]` in place of that row's token, after the rows before it — the pass
+    /// after which a decode step on the sibling would come if the rows before it were kept.
+    /// Its logits row has that step's bits: in each layer it is written and attended after
+    /// the other rows, at its position, as a one-token pass there would (the layer's rows
+    /// from there on are written again afterwards). So a check of drafts can also check
+    /// the draft's second choice at a position, and when the model's token there is that
+    /// one, its next token is known without another pass. Only `m` positions are taken;
+    /// `siblings` must be increasing, each in `1..m`, and the state must take siblings
+    /// ([`State::takes_siblings`]).
+    pub fn forward_steps_with_siblings<'s>(
+        &self,
+        state: &'s mut State,
+        tokens: &[u32],
+        siblings: &[usize],
+        want: Logits,
+    ) -> Result<&'s [f32]> {
         if tokens.is_empty() {
             return Ok(&[]);
         }
-        self.check_step(state, tokens)?;
+        let steps = tokens.len().saturating_sub(siblings.len());
+        if !siblings.is_empty() {
+            if !state.takes_siblings() {
+                return Err(Error::Other(
+                    "sibling drafts need global attention layers and a decode policy that reads every key (--attn full)".into(),
+                ));
+            }
+            let increasing = siblings.windows(2).all(|w| w[0] < w[1]);
+            if !increasing || siblings[0] == 0 || siblings[siblings.len() - 1] >= steps {
+                return Err(Error::Other(format!(
+                    "sibling rows {siblings:?} must be increasing and within 1..{steps}"
+                )));
+            }
+        }
+        self.check_step(state, &tokens[..steps])?;
+        if let Some(&id) = tokens[steps..]
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(Error::BadToken {
+                id,
+                vocab: self.config.vocab_size,
+            });
+        }
+        if !siblings.is_empty() {
+            return self.forward_one(state, tokens, want, true, siblings);
+        }
         if self.lean && tokens.len() > LEAN_BATCH {
             // A lean model keeps its workspace small: the steps run LEAN_BATCH at a time
             // (each token attends alone either way), their rows gathered.
             let vocab = self.config.vocab_size;
             let mut rows = Vec::new();
             for chunk in tokens.chunks(LEAN_BATCH) {
-                rows.extend_from_slice(self.forward_one(state, chunk, Logits::All, true)?);
+                rows.extend_from_slice(self.forward_one(state, chunk, Logits::All, true, &[])?);
             }
             let keep = logit_rows(tokens.len(), want);
             state.scratch.logits = rows[keep.start * vocab..keep.end * vocab].to_vec();
             return Ok(&state.scratch.logits);
         }
-        self.forward_one(state, tokens, want, true)
+        self.forward_one(state, tokens, want, true, &[])
     }
 
     /// One forward pass over several sequences at once: each `SeqStep`'s tokens run at its
@@ -133,7 +180,7 @@ impl Model {
             0 => Ok(()),
             1 => {
                 let s = steps.into_iter().next().expect("one step");
-                self.forward_one(s.state, s.tokens, s.want, s.as_steps)
+                self.forward_one(s.state, s.tokens, s.want, s.as_steps, &[])
                     .map(|_| ())
             }
             _ => {
@@ -144,6 +191,7 @@ impl Model {
                         tokens: s.tokens,
                         want: s.want,
                         as_steps: s.as_steps,
+                        siblings: &[],
                     })
                     .collect();
                 self.run(ws, &mut seqs)?;
@@ -193,13 +241,15 @@ impl Model {
     }
 
     /// One sequence's pass, whole (its checks already made), in the state's own workspace;
-    /// `as_steps` attends token by token ([`Model::forward_steps`]).
+    /// `as_steps` attends token by token ([`Model::forward_steps`]), the last
+    /// `siblings.len()` tokens as siblings ([`Model::forward_steps_with_siblings`]).
     fn forward_one<'s>(
         &self,
         state: &'s mut State,
         tokens: &[u32],
         want: Logits,
         as_steps: bool,
+        siblings: &[usize],
     ) -> Result<&'s [f32]> {
         let mut ws = std::mem::take(&mut state.scratch);
         let done = self.run(
@@ -209,6 +259,7 @@ impl Model {
                 tokens,
                 want,
                 as_steps,
+                siblings,
             }],
         );
         state.scratch = ws;
@@ -246,7 +297,7 @@ impl Model {
             self.ffn_block(ws, w, n)?;
         }
         for s in seqs.iter_mut() {
-            s.state.n_past += s.tokens.len();
+            s.state.n_past += s.steps();
         }
         self.logits(ws, seqs)
     }
@@ -295,6 +346,8 @@ impl Model {
             first = rows.end;
             let pos0 = seq.state.n_past;
             let as_steps = seq.as_steps;
+            let (steps, siblings) = (seq.steps(), seq.siblings);
+            let offsets: Vec<usize> = (0..rows.len()).map(|i| seq.offset(i)).collect();
             let State {
                 kv,
                 attention,
@@ -309,25 +362,30 @@ impl Model {
             );
             let att = &mut ws.att[span(&rows, qd)];
             let m = rows.len();
-            for i in 0..m {
-                ropes[l].apply(&mut q[i * qd..(i + 1) * qd], hd, pos0 + i);
-                ropes[l].apply(&mut k[i * kvd..(i + 1) * kvd], hd, pos0 + i);
+            for (i, &at) in offsets.iter().enumerate() {
+                ropes[l].apply(&mut q[i * qd..(i + 1) * qd], hd, pos0 + at);
+                ropes[l].apply(&mut k[i * kvd..(i + 1) * kvd], hd, pos0 + at);
             }
             if (q_scale - 1.0).abs() > 1e-6 {
                 q.iter_mut().for_each(|v| *v *= q_scale);
             }
+            // Row `i`'s key and value at its position.
             let append = |kv: &mut Box<dyn KvStore>, rows: Range<usize>| {
                 for i in rows {
                     let r = i * kvd..(i + 1) * kvd;
-                    kv.append(l, pos0 + i, &k[r.clone()], &v[r])
+                    kv.append(l, pos0 + offsets[i], &k[r.clone()], &v[r])
                         .map_err(Error::KvTier)?;
                 }
                 Ok::<(), Error>(())
             };
             match spec.attention {
                 LayerAttention::Global if as_steps => {
-                    for i in 0..m {
-                        let pos = pos0 + i;
+                    // The steps in order, then the siblings from the last back (each finds
+                    // the rows before its position as the steps left them), then the steps
+                    // the siblings displaced written again.
+                    let order = (0..steps).chain((steps..m).rev());
+                    for i in order {
+                        let pos = pos0 + offsets[i];
                         append(kv, i..i + 1)?;
                         blocks.forget_layer_from(l, pos);
                         blocks
@@ -343,6 +401,13 @@ impl Model {
                             pos,
                             &mut att[span(&rows, qd)],
                         );
+                    }
+                    if let Some(&first) = siblings.first() {
+                        append(kv, first..steps)?;
+                        blocks.forget_layer_from(l, pos0 + first);
+                        blocks
+                            .seal(shape, kv.as_mut(), l, pos0 + steps, attention.as_mut())
+                            .map_err(Error::KvTier)?;
                     }
                 }
                 LayerAttention::Global => {
@@ -505,6 +570,24 @@ struct Seq<'a> {
     want: Logits,
     /// Attend token by token, each as a one-token pass would ([`Model::forward_steps`]).
     as_steps: bool,
+    /// The rows the last `siblings.len()` tokens stand in for
+    /// ([`Model::forward_steps_with_siblings`]).
+    siblings: &'a [usize],
+}
+
+impl Seq<'_> {
+    /// The positions the pass takes: every token but the siblings.
+    fn steps(&self) -> usize {
+        self.tokens.len() - self.siblings.len()
+    }
+
+    /// Position offset of row `i` from the state's next position.
+    fn offset(&self, i: usize) -> usize {
+        match i.checked_sub(self.steps()) {
+            Some(s) => self.siblings[s],
+            None => i,
+        }
+    }
 }
 
 /// Which of a step's `n` rows produce logits.

@@ -212,6 +212,14 @@ impl State {
         (self.attention.rewinds_exactly(), self.attention.name())
     }
 
+    /// Whether a speculative check on this state may carry sibling drafts
+    /// ([`Model::forward_steps_with_siblings`]): every layer global (a sliding window's
+    /// ring cannot write a position again once the window has moved past it) and the
+    /// decode policy reading every key (`SparsePolicy::decodes_every_key`).
+    pub fn takes_siblings(&self) -> bool {
+        self.windows.iter().all(Option::is_none) && self.attention.decodes_every_key()
+    }
+
     /// Drop positions beyond `n` (keep a shared prefix, discard the rest); returns the
     /// positions kept. That is `min(n, n_past)`, except when a sliding-window layer's ring
     /// has already overwritten positions the window before `n` needs: then nothing is kept

@@ -23,6 +23,10 @@ impl SparsePolicy for DenseAttention {
         "full"
     }
 
+    fn decodes_every_key(&self) -> bool {
+        true
+    }
+
     fn plan<'p>(&'p mut self, ctx: &PlanContext<'_>) -> ReadPlan<'p> {
         ReadPlan::causal(ctx.shape, ctx.pos0, ctx.n_tokens())
     }

@@ -409,6 +409,10 @@ impl SparsePolicy for PhasedAttention {
         self.prefill.rewinds_exactly() && self.decode.rewinds_exactly()
     }
 
+    fn decodes_every_key(&self) -> bool {
+        self.decode.decodes_every_key()
+    }
+
     fn summary_bytes(&self, n_ctx: usize, kv_dim: usize) -> usize {
         self.prefill.summary_bytes(n_ctx, kv_dim) + self.decode.summary_bytes(n_ctx, kv_dim)
     }

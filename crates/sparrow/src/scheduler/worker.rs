@@ -402,6 +402,8 @@ impl Worker {
             drafts: &w.tokens[1..],
             room: state.n_ctx() - n0 - 1,
             unchecked: false,
+            siblings: &[],
+            sibling_rows: &[],
         };
         let judged = judge_drafts(
             check,
