@@ -454,8 +454,7 @@ impl Session {
             let judged = judge_drafts(check, gen, &engine.tokenizer, sampler, &mut logits, sink);
             let kept = judged.kept;
             next = judged.next;
-            // A pass that also fed a sibling is not a check of this length's usual cost.
-            spec.record(drafts.len(), kept, (fed == 1).then_some(seconds));
+            spec.record(drafts.len(), kept, Some(seconds));
             spec.record_siblings(siblings.len(), judged.sibling.is_some());
             lead.clear();
             lead.extend(judged.sibling);

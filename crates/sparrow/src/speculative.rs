@@ -82,7 +82,22 @@ struct Measurements {
     plain_steps: usize,
     /// Trial drafts since drafting last paid: each doubles the wait for the next.
     trials: u32,
+    /// Tokens the recent checks gave, the seconds they took with their drafting, and how
+    /// many checks that is (decayed alike): the rate drafting has reached.
+    check_tokens: f64,
+    check_seconds: f64,
+    checks: f64,
 }
+
+/// Checks (decayed) before the rate drafting reached decides whether it pays.
+const CHECKS_TO_TRUST: f64 = 2.5;
+
+/// Drafting stops when the recent checks' rate falls below this share of plain steps'
+/// rate. Not 1: the rate is a few checks' average, and a response's first tokens are its
+/// hardest to guess — on the 1.5B with the 0.5B drafting, the chat prompt "five tips for
+/// studying" measured 0.98 after its first checks and stopped drafting for good in two
+/// runs of three (40–41 tok/s) where drafting throughout gave 51.7 (plain: 40).
+const STOP_BELOW: f64 = 0.9;
 
 /// With a draft model, the fewest drafts a check asks for once drafting pays. The draft's
 /// own odds end an unsure run (`--draft-p-min`, [`DraftModel::propose`]); the length
@@ -138,7 +153,16 @@ impl Measurements {
             setup: None,
             plain_steps: 0,
             trials: 0,
+            check_tokens: 0.0,
+            check_seconds: 0.0,
+            checks: 0.0,
         }
+    }
+
+    /// Tokens per second of the recent checks, drafting included, once there are enough.
+    fn drafting_rate(&self) -> Option<f64> {
+        (self.checks >= CHECKS_TO_TRUST && self.check_seconds > 0.0)
+            .then(|| self.check_tokens / self.check_seconds)
     }
 
     fn acceptance(&self) -> f64 {
@@ -318,7 +342,18 @@ impl Speculation {
             self.draft_min,
             self.draft_max,
         );
-        if k > 0 {
+        // Whether drafting pays: the rate the recent checks reached against a plain
+        // step's, once measured — the model above (every draft kept at one rate α, all `k`
+        // drafted) does not know that a draft model's odds end its unsure runs early, and
+        // on chat (α ≈ 0.6) it turned drafting off where the checks ran ahead of plain
+        // steps. Until both are measured, drafting, to measure it; then drafting stops
+        // only below [`STOP_BELOW`] of the plain rate (a trial beating it starts again).
+        let pays = match (m.drafting_rate(), m.pass[0]) {
+            (Some(rate), Some(plain)) => rate * plain > STOP_BELOW,
+            _ => true,
+        };
+        if pays {
+            let k = if k > 0 { k } else { self.len_floor() };
             return (k.max(self.len_floor()).min(self.draft_max), false);
         }
         // Would drafts pay if every one were proposed and kept? If not, trying one cannot
@@ -404,6 +439,24 @@ impl Speculation {
             return;
         }
         m.plain_steps = 0;
+        if let Some(seconds) = seconds {
+            let drafting = m.setup.unwrap_or(0.0) + m.draft.unwrap_or(0.0) * drafted as f64;
+            let (tokens, seconds) = ((accepted + 1) as f64, drafting + seconds);
+            let beats_plain = m
+                .pass_seconds(0)
+                .is_some_and(|plain| tokens * plain > seconds);
+            if m.trials > 0 && beats_plain {
+                // A trial that ran ahead of plain steps: the text has changed since the
+                // checks that stopped drafting; start again from this one.
+                m.check_tokens = CHECKS_TO_TRUST * tokens;
+                m.check_seconds = CHECKS_TO_TRUST * seconds;
+                m.checks = CHECKS_TO_TRUST;
+            } else {
+                m.check_tokens = DECAY * m.check_tokens + tokens;
+                m.check_seconds = DECAY * m.check_seconds + seconds;
+                m.checks = DECAY * m.checks + 1.0;
+            }
+        }
         let judged = accepted + usize::from(accepted < drafted);
         m.kept = DECAY * m.kept + accepted as f64;
         m.judged = DECAY * m.judged + judged as f64;
@@ -413,6 +466,10 @@ impl Speculation {
     pub(crate) fn record_siblings(&mut self, checked: usize, taken: bool) {
         self.stats.siblings += checked;
         self.stats.siblings_kept += usize::from(taken);
+        if taken {
+            // The check gave a token more than its drafts kept.
+            self.measure.check_tokens += 1.0;
+        }
     }
 }
 
@@ -957,6 +1014,49 @@ mod tests {
             by_model.record(3, 0, Some(0.030));
         }
         assert_eq!(by_model.next_len(), (0, false));
+    }
+
+    /// Whether drafting pays is the rate the checks reached, once measured: drafts a
+    /// draft model's odds cut short cost less than the length model assumes.
+    #[test]
+    fn drafting_pays_by_the_rate_its_checks_reach() {
+        let lookup = || Drafter::Lookup(PromptLookup::new(2).unwrap());
+        // The 1.5B with the 0.5B drafting on chat (ms): a plain step 24, a catch-up and
+        // a draft step 6.5 each, a check of two drafts 26, one of the two kept.
+        let run = |kept: usize| {
+            let mut s = Speculation::new(lookup(), 8, 0).unwrap();
+            s.measure.setup = Some(0.0065);
+            s.measure.draft = Some(0.0065);
+            for _ in 0..20 {
+                s.record(2, kept, Some(0.026));
+                s.record(0, 0, Some(0.024));
+            }
+            s
+        };
+        let s = run(1);
+        let m = &s.measure;
+        let pass = |k: usize| m.pass_seconds(k).unwrap();
+        // The length model: α = 1/2, so no length beats a plain step…
+        assert_eq!(
+            best_draft_len(m.acceptance(), pass, 0.0065, 0.0065, 0, 8),
+            0
+        );
+        // …but the checks gave 2 tokens in 45.5 ms, ahead of 1 in 24: keep drafting.
+        assert_eq!(s.next_len(), (1, false));
+        // None kept: 1 token in 45.5 ms, behind…
+        let mut s = run(0);
+        assert_eq!(s.next_len(), (0, false));
+        // …until a trial runs ahead of plain steps (3 tokens in 45.5 ms): drafting again,
+        // however long the checks before it lagged.
+        s.measure.trials = 1;
+        s.record(2, 2, Some(0.026));
+        assert_eq!(s.next_len().1, false);
+        assert!(s.next_len().0 > 0);
+        // A trial that lags does not.
+        let mut s = run(0);
+        s.measure.trials = 1;
+        s.record(2, 0, Some(0.026));
+        assert_eq!(s.next_len(), (0, false));
     }
 
     #[test]
