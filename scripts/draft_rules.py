@@ -13,34 +13,42 @@ and whether to draft another; a round that proposes nothing is a plain pass; a c
 drafts is a pass of k + 1 rows and keeps the drafts up to the first wrong one, plus the
 model's own next token. Past a wrong draft the trace's probabilities (teacher-forced) stand
 in for those of the draft's own branch. Prints the speed-up over plain decoding per kind.
+
+With siblings (`sparrow::speculative::SIBLING_BELOW`): each draft less sure than the bound
+also has its runner-up checked, a row more in the check; when the first wrong draft's
+runner-up is the model's token (the trace's `ok2`), the check gives that token and the one
+after it, and the next check feeds one row more (the sibling, whose keys are not kept).
 """
 import json
 import sys
 
 
-def simulate(ok, p, costs, propose, carry_on, most=16):
+def simulate(ok, p, costs, propose, carry_on, most=16, sibling_below=0.0, ok2=None):
     """Seconds to produce the continuation `ok`/`p` under the rule."""
     draft, passes = costs["draft"], costs["passes"]
     pass_of = lambda rows: passes[min(max(rows, 1), 16) - 1]
-    i, seconds = 0, 0.0
+    i, seconds, lead = 0, 0.0, 0
     while i < len(ok):
-        k, odds = 0, 1.0
+        k, odds, siblings = 0, 1.0, []
         while i + k < len(ok):
             seconds += draft
             q = p[i + k]
             if not propose(q, odds):
                 break
+            if q < sibling_below:
+                siblings.append(k)
             k, odds = k + 1, odds * q
             if k >= most or not carry_on(q, odds):
                 break
         if k == 0:
-            seconds, i = seconds + pass_of(1), i + 1
+            seconds, i, lead = seconds + pass_of(1 + lead), i + 1, 0
             continue
-        seconds += pass_of(k + 1)
+        seconds += pass_of(k + 1 + len(siblings) + lead)
         kept = 0
         while kept < k and ok[i + kept]:
             kept += 1
-        i += kept + 1
+        lead = int(kept < k and kept in siblings and ok2[i + kept])
+        i += kept + 1 + lead
     return seconds
 
 
@@ -53,15 +61,21 @@ def main():
     rules += [(f"check all, product >= {t} (sparrow's)", lambda q, o: True, lambda q, o, t=t: o >= t)
               for t in (0.9, 0.75, 0.7, 0.5, 0.3)]
     rules += [(f"check all, at most {k}", lambda q, o: True, lambda q, o: True, k) for k in (1, 2, 3)]
+    with_siblings = "ok2" in prompts[0]
+    if with_siblings:
+        rules += [(f"product >= 0.75, siblings below {b}", lambda q, o: True,
+                   lambda q, o: o >= 0.75, 16, b) for b in (0.5, 0.6, 0.7, 0.8, 1.01)]
     print("| rule | " + " | ".join(kinds) + " |")
     print("| --- |" + " ---: |" * len(kinds))
-    for name, propose, carry_on, *most in rules:
+    for name, propose, carry_on, *rest in rules:
+        most, below = (rest + [16, 0.0])[:2] if rest else (16, 0.0)
         cells = []
         for kind in kinds:
             plain = spent = 0.0
             for pr in (pr for pr in prompts if pr["kind"] == kind):
                 plain += len(pr["ok"]) * costs["passes"][0]
-                spent += simulate(pr["ok"], pr["p"], costs, propose, carry_on, *(most or [16]))
+                spent += simulate(pr["ok"], pr["p"], costs, propose, carry_on, most, below,
+                                  pr.get("ok2"))
             cells.append(f"{plain / spent:.2f}×")
         print(f"| {name} | " + " | ".join(cells) + " |")
 

@@ -5,7 +5,8 @@
 //! PROMPTS.json [N] [THREADS] [TRACE.json]` (`PROMPTS.json` as `sparrow bench
 //! --spec-prompts`: a list of `{"kind", "prompt"}`, rendered through the target's chat
 //! template; `TRACE.json`: the costs and, per prompt, whether the draft's token was right
-//! and how sure it was at each position, for trying stopping rules offline).
+//! and how sure it was at each position — and the same for its runner-up, `ok2`/`p2`, a
+//! sibling's odds — for trying stopping rules offline).
 //!
 //! Per prompt: the target's greedy continuation of `N` tokens (default 128), then the draft
 //! model over the prompt and that continuation in one teacher-forced pass, which gives the
@@ -18,7 +19,7 @@
 //! costs of a draft step (the draft's `--draft-vocab` head) and of a pass of L rows (the
 //! target in row groups, as speculative decoding loads it). No real chooser reaches it: it
 //! never drafts a token that is thrown away, never declines, and its draft never catches
-//! up. A tree of drafts (several candidates a position) is outside it.
+//! up. Siblings (a second candidate at a position) are outside it; the trace replays them.
 
 use sparrow::speculative::best_with_probability;
 use sparrow::{

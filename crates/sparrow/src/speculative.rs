@@ -112,11 +112,11 @@ pub const MODEL_DRAFT_FLOOR: usize = 4;
 
 /// A draft model's second choice at a draft it is less sure of than this is checked beside
 /// it, as a sibling ([`Sibling`]). Replayed over the trace of the 1.5B with the 0.5B
-/// drafting (`examples/draft_bound.rs`, which records the runner-up; costs of
-/// docs/speculative/draft-trace-1.5b-0.5b.json): chat 1.33× plain without siblings, 1.39,
-/// 1.39, 1.38, 1.37× with them below 0.5, 0.6, 0.7, 0.8 (code 1.95, 1.95, 1.96, 1.97,
-/// 1.95×; edits level): on chat the draft is wrong at 30% of tokens, and its second choice
-/// is the model's token at 45% of those.
+/// drafting (`scripts/draft_rules.py docs/speculative/draft-trace-1.5b-0.5b.json`, which
+/// records the runner-up): chat 1.33× plain without siblings, 1.39, 1.38, 1.38, 1.37× with
+/// them below 0.5, 0.6, 0.7, 0.8 and 1.34× beside every draft (code 1.94× → 1.95, 1.96,
+/// 1.96, 1.95, 1.78×; edits level): on chat the draft is wrong at 30% of tokens, and its
+/// second choice is the model's token at 45% of those.
 pub const SIBLING_BELOW: f32 = 0.6;
 
 /// A draft's alternative checked beside it: the draft model's second choice at draft
