@@ -154,6 +154,7 @@ fn pass<'t>(
             tokens: toks(i),
             want: Logits::Last,
             as_steps: false,
+            siblings: &[],
         })
         .collect();
     model

@@ -52,6 +52,9 @@ pub struct SessionStep<'a> {
     pub want: Logits,
     /// The tokens are decode steps (a speculative check: [`Model::forward_steps`]).
     pub as_steps: bool,
+    /// The rows the last `siblings.len()` tokens stand in for
+    /// ([`Model::forward_steps_with_siblings`]; decode steps only).
+    pub siblings: &'a [usize],
 }
 
 impl Session {
@@ -103,14 +106,38 @@ impl Session {
         self.speculation.as_ref()
     }
 
-    /// Drafts to follow the cache's tokens and `next` (about to be fed), at most `room`,
-    /// into `out` — empty without speculation or when drafting does not pay (a driver
-    /// that steps generations itself, as the scheduler does).
-    pub fn propose_drafts(&mut self, next: u32, room: usize, out: &mut Vec<u32>) -> Result<()> {
+    /// Drafts to follow the cache's tokens, `lead` and `next` (about to be fed after
+    /// `lead`), at most `room`, into `out` — empty without speculation or when drafting
+    /// does not pay (a driver that steps generations itself, as the scheduler does) — and
+    /// with `siblings`, the draft model's second choices where it is unsure
+    /// ([`crate::speculative::SIBLING_BELOW`]; for a state that takes them).
+    pub fn propose_drafts(
+        &mut self,
+        lead: &[u32],
+        next: u32,
+        room: usize,
+        out: &mut Vec<u32>,
+        siblings: Option<&mut Vec<Sibling>>,
+    ) -> Result<()> {
         out.clear();
-        match &mut self.speculation {
-            Some(spec) => spec.propose(&self.tokens, next, room, out, None),
-            None => Ok(()),
+        let Some(spec) = &mut self.speculation else {
+            if let Some(s) = siblings {
+                s.clear();
+            }
+            return Ok(());
+        };
+        if lead.is_empty() {
+            return spec.propose(&self.tokens, next, room, out, siblings);
+        }
+        let context: Vec<u32> = self.tokens.iter().chain(lead).copied().collect();
+        spec.propose(&context, next, room, out, siblings)
+    }
+
+    /// A check carried `checked` siblings, and the generation took one of them or not:
+    /// count it ([`crate::SpeculationStats::siblings`]).
+    pub fn record_siblings(&mut self, checked: usize, taken: bool) {
+        if let Some(spec) = &mut self.speculation {
+            spec.record_siblings(checked, taken);
         }
     }
 
@@ -244,12 +271,14 @@ impl Session {
                     tokens: s.tokens,
                     want: s.want,
                     as_steps: s.as_steps,
+                    siblings: s.siblings,
                 })
                 .collect();
             model.forward_many(ws, &mut seqs)
         };
         for s in steps.iter_mut() {
-            s.session.settle(s.tokens, done.is_ok());
+            let fed = s.tokens.len() - s.siblings.len().min(s.tokens.len());
+            s.session.settle(&s.tokens[..fed], done.is_ok());
         }
         done
     }

@@ -66,6 +66,7 @@ fn together(
                 tokens: p,
                 want: Logits::All,
                 as_steps: false,
+                siblings: &[],
             })
             .collect();
         model.forward_many(&mut ws, &mut steps).unwrap();
@@ -83,6 +84,7 @@ fn together(
                 tokens: t,
                 want: Logits::Last,
                 as_steps: false,
+                siblings: &[],
             })
             .collect();
         model.forward_many(&mut ws, &mut steps).unwrap();
@@ -147,18 +149,21 @@ fn logits_rows_follow_each_sequences_want() {
                     tokens: &a,
                     want: Logits::None,
                     as_steps: false,
+                    siblings: &[],
                 },
                 SeqStep {
                     state: s1,
                     tokens: &b,
                     want: Logits::Tail(2),
                     as_steps: false,
+                    siblings: &[],
                 },
                 SeqStep {
                     state: s2,
                     tokens: &c,
                     want: Logits::Last,
                     as_steps: false,
+                    siblings: &[],
                 },
             ],
         )
@@ -182,12 +187,14 @@ fn pass_two(model: &Model, ws: &mut Workspace, st: &mut [State], a: &[u32], b: &
             tokens: a,
             want: Logits::Last,
             as_steps: false,
+            siblings: &[],
         },
         SeqStep {
             state: s1,
             tokens: b,
             want: Logits::Last,
             as_steps: false,
+            siblings: &[],
         },
     ];
     model.forward_many(ws, steps).unwrap_err()

@@ -660,6 +660,24 @@ fn the_scheduler_speculates_per_slot_with_the_plain_output() {
             Ok(Speculation::new(Drafter::Model(Box::new(model)), 5, 0)?.always_draft_max())
         }))
     };
+    // The target over a Q8_0 cache: second choices often taken (as in the session test).
+    let near_draft = {
+        let e = Arc::new(engine(31));
+        SpeculationFactory(Arc::new(move || {
+            let kv = KvOptions {
+                types: KvType::Q8_0.into(),
+                cold: None,
+                reserved: 0,
+            };
+            let state = e
+                .model
+                .new_sequence(N_CTX, kv, &AttentionChoice::default())
+                .unwrap();
+            let model = DraftModel::new(Arc::clone(&e.model), state, 0.0, 16)?;
+            Ok(Speculation::new(Drafter::Model(Box::new(model)), 5, 0)?.always_draft_max())
+        }))
+    };
+    let mut siblings_taken = 0;
     for choice in [AttentionChoice::default(), common::small_quest()] {
         for sampler in &samplers {
             let alone: Vec<Vec<u32>> = prompts
@@ -676,7 +694,13 @@ fn the_scheduler_speculates_per_slot_with_the_plain_output() {
                     .1
                 })
                 .collect();
-            for factory in [None, Some(lookup.clone()), Some(draft_model.clone())] {
+            let factories = [
+                None,
+                Some(lookup.clone()),
+                Some(draft_model.clone()),
+                Some(near_draft.clone()),
+            ];
+            for (f, factory) in factories.into_iter().enumerate() {
                 let scheduler = Scheduler::start(
                     &e,
                     Config {
@@ -731,9 +755,27 @@ fn the_scheduler_speculates_per_slot_with_the_plain_output() {
                 if factory.is_some() {
                     assert!(drafted > 0 && kept <= drafted, "{drafted} {kept}");
                 }
+                let siblings = stats.sibling_tokens.load(Ordering::Relaxed);
+                let taken = stats.siblings_taken.load(Ordering::Relaxed);
+                if f >= 2 && choice.label() == "full" {
+                    // A draft model's checks under full attention carry second choices.
+                    assert!(siblings > 0 && taken <= siblings, "{siblings} {taken}");
+                    siblings_taken += taken;
+                } else {
+                    assert_eq!(
+                        siblings,
+                        0,
+                        "{}: siblings without a draft model or under a selecting policy",
+                        choice.label()
+                    );
+                }
             }
         }
     }
+    assert!(
+        siblings_taken > 0,
+        "no sibling was taken: the path went untested"
+    );
 }
 
 /// The classes of the rank of a generated token among the model's own choices at its step:

@@ -115,10 +115,12 @@ impl Metrics {
         metric(
             "sparrow_draft_tokens_total",
             "counter",
-            "Speculative decoding: draft tokens checked, and those the model kept.",
+            "Speculative decoding: draft tokens checked, and those the model kept; siblings (a draft's second choice) checked, and those taken.",
             &[
                 ("{result=\"drafted\"}", g(&sc.drafted_tokens) as f64),
                 ("{result=\"accepted\"}", g(&sc.accepted_tokens) as f64),
+                ("{result=\"sibling\"}", g(&sc.sibling_tokens) as f64),
+                ("{result=\"sibling_taken\"}", g(&sc.siblings_taken) as f64),
             ],
         );
         let pc = &*sc.prefix_cache;

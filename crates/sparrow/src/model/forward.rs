@@ -44,6 +44,9 @@ pub struct SeqStep<'a> {
     /// Run the tokens as consecutive decode steps ([`Model::forward_steps`]): a
     /// speculative check of drafts.
     pub as_steps: bool,
+    /// The rows the last `siblings.len()` tokens stand in for (decode steps only:
+    /// [`Model::forward_steps_with_siblings`]); empty for none.
+    pub siblings: &'a [usize],
 }
 
 /// The span of token rows `rows` in a buffer holding `width` floats per row.
@@ -109,30 +112,7 @@ impl Model {
         if tokens.is_empty() {
             return Ok(&[]);
         }
-        let steps = tokens.len().saturating_sub(siblings.len());
-        if !siblings.is_empty() {
-            if !state.takes_siblings() {
-                return Err(Error::Other(
-                    "sibling drafts need global attention layers and a decode policy that reads every key (--attn full)".into(),
-                ));
-            }
-            let increasing = siblings.windows(2).all(|w| w[0] < w[1]);
-            if !increasing || siblings[0] == 0 || siblings[siblings.len() - 1] >= steps {
-                return Err(Error::Other(format!(
-                    "sibling rows {siblings:?} must be increasing and within 1..{steps}"
-                )));
-            }
-        }
-        self.check_step(state, &tokens[..steps])?;
-        if let Some(&id) = tokens[steps..]
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            return Err(Error::BadToken {
-                id,
-                vocab: self.config.vocab_size,
-            });
-        }
+        self.check_steps(state, tokens, siblings)?;
         if !siblings.is_empty() {
             return self.forward_one(state, tokens, want, true, siblings);
         }
@@ -161,13 +141,18 @@ impl Model {
     /// workspace).
     pub fn forward_many(&self, ws: &mut Workspace, steps: &mut [SeqStep<'_>]) -> Result<()> {
         for s in steps.iter() {
-            self.check_step(s.state, s.tokens)?;
+            if !s.as_steps && !s.siblings.is_empty() {
+                return Err(Error::Other(
+                    "sibling drafts are decode steps: a pass with siblings runs as steps".into(),
+                ));
+            }
+            self.check_steps(s.state, s.tokens, s.siblings)?;
         }
         let total: usize = steps.iter().map(|s| s.tokens.len()).sum();
         if self.lean && total > LEAN_BATCH {
             for s in steps.iter_mut() {
                 if s.as_steps {
-                    self.forward_steps(s.state, s.tokens, s.want)?;
+                    self.forward_steps_with_siblings(s.state, s.tokens, s.siblings, s.want)?;
                 } else {
                     self.forward(s.state, s.tokens, s.want)?;
                 }
@@ -180,7 +165,7 @@ impl Model {
             0 => Ok(()),
             1 => {
                 let s = steps.into_iter().next().expect("one step");
-                self.forward_one(s.state, s.tokens, s.want, s.as_steps, &[])
+                self.forward_one(s.state, s.tokens, s.want, s.as_steps, s.siblings)
                     .map(|_| ())
             }
             _ => {
@@ -191,7 +176,7 @@ impl Model {
                         tokens: s.tokens,
                         want: s.want,
                         as_steps: s.as_steps,
-                        siblings: &[],
+                        siblings: s.siblings,
                     })
                     .collect();
                 self.run(ws, &mut seqs)?;
@@ -207,6 +192,39 @@ impl Model {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// [`Model::check_step`] for a pass whose last `siblings.len()` tokens are siblings
+    /// ([`Model::forward_steps_with_siblings`]): the state must take them, their rows be
+    /// increasing and within the other tokens' (not the first), and only the others need
+    /// room.
+    fn check_steps(&self, state: &State, tokens: &[u32], siblings: &[usize]) -> Result<()> {
+        if siblings.is_empty() {
+            return self.check_step(state, tokens);
+        }
+        if !state.takes_siblings() {
+            return Err(Error::Other(
+                "sibling drafts need global attention layers and a decode policy that reads every key (--attn full)".into(),
+            ));
+        }
+        let steps = tokens.len().saturating_sub(siblings.len());
+        let increasing = siblings.windows(2).all(|w| w[0] < w[1]);
+        if !increasing || siblings[0] == 0 || siblings[siblings.len() - 1] >= steps {
+            return Err(Error::Other(format!(
+                "sibling rows {siblings:?} must be increasing and within 1..{steps}"
+            )));
+        }
+        self.check_step(state, &tokens[..steps])?;
+        match tokens[steps..]
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            Some(&id) => Err(Error::BadToken {
+                id,
+                vocab: self.config.vocab_size,
+            }),
+            None => Ok(()),
         }
     }
 

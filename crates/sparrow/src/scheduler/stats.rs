@@ -38,6 +38,9 @@ pub struct SchedulerStats {
     /// Draft tokens checked, and those kept (speculative decoding).
     pub drafted_tokens: AtomicU64,
     pub accepted_tokens: AtomicU64,
+    /// Siblings (a draft's second choice) checked, and those the generation took.
+    pub sibling_tokens: AtomicU64,
+    pub siblings_taken: AtomicU64,
     /// The shared prefix cache's counters (`enabled` false without one).
     pub prefix_cache: std::sync::Arc<crate::prefix_cache::PrefixCacheStats>,
 }
@@ -50,12 +53,17 @@ impl SchedulerStats {
             .fetch_add(dt.as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// A check of `drafted` drafts kept `kept`.
-    pub fn add_speculation(&self, drafted: usize, kept: usize) {
+    /// A check of `drafted` drafts kept `kept`; it carried `siblings` siblings, one of
+    /// them taken or not.
+    pub fn add_speculation(&self, drafted: usize, kept: usize, siblings: usize, taken: bool) {
         self.drafted_tokens
             .fetch_add(drafted as u64, Ordering::Relaxed);
         self.accepted_tokens
             .fetch_add(kept as u64, Ordering::Relaxed);
+        self.sibling_tokens
+            .fetch_add(siblings as u64, Ordering::Relaxed);
+        self.siblings_taken
+            .fetch_add(u64::from(taken), Ordering::Relaxed);
     }
 
     /// A job's generation phase took `dt`.

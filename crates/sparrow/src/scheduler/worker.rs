@@ -10,7 +10,7 @@ use crate::model::{Logits, Model, Workspace};
 use crate::prefix_cache::{BlockKey, PrefixCache, ScanReport};
 use crate::sampler::Sampler;
 use crate::session::{common_prefix, Session, SessionStep};
-use crate::speculative::{judge_drafts, Check};
+use crate::speculative::{judge_drafts, Check, Sibling};
 use crate::tokenizer::Tokenizer;
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -41,6 +41,9 @@ struct Active {
     logits: Vec<f32>,
     /// A token already sampled (while checking drafts) and still to be fed.
     pending: Option<u32>,
+    /// A sibling the generation took in place of a draft (its next token is `pending`):
+    /// fed first, with the next pass.
+    lead: Option<u32>,
     /// The names of the prompt's whole blocks in the prefix cache (empty without one),
     /// hashed once for the prompt's every publication.
     chain: Vec<BlockKey>,
@@ -82,8 +85,14 @@ struct Work {
     active: usize,
     tokens: Vec<u32>,
     want: Logits,
-    /// Drafts after the first token (a speculative check: the tokens run as decode steps).
+    /// A speculative check: the tokens run as decode steps — a sibling taken last turn
+    /// (`lead`: 0 or 1), the token sampled, `drafts` drafts after it, then the siblings.
+    as_steps: bool,
+    lead: usize,
     drafts: usize,
+    siblings: Vec<Sibling>,
+    /// The rows the siblings stand in for (`lead + 1 + ` their draft's index).
+    sibling_rows: Vec<usize>,
 }
 
 pub(super) struct Worker {
@@ -217,7 +226,7 @@ impl Worker {
     fn turn(&mut self, active: &mut Vec<Active>) {
         let mut ended = vec![false; active.len()];
         let mut work: Vec<Work> = Vec::new();
-        let mut drafts = Vec::new();
+        let (mut drafts, mut siblings) = (Vec::new(), Vec::new());
         // Drafts only for a job generating alone: with two or more, each pass already has
         // a row per job, and past one row a pass is bound by arithmetic, so a draft row
         // costs as much as another job's token, which is sure to be kept.
@@ -234,29 +243,36 @@ impl Worker {
                     ended[i] = true;
                     continue;
                 };
+                let lead: Vec<u32> = a.lead.take().into_iter().collect();
+                let fed = lead.len() + 1;
                 let session = &mut self.slots[a.slot].session;
                 let state = session.state();
                 let room = if generating == 1 {
-                    (state.n_ctx() - state.n_past() - 1).min(a.gen.remaining().saturating_sub(1))
+                    (state.n_ctx() - state.n_past() - fed).min(a.gen.remaining().saturating_sub(1))
                 } else {
                     0
                 };
-                if let Err(e) = session.propose_drafts(id, room, &mut drafts) {
+                let wants_siblings = state.takes_siblings().then_some(&mut siblings);
+                if let Err(e) = session.propose_drafts(&lead, id, room, &mut drafts, wants_siblings)
+                {
                     a.reply.send(Event::Error(e.to_string()));
                     ended[i] = true;
                     continue;
                 }
-                let mut tokens = vec![id];
+                let mut tokens = lead;
+                tokens.push(id);
                 tokens.extend_from_slice(&drafts);
+                tokens.extend(siblings.iter().map(|s| s.token));
+                let as_steps = tokens.len() > 1;
                 work.push(Work {
                     active: i,
                     tokens,
-                    want: if drafts.is_empty() {
-                        Logits::Last
-                    } else {
-                        Logits::All
-                    },
+                    want: if as_steps { Logits::All } else { Logits::Last },
+                    as_steps,
+                    lead: fed - 1,
                     drafts: drafts.len(),
+                    sibling_rows: siblings.iter().map(|s| fed + s.draft).collect(),
+                    siblings: std::mem::take(&mut siblings),
                 });
             }
         }
@@ -280,7 +296,11 @@ impl Worker {
                 active: i,
                 tokens: a.prompt[a.pos..end].to_vec(),
                 want,
+                as_steps: false,
+                lead: 0,
                 drafts: 0,
+                siblings: Vec::new(),
+                sibling_rows: Vec::new(),
             });
         }
         if !work.is_empty() {
@@ -330,7 +350,8 @@ impl Worker {
                     .session,
                 tokens: &w.tokens,
                 want: w.want,
-                as_steps: w.drafts > 0,
+                as_steps: w.as_steps,
+                siblings: &w.sibling_rows,
             })
             .collect();
         if Session::forward_many(&self.model, &mut self.ws, &mut steps).is_ok() {
@@ -340,7 +361,7 @@ impl Worker {
         for (s, w) in steps.iter_mut().zip(work) {
             let ran = if s.as_steps {
                 s.session
-                    .feed_steps(&self.model, s.tokens, s.want)
+                    .feed_steps_with_siblings(&self.model, s.tokens, s.siblings, s.want)
                     .map(|_| ())
             } else {
                 s.session.feed(&self.model, s.tokens, s.want).map(|_| ())
@@ -356,7 +377,7 @@ impl Worker {
     /// the logits to sample — or, for a check of drafts, the generation stepped through
     /// the rows while it samples the drafts, the rest rewound. False when the job ended.
     fn after_pass(&mut self, a: &mut Active, w: &Work, seconds: Option<f64>) -> bool {
-        if w.drafts > 0 {
+        if w.as_steps {
             return self.check_drafts(a, w, seconds);
         }
         let session = &mut self.slots[a.slot].session;
@@ -392,18 +413,22 @@ impl Worker {
     /// fed next turn. False when the job ended.
     fn check_drafts(&mut self, a: &mut Active, w: &Work, seconds: Option<f64>) -> bool {
         let state = self.slots[a.slot].session.state();
-        let n0 = state.n_past() - w.tokens.len();
+        let fed = w.lead + 1;
+        let n0 = state.n_past() - (fed + w.drafts);
+        let vocab = self.model.config.vocab_size;
+        let rows = state.logits();
+        let steps_end = (fed + w.drafts) * vocab;
         let mut sink = ToReply {
             reply: a.reply.as_mut(),
             stats: &self.stats,
         };
         let check = Check {
-            rows: state.logits(),
-            drafts: &w.tokens[1..],
-            room: state.n_ctx() - n0 - 1,
+            rows: &rows[(fed - 1) * vocab..steps_end],
+            drafts: &w.tokens[fed..fed + w.drafts],
+            room: state.n_ctx() - n0 - fed,
             unchecked: false,
-            siblings: &[],
-            sibling_rows: &[],
+            siblings: &w.siblings,
+            sibling_rows: &rows[steps_end..],
         };
         let judged = judge_drafts(
             check,
@@ -417,18 +442,17 @@ impl Worker {
         let ended = match judged.next {
             Next::Feed(t) => {
                 a.pending = Some(t);
+                a.lead = judged.sibling;
                 None
             }
             Next::Done { reason, .. } => Some(reason),
         };
-        self.stats.add_speculation(w.drafts, kept);
-        let settled = self.slots[a.slot].session.settle_drafts(
-            &self.model,
-            w.drafts,
-            kept,
-            seconds,
-            n0 + 1 + kept,
-        );
+        let taken = judged.sibling.is_some();
+        self.stats
+            .add_speculation(w.drafts, kept, w.siblings.len(), taken);
+        let session = &mut self.slots[a.slot].session;
+        session.record_siblings(w.siblings.len(), taken);
+        let settled = session.settle_drafts(&self.model, w.drafts, kept, seconds, n0 + fed + kept);
         if let Some(reason) = ended {
             self.finish(a, reason);
             return false;
@@ -558,6 +582,7 @@ impl Worker {
             reply,
             logits: Vec::new(),
             pending: None,
+            lead: None,
             chain,
             t_prompt: Instant::now(),
             t_gen: Instant::now(),
