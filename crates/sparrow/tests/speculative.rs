@@ -78,6 +78,22 @@ fn cold(name: &str) -> Option<ColdTier> {
     })
 }
 
+/// The logits of one-token passes over `steps` after a prefill of `prompt`.
+fn one_token_rows(
+    m: &Model,
+    choice: &AttentionChoice,
+    tier: &Option<ColdTier>,
+    prompt: &[u32],
+    steps: &[u32],
+) -> Vec<Vec<f32>> {
+    let mut alone = sequence(m, choice, tier.clone());
+    m.forward(&mut alone, prompt, Logits::Last).unwrap();
+    steps
+        .iter()
+        .map(|&t| m.forward(&mut alone, &[t], Logits::Last).unwrap().to_vec())
+        .collect()
+}
+
 /// Decode steps in passes of several tokens — with a rewind of a rejected tail between —
 /// give every row the bits of one-token passes, for every policy, in RAM and cold.
 #[test]
@@ -90,12 +106,7 @@ fn decode_steps_match_one_token_passes_to_the_bit() {
     for (name, choice) in choices(m) {
         for tier in [None, cold(name)] {
             let label = format!("{name}, cold tier {}", tier.is_some());
-            let mut alone = sequence(m, &choice, tier.clone());
-            m.forward(&mut alone, &prompt, Logits::Last).unwrap();
-            let mut want = Vec::new();
-            for &t in &steps {
-                want.push(m.forward(&mut alone, &[t], Logits::Last).unwrap().to_vec());
-            }
+            let want = one_token_rows(m, &choice, &tier, &prompt, &steps);
             let mut batched = sequence(m, &choice, tier);
             m.forward(&mut batched, &prompt, Logits::Last).unwrap();
             let mut at = 0;
@@ -149,12 +160,7 @@ fn siblings_get_the_bits_of_a_one_token_pass_after_the_rows_before_them() {
         for tier in [None, cold(name)] {
             let label = format!("{name}, cold tier {}", tier.is_some());
             // One-token passes: the steps, and each sibling after the steps before it.
-            let mut alone = sequence(m, &choice, tier.clone());
-            m.forward(&mut alone, &prompt, Logits::Last).unwrap();
-            let mut want = Vec::new();
-            for &t in &steps {
-                want.push(m.forward(&mut alone, &[t], Logits::Last).unwrap().to_vec());
-            }
+            let want = one_token_rows(m, &choice, &tier, &prompt, &steps);
             let sibling_of = |t: u32| (t * 7 + 3) % 250 + 3;
             let after = |at: usize| {
                 let mut s = sequence(m, &choice, tier.clone());
@@ -326,18 +332,22 @@ fn draft_over(
         .always_draft_max()
 }
 
-/// [`draft`] of the model of `seed` over a Q8_0 cache (full attention).
-fn draft_q8_0_cache(target: &Engine, seed: u64) -> Speculation {
-    let d = engine(seed);
+/// A sequence of `m` over a Q8_0 cache, full attention: as a draft of `m` itself, its
+/// second choice is often `m`'s first where its first is not (siblings taken).
+fn q8_0_sequence(m: &Model) -> State {
     let kv = KvOptions {
         types: KvType::Q8_0.into(),
         cold: None,
         reserved: 0,
     };
-    let state = d
-        .model
-        .new_sequence(N_CTX, kv, &AttentionChoice::default())
-        .unwrap();
+    m.new_sequence(N_CTX, kv, &AttentionChoice::default())
+        .unwrap()
+}
+
+/// [`draft`] of the model of `seed` over a Q8_0 cache ([`q8_0_sequence`]).
+fn draft_q8_0_cache(target: &Engine, seed: u64) -> Speculation {
+    let d = engine(seed);
+    let state = q8_0_sequence(&d.model);
     check_vocabularies(&target.tokenizer, &d.tokenizer).unwrap();
     let model = DraftModel::new(Arc::clone(&d.model), state, 0.0, 64).unwrap();
     Speculation::new(Drafter::Model(Box::new(model)), 6, 0)
@@ -664,15 +674,7 @@ fn the_scheduler_speculates_per_slot_with_the_plain_output() {
     let near_draft = {
         let e = Arc::new(engine(31));
         SpeculationFactory(Arc::new(move || {
-            let kv = KvOptions {
-                types: KvType::Q8_0.into(),
-                cold: None,
-                reserved: 0,
-            };
-            let state = e
-                .model
-                .new_sequence(N_CTX, kv, &AttentionChoice::default())
-                .unwrap();
+            let state = q8_0_sequence(&e.model);
             let model = DraftModel::new(Arc::clone(&e.model), state, 0.0, 16)?;
             Ok(Speculation::new(Drafter::Model(Box::new(model)), 5, 0)?.always_draft_max())
         }))
