@@ -365,7 +365,8 @@ impl Model {
             let pos0 = seq.state.n_past;
             let as_steps = seq.as_steps;
             let (steps, siblings) = (seq.steps(), seq.siblings);
-            let offsets: Vec<usize> = (0..rows.len()).map(|i| seq.offset(i)).collect();
+            // Row `i`'s position from `pos0` (a sibling's is the row it stands in for).
+            let offset = |i: usize| i.checked_sub(steps).map_or(i, |s| siblings[s]);
             let State {
                 kv,
                 attention,
@@ -380,9 +381,9 @@ impl Model {
             );
             let att = &mut ws.att[span(&rows, qd)];
             let m = rows.len();
-            for (i, &at) in offsets.iter().enumerate() {
-                ropes[l].apply(&mut q[i * qd..(i + 1) * qd], hd, pos0 + at);
-                ropes[l].apply(&mut k[i * kvd..(i + 1) * kvd], hd, pos0 + at);
+            for i in 0..m {
+                ropes[l].apply(&mut q[i * qd..(i + 1) * qd], hd, pos0 + offset(i));
+                ropes[l].apply(&mut k[i * kvd..(i + 1) * kvd], hd, pos0 + offset(i));
             }
             if (q_scale - 1.0).abs() > 1e-6 {
                 q.iter_mut().for_each(|v| *v *= q_scale);
@@ -391,7 +392,7 @@ impl Model {
             let append = |kv: &mut Box<dyn KvStore>, rows: Range<usize>| {
                 for i in rows {
                     let r = i * kvd..(i + 1) * kvd;
-                    kv.append(l, pos0 + offsets[i], &k[r.clone()], &v[r])
+                    kv.append(l, pos0 + offset(i), &k[r.clone()], &v[r])
                         .map_err(Error::KvTier)?;
                 }
                 Ok::<(), Error>(())
@@ -403,7 +404,7 @@ impl Model {
                     // the siblings displaced written again.
                     let order = (0..steps).chain((steps..m).rev());
                     for i in order {
-                        let pos = pos0 + offsets[i];
+                        let pos = pos0 + offset(i);
                         append(kv, i..i + 1)?;
                         blocks.forget_layer_from(l, pos);
                         blocks
@@ -599,13 +600,6 @@ impl Seq<'_> {
         self.tokens.len() - self.siblings.len()
     }
 
-    /// Position offset of row `i` from the state's next position.
-    fn offset(&self, i: usize) -> usize {
-        match i.checked_sub(self.steps()) {
-            Some(s) => self.siblings[s],
-            None => i,
-        }
-    }
 }
 
 /// Which of a step's `n` rows produce logits.
