@@ -15,7 +15,10 @@
 //! temperature 0 and with sampling, with penalties, grammars and stop strings alike.
 //! Checked drafts see the bits a one-token pass gives (`forward_steps` attends token by
 //! token with the decode policy and keeps the one-token products), and rejected ones are
-//! rewound from the KV store and the policy ([`State::truncate`]).
+//! rewound from the KV store and the policy ([`State::truncate`]). A check may also carry
+//! the draft's second choices ([`Sibling`]); a sibling's row is read only when the
+//! generation itself sampled that token in place of the draft, and it has the bits of the
+//! one-token pass after it, so the output stays the plain output.
 
 use crate::error::{Error, Result};
 use crate::generate::{prefill, prefill_head, Generation, Next, SpeculationStats, TokenSink};
@@ -87,6 +90,8 @@ struct Measurements {
     check_tokens: f64,
     check_seconds: f64,
     checks: f64,
+    /// Whether the last check entered them (its pass was its own).
+    last_check_counted: bool,
 }
 
 /// Checks (decayed) before the rate drafting reached decides whether it pays.
@@ -156,6 +161,7 @@ impl Measurements {
             check_tokens: 0.0,
             check_seconds: 0.0,
             checks: 0.0,
+            last_check_counted: false,
         }
     }
 
@@ -439,6 +445,7 @@ impl Speculation {
             return;
         }
         m.plain_steps = 0;
+        m.last_check_counted = seconds.is_some();
         if let Some(seconds) = seconds {
             let drafting = m.setup.unwrap_or(0.0) + m.draft.unwrap_or(0.0) * drafted as f64;
             let (tokens, seconds) = ((accepted + 1) as f64, drafting + seconds);
@@ -466,7 +473,7 @@ impl Speculation {
     pub(crate) fn record_siblings(&mut self, checked: usize, taken: bool) {
         self.stats.siblings += checked;
         self.stats.siblings_kept += usize::from(taken);
-        if taken {
+        if taken && self.measure.last_check_counted {
             // The check gave a token more than its drafts kept.
             self.measure.check_tokens += 1.0;
         }
