@@ -599,7 +599,6 @@ impl Seq<'_> {
     fn steps(&self) -> usize {
         self.tokens.len() - self.siblings.len()
     }
-
 }
 
 /// Which of a step's `n` rows produce logits.
