@@ -104,8 +104,14 @@ fn main() {
                 ok2.push(second == out[i]);
                 sureness2.push(p2 as f64);
             }
+            // Whether the model's token could be proposed through the default draft head:
+            // among its first ids, or already in the context.
+            let first = sparrow::speculative::DEFAULT_DRAFT_VOCAB as u32;
+            let in_head: Vec<bool> = (0..out.len())
+                .map(|i| out[i] < first || all[..ids.len() + i].contains(&out[i]))
+                .collect();
             trace.push(serde_json::json!({"kind": kind, "ok": ok, "p": sureness,
-                "ok2": ok2, "p2": sureness2}));
+                "ok2": ok2, "p2": sureness2, "in_head": in_head}));
             plain += out.len() as f64 * costs.pass(1);
             best += oracle_cost(&ok, &costs);
             agree.extend(ok);
