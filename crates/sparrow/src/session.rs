@@ -13,7 +13,7 @@ use crate::generate::{prefill, Generation, GenerationStats, Next, SpeculationSta
 use crate::model::{Logits, Model, SeqStep, State, Workspace};
 use crate::prefix_cache::PrefixCache;
 use crate::sampler::Sampler;
-use crate::speculative::{judge_drafts, Check, Sibling, Speculation};
+use crate::speculative::{check_batch, judge_drafts, Check, Sibling, Speculation};
 use std::time::Instant;
 
 /// Prompt tokens per forward pass of a [`Session`]'s prefill, unless set otherwise.
@@ -120,17 +120,15 @@ impl Session {
         siblings: Option<&mut Vec<Sibling>>,
     ) -> Result<()> {
         out.clear();
-        let Some(spec) = &mut self.speculation else {
-            if let Some(s) = siblings {
-                s.clear();
+        match &mut self.speculation {
+            Some(spec) => spec.propose(&self.tokens, lead, next, room, out, siblings),
+            None => {
+                if let Some(s) = siblings {
+                    s.clear();
+                }
+                Ok(())
             }
-            return Ok(());
-        };
-        if lead.is_empty() {
-            return spec.propose(&self.tokens, next, room, out, siblings);
         }
-        let context: Vec<u32> = self.tokens.iter().chain(lead).copied().collect();
-        spec.propose(&context, next, room, out, siblings)
     }
 
     /// A check carried `checked` siblings, and the generation took one of them or not:
@@ -439,7 +437,7 @@ impl Session {
         let n_ctx = self.state.n_ctx();
         let takes_siblings = self.state.takes_siblings();
         let (mut drafts, mut siblings) = (Vec::new(), Vec::new());
-        let (mut batch, mut sibling_rows, mut context) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut batch, mut sibling_rows) = (Vec::new(), Vec::new());
         // Tokens sampled but not yet in the cache before the one to feed: a sibling taken.
         let mut lead: Vec<u32> = Vec::new();
         let mut next = gen.step(
@@ -455,30 +453,16 @@ impl Session {
             // Room for the fed tokens and the drafts in the cache, and no more drafts than
             // tokens the generation may still make after `id`.
             let room = (n_ctx - n0 - fed).min(gen.remaining().saturating_sub(1));
-            context.clear();
-            context.extend_from_slice(&self.tokens);
-            context.extend_from_slice(&lead);
             let wants_siblings = takes_siblings.then_some(&mut siblings);
-            spec.propose(&context, id, room, &mut drafts, wants_siblings)?;
-            batch.clear();
-            batch.extend_from_slice(&lead);
-            batch.push(id);
-            batch.extend_from_slice(&drafts);
-            batch.extend(siblings.iter().map(|s: &Sibling| s.token));
-            sibling_rows.clear();
-            sibling_rows.extend(siblings.iter().map(|s| fed + s.draft));
+            spec.propose(&self.tokens, &lead, id, room, &mut drafts, wants_siblings)?;
+            check_batch(&lead, id, &drafts, &siblings, &mut batch, &mut sibling_rows);
             let pass = Instant::now();
             self.feed_steps_with_siblings(model, &batch, &sibling_rows, Logits::All)?;
             let seconds = pass.elapsed().as_secs_f64();
             let rows = self.state.logits();
-            let steps_end = (fed + drafts.len()) * vocab;
             let check = Check {
-                rows: &rows[(fed - 1) * vocab..steps_end],
-                drafts: &drafts,
-                room: n_ctx - n0 - fed,
                 unchecked: spec.takes_drafts_unchecked(),
-                siblings: &siblings,
-                sibling_rows: &rows[steps_end..],
+                ..Check::of_pass(rows, vocab, fed, &drafts, &siblings, n_ctx - n0 - fed)
             };
             let judged = judge_drafts(check, gen, &engine.tokenizer, sampler, &mut logits, sink);
             let kept = judged.kept;

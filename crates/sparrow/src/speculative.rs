@@ -389,14 +389,24 @@ impl Speculation {
     /// `room` of them, into `out` (emptied first), and when `siblings` is given, a draft
     /// model's second choices where it is unsure ([`SIBLING_BELOW`]; emptied first). Too
     /// few to check leaves both empty.
+    /// `lead`: tokens already sampled to be fed before `next` (a sibling taken), which
+    /// follow `context`.
     pub(crate) fn propose(
         &mut self,
         context: &[u32],
+        lead: &[u32],
         next: u32,
         room: usize,
         out: &mut Vec<u32>,
         mut siblings: Option<&mut Vec<Sibling>>,
     ) -> Result<()> {
+        let joined: Vec<u32>;
+        let context = if lead.is_empty() {
+            context
+        } else {
+            joined = [context, lead].concat();
+            &joined
+        };
         out.clear();
         if let Some(s) = siblings.as_deref_mut() {
             s.clear();
@@ -762,6 +772,26 @@ pub struct Judged {
     pub sibling: Option<u32>,
 }
 
+/// The tokens of a check after `lead` (siblings taken, not yet fed): `lead`, `id`, the
+/// drafts, then the siblings, into `batch`; the rows the siblings stand in for into `rows`
+/// ([`Model::forward_steps_with_siblings`]).
+pub fn check_batch(
+    lead: &[u32],
+    id: u32,
+    drafts: &[u32],
+    siblings: &[Sibling],
+    batch: &mut Vec<u32>,
+    rows: &mut Vec<usize>,
+) {
+    batch.clear();
+    batch.extend_from_slice(lead);
+    batch.push(id);
+    batch.extend_from_slice(drafts);
+    batch.extend(siblings.iter().map(|s| s.token));
+    rows.clear();
+    rows.extend(siblings.iter().map(|s| lead.len() + 1 + s.draft));
+}
+
 /// A pass that checked drafts, to be judged ([`judge_drafts`]).
 pub struct Check<'a> {
     /// `vocab` logits after each checked token, the first being the token fed before the
@@ -776,6 +806,30 @@ pub struct Check<'a> {
     pub sibling_rows: &'a [f32],
     /// The deliberately wrong rule of [`Speculation::take_drafts_unchecked`].
     pub unchecked: bool,
+}
+
+impl<'a> Check<'a> {
+    /// The check in the logits `rows` (`vocab` each) of a pass over [`check_batch`]'s
+    /// tokens, `fed` of them before the drafts (the lead and the token sampled), with
+    /// `room` positions in the cache after them.
+    pub fn of_pass(
+        rows: &'a [f32],
+        vocab: usize,
+        fed: usize,
+        drafts: &'a [u32],
+        siblings: &'a [Sibling],
+        room: usize,
+    ) -> Self {
+        let steps_end = (fed + drafts.len()) * vocab;
+        Check {
+            rows: &rows[(fed - 1) * vocab..steps_end],
+            drafts,
+            room,
+            siblings,
+            sibling_rows: &rows[steps_end..],
+            unchecked: false,
+        }
+    }
 }
 
 /// Step `gen` through the rows of `check` as it would through one-token passes, while it

@@ -10,7 +10,7 @@ use crate::model::{Logits, Model, Workspace};
 use crate::prefix_cache::{BlockKey, PrefixCache, ScanReport};
 use crate::sampler::Sampler;
 use crate::session::{common_prefix, Session, SessionStep};
-use crate::speculative::{judge_drafts, Check, Sibling};
+use crate::speculative::{check_batch, judge_drafts, Check, Sibling};
 use crate::tokenizer::Tokenizer;
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
@@ -259,10 +259,15 @@ impl Worker {
                     ended[i] = true;
                     continue;
                 }
-                let mut tokens = lead;
-                tokens.push(id);
-                tokens.extend_from_slice(&drafts);
-                tokens.extend(siblings.iter().map(|s| s.token));
+                let (mut tokens, mut sibling_rows) = (Vec::new(), Vec::new());
+                check_batch(
+                    &lead,
+                    id,
+                    &drafts,
+                    &siblings,
+                    &mut tokens,
+                    &mut sibling_rows,
+                );
                 let as_steps = tokens.len() > 1;
                 work.push(Work {
                     active: i,
@@ -271,7 +276,7 @@ impl Worker {
                     as_steps,
                     lead: fed - 1,
                     drafts: drafts.len(),
-                    sibling_rows: siblings.iter().map(|s| fed + s.draft).collect(),
+                    sibling_rows,
                     siblings: std::mem::take(&mut siblings),
                 });
             }
@@ -415,21 +420,18 @@ impl Worker {
         let state = self.slots[a.slot].session.state();
         let fed = w.lead + 1;
         let n0 = state.n_past() - (fed + w.drafts);
-        let vocab = self.model.config.vocab_size;
-        let rows = state.logits();
-        let steps_end = (fed + w.drafts) * vocab;
         let mut sink = ToReply {
             reply: a.reply.as_mut(),
             stats: &self.stats,
         };
-        let check = Check {
-            rows: &rows[(fed - 1) * vocab..steps_end],
-            drafts: &w.tokens[fed..fed + w.drafts],
-            room: state.n_ctx() - n0 - fed,
-            unchecked: false,
-            siblings: &w.siblings,
-            sibling_rows: &rows[steps_end..],
-        };
+        let check = Check::of_pass(
+            state.logits(),
+            self.model.config.vocab_size,
+            fed,
+            &w.tokens[fed..fed + w.drafts],
+            &w.siblings,
+            state.n_ctx() - n0 - fed,
+        );
         let judged = judge_drafts(
             check,
             &mut a.gen,
