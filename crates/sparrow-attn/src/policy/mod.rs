@@ -14,6 +14,7 @@ mod int8_rows;
 mod int8_tiles;
 mod plan;
 mod quest;
+mod ranking;
 
 pub use bins::sort_by_bin;
 pub use int8_rows::{quantize_row, scaled_row_dots};
@@ -23,6 +24,7 @@ pub use quest::{
     add_softmax, center_radius, group_block_mass, group_query, group_row_mass, group_upper_bounds,
     key_bounds, softmax_sum_over_heads, upper_bound_score,
 };
+pub use ranking::{log_add_exp, log_masses, rank_key, rank_keys};
 
 use crate::error::{AttnError, Result};
 use crate::kernel::{AttnShape, KvSource};

@@ -25,7 +25,7 @@
 //! the segment keys still fold into; a rewind refolds that segment from the store.
 
 use sparrow_attn::kernel::Level;
-use sparrow_attn::policy::{quantize_row, scaled_row_dots};
+use sparrow_attn::policy::{log_masses, quantize_row, rank_keys, scaled_row_dots};
 
 /// Per (segment, bucket): how many keys, the longest one and the others' mean (8-bit); the
 /// open segment's exact sums.
@@ -240,25 +240,26 @@ impl CellStats {
         s * self.segment..(s + 1) * self.segment
     }
 
-    /// Writes to `out` every non-empty cell of the segments starting below `end` with its
-    /// estimated log-mass for the summed query `q` (`dim` values, the GQA group's RoPE'd
-    /// query rows added up): `ln(exp(scale · q · longest) + (count − 1) · exp(scale · q ·
-    /// rest mean))`, the longest key's term plus the others' count times the exponent of
+    /// Scores every cell of the segments starting below `end` for the summed query `q`
+    /// (`dim` values, the GQA group's RoPE'd query rows added up) and leaves in `ranks` one
+    /// [`rank_key`](sparrow_attn::policy::rank_key) per cell, by cell index — an empty
+    /// cell's sorting after every other — and returns how many are not empty. A cell's score
+    /// is its estimated log-mass `ln(exp(scale · q · longest) + (count − 1) · exp(scale · q
+    /// · rest mean))`, the longest key's term plus the others' count times the exponent of
     /// their mean logit (`scale`: 1 / (group · √head_dim) makes these the group's mean
-    /// logits), rows read from their quants against the query quantized to 8 bits as they are
-    /// (`scaled_row_dots`: exact integer sums). `dots` is scratch, which on return holds in
-    /// its first half every cell's estimated log-mass and in its second half its `q · longest`
-    /// (unscaled), by cell index: what tells a cell chosen for one sharp key from one
-    /// chosen for its many.
+    /// logits), rows read from their quants against the query quantized to 8 bits as they
+    /// are (`scaled_row_dots`: exact integer sums). `dots` is scratch, which on return holds
+    /// in its first half every cell's estimated log-mass and in its second half its `q ·
+    /// longest` (unscaled), by cell index: what tells a cell chosen for one sharp key from
+    /// one chosen for its many.
     pub fn score(
         &self,
         q: &[f32],
         scale: f32,
         end: usize,
         dots: &mut Vec<f32>,
-        out: &mut Vec<(u32, f32)>,
-    ) {
-        out.clear();
+        ranks: &mut Vec<u64>,
+    ) -> usize {
         let cells = self.segments().min(end.div_ceil(self.segment)) * self.clusters;
         dots.clear();
         dots.resize(2 * cells, 0.0);
@@ -276,17 +277,8 @@ impl CellStats {
             q_scale,
             longest,
         );
-        // Each cell's log-mass into `rests`, in one branch-free pass the compiler vectorizes.
-        let ln_rests = &self.ln_rests[..cells];
-        for ((r, &l), &ln) in rests.iter_mut().zip(longest.iter()).zip(ln_rests) {
-            *r = log_add_exp(scale * l, ln + scale * *r);
-        }
-        let counts = &self.counts[..cells];
-        for (cell, (&n, &s)) in counts.iter().zip(rests.iter()).enumerate() {
-            if n > 0 {
-                out.push((cell as u32, s));
-            }
-        }
+        log_masses(level, longest, rests, &self.ln_rests[..cells], scale);
+        rank_keys(level, rests, &self.counts[..cells], ranks)
     }
 
     /// Bytes held.
@@ -301,35 +293,10 @@ impl CellStats {
     }
 }
 
-/// `ln(exp(a) + exp(b))`, within 1e-5 of exact, without overflow (`b = −∞` gives `a`; NaN
-/// in both gives NaN). Branch-free, so a loop of it vectorizes: a step takes one per cell,
-/// thousands per KV head, and the library's `exp` and `ln_1p` cost ~10 ns each.
-/// `hi + ln(1 + 2^x)` with `x = (lo − hi) · log₂e ≤ 0`: `2^x` from its integer part put in
-/// the exponent bits and a polynomial of the fraction, `ln(1 + t) = 2 atanh(t / (2 + t))`
-/// from its odd series (`t / (2 + t) ≤ 1/3`).
-#[inline]
-fn log_add_exp(a: f32, b: f32) -> f32 {
-    // 1.5 · 2²³: adding it rounds to an integer, which lands in the low mantissa bits.
-    const ROUND: f32 = 12_582_912.0;
-    let hi = a.max(b);
-    let x = ((a.min(b) - hi) * std::f32::consts::LOG2_E).max(-125.0);
-    let z = x + ROUND;
-    let k = z.to_bits().wrapping_sub(ROUND.to_bits());
-    let f = x - (z - ROUND);
-    // 2^f for |f| ≤ 1/2: its Taylor series to f⁶.
-    let p = 1.0
-        + f * (std::f32::consts::LN_2
-            + f * (0.240_226_5
-                + f * (0.055_504_1 + f * (0.009_618_1 + f * (0.001_333_4 + f * 0.000_154_0)))));
-    let t = p * f32::from_bits(k.wrapping_add(127) << 23);
-    let u = t / (2.0 + t);
-    let u2 = u * u;
-    hi + 2.0 * u * (1.0 + u2 * (1.0 / 3.0 + u2 * (0.2 + u2 * (1.0 / 7.0 + u2 / 9.0))))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sparrow_attn::policy::rank_key;
 
     /// Keys of `n` positions, `d` values each, and a bucket per position, pseudo-random.
     fn case(n: usize, d: usize, c: usize) -> (Vec<f32>, Vec<u32>) {
@@ -357,8 +324,19 @@ mod tests {
         let (d, seg, c) = (st.dim, st.segment, st.clusters);
         let q: Vec<f32> = (0..d).map(|i| (i as f32 * 0.37).sin()).collect();
         let scale = 0.25;
-        let (mut got, mut dots) = (Vec::new(), Vec::new());
-        st.score(&q, scale, end, &mut dots, &mut got);
+        let (mut ranks, mut dots) = (Vec::new(), Vec::new());
+        let live = st.score(&q, scale, end, &mut dots, &mut ranks);
+        // The non-empty cells, by index, with their log-masses; the empty ones' keys last.
+        let got: Vec<(u32, f32)> = (0..ranks.len())
+            .filter(|&c| ranks[c] != u64::MAX)
+            .map(|c| (c as u32, dots[c]))
+            .collect();
+        assert_eq!(got.len(), live, "non-empty cells counted");
+        for (c, &k) in ranks.iter().enumerate() {
+            if k != u64::MAX {
+                assert_eq!(k, rank_key(dots[c], c as u32), "cell {c}'s key");
+            }
+        }
         let logit = |p: usize| -> f64 {
             let k = &keys[p * d..][..d];
             let dot: f64 = k.iter().zip(&q).map(|(&a, &b)| a as f64 * b as f64).sum();
@@ -425,29 +403,6 @@ mod tests {
             let key = (p >= 1).then(|| &keys[p * d..][..d]);
             st.add(p, buckets[p], key);
         }
-    }
-
-    /// The fast log-add-exp against f64 over gaps from 0 to past f32's exponent range, both
-    /// orders, signs and magnitudes, and its edges.
-    #[test]
-    fn log_add_exp_is_within_1e5_of_f64() {
-        let mut worst = 0f64;
-        for i in 0..20_000 {
-            let a = ((i as f64 * 0.37).sin() * 60.0) as f32;
-            let b = a - (i % 400) as f32 * 0.3 - (i as f32 * 0.001);
-            for (x, y) in [(a, b), (b, a)] {
-                let (x64, y64) = (x as f64, y as f64);
-                let hi = x64.max(y64);
-                let want = hi + ((x64 - hi).exp() + (y64 - hi).exp()).ln();
-                let err = (log_add_exp(x, y) as f64 - want).abs();
-                worst = worst.max(err);
-            }
-        }
-        assert!(worst < 1e-5, "worst error {worst}");
-        assert_eq!(log_add_exp(1.5, f32::NEG_INFINITY), 1.5);
-        assert_eq!(log_add_exp(f32::NEG_INFINITY, -3.0), -3.0);
-        assert!((log_add_exp(2.0, 2.0) - (2.0 + std::f32::consts::LN_2)).abs() < 1e-6);
-        assert!(log_add_exp(f32::NAN, f32::NAN).is_nan());
     }
 
     #[test]

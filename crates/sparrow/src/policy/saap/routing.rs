@@ -39,13 +39,11 @@ pub(super) struct HeadWork {
     pub(super) key_mass: Vec<f64>,
     /// Bucket ids, most mass first once ranked.
     pub(super) order: Vec<u32>,
-    /// With [`Router::Cells`](super::Router::Cells): the group's RoPE'd query rows summed,
-    /// and the cells' scores.
+    /// With [`Router::Cells`](super::Router::Cells): the group's RoPE'd query rows summed.
     pub(super) query_sum: Vec<f32>,
-    pub(super) cell_scores: Vec<(u32, f32)>,
     /// Scratch of the cells' products.
     pub(super) cell_dots: Vec<f32>,
-    /// The cells' scores as [`rank_key`]s, ranked.
+    /// The cells' scores as [`rank_key`](sparrow_attn::policy::rank_key)s, ranked.
     pub(super) cell_ranks: Vec<u64>,
     /// What the step reads beside the sink and window: per chosen bucket or cell (its id
     /// with [`Router::Cells`](super::Router::Cells), else the bucket's), the range of its
@@ -234,16 +232,14 @@ impl HeadWork {
             self.window_segment
                 .sort(s, from, end, &lists.bucket_of, cells.clusters());
         }
-        let (q, dots) = (&self.query_sum, &mut self.cell_dots);
-        cells.score(q, scale, end, dots, &mut self.cell_scores);
-        // Highest first (NaN, a broken activation, last), as integers: a step ranks
-        // thousands of cells per layer and KV head.
-        let ranks = &mut self.cell_ranks;
-        ranks.clear();
-        ranks.extend(self.cell_scores.iter().map(|&(c, s)| rank_key(s, c)));
+        let (q, dots, ranks) = (&self.query_sum, &mut self.cell_dots, &mut self.cell_ranks);
+        // One key per cell, highest score first once sorted (NaN, a broken activation, with
+        // −∞; the empty cells after every other): a step ranks thousands of cells per layer
+        // and KV head, as integers.
+        let live = cells.score(q, scale, end, dots, ranks);
         // Rank only as far as the budget usually reaches — twice the cells of an average
         // size it holds — and the rest only if all of those fit.
-        let average = end.max(1) as f64 / ranks.len().max(1) as f64;
+        let average = end.max(1) as f64 / live.max(1) as f64;
         let reach = (2.0 * target as f64 / average) as usize;
         let mut sorted = ranks.len().min(reach.max(MIN_RANKED_CELLS));
         if sorted < ranks.len() {
@@ -254,7 +250,7 @@ impl HeadWork {
         let (log_mass, longest_dots) = self.cell_dots.split_at(self.cell_dots.len() / 2);
         let (mut got, mut cost) = (0, 0);
         let mut take = 0;
-        while take < ranks.len() {
+        while take < live {
             if take == sorted {
                 ranks[sorted..].sort_unstable();
                 sorted = ranks.len();
@@ -365,24 +361,6 @@ impl HeadWork {
         self.order.truncate(take);
         got
     }
-}
-
-/// A key that sorts cell `cell` of score `score` ascending by score descending, then by
-/// cell: the score's bits made order-preserving as an unsigned integer (NaN as −∞) and
-/// inverted, above the cell id.
-pub(super) fn rank_key(score: f32, cell: u32) -> u64 {
-    let score = if score.is_nan() {
-        f32::NEG_INFINITY
-    } else {
-        score
-    };
-    let bits = score.to_bits();
-    let ordered = if bits >> 31 == 1 {
-        !bits
-    } else {
-        bits | 1 << 31
-    };
-    (u64::from(!ordered) << 32) | u64::from(cell)
 }
 
 /// Positions a step that sees `n` may read beyond the sink and the window (which starts at

@@ -1,6 +1,5 @@
 //! The Saap policy against f64 references and full attention.
 
-use super::routing::rank_key;
 use super::settings::RANKED;
 use super::*;
 use crate::attention::{attend, read_set, AttnShape, DenseAttention};
@@ -8,6 +7,7 @@ use crate::kv::{ArrangedStore, BlockTable, KvStore, KvType, RamStore, StoreLayer
 use crate::policy::AttentionChoice;
 use crate::synthetic::synthetic_saap_index;
 use crate::synthetic::{synthetic_config, SyntheticSpec};
+use sparrow_attn::policy::rank_key;
 
 fn model() -> crate::ModelConfig {
     synthetic_config(&SyntheticSpec::default()).unwrap()
