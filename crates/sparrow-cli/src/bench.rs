@@ -109,6 +109,9 @@ struct BenchRow {
     repack: bool,
     /// Whether Q4_K/Q6_K matrices are in row groups (`--row-groups`).
     row_groups: bool,
+    /// Layers whose KV rows the policy's store kept grouped by bin (Saap's buckets: the
+    /// store a run with the policy makes); 0 where the store keeps positions in order.
+    kv_layers_in_bins: usize,
     avg_ns: u64,
     stddev_ns: u64,
     avg_ts: f64,
@@ -174,9 +177,14 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
 }
 
 /// Time one test (on `n_seq` sequences together) for every policy in `policies`: returns,
-/// per policy, nanoseconds per repetition. The `depth` context is filled once per repetition (untimed) and shared by the policies: each starts from the same cache, with its block
-/// summaries built by an untimed warm-up step, so rows at depth differ only in attention.
-/// The fill runs `--fill-attn` (default exact).
+/// per policy, nanoseconds per repetition. The `depth` context is filled once per repetition
+/// (untimed) and shared by the policies that read the store by position: each starts from
+/// the same cache, with its block summaries built by an untimed warm-up step, so rows at
+/// depth differ only in attention. A policy that partitions the cache (Saap) reads its own
+/// store, kept in its bins as a run with it would be ([`partitions_cache`]): it gets states
+/// of its own, filled with the same tokens, its placements made as the fill seals blocks.
+/// The fill runs `--fill-attn` (default exact) for prefill. Also returns, per policy, how
+/// many layers its store kept in bins.
 fn run_test(
     model: &Model,
     a: &BenchArgs,
@@ -185,10 +193,116 @@ fn run_test(
     n_gen: usize,
     depth: usize,
     n_seq: usize,
-) -> Result<Vec<Vec<u64>>, String> {
+) -> Result<Vec<(Vec<u64>, usize)>, String> {
     let vocab = model.config.vocab_size;
     let n_ctx = depth + n_prompt + n_gen + 1;
-    // Under a RAM budget, the store leaves room for the hungriest policy's summaries.
+    let own: Vec<bool> = policies
+        .iter()
+        .map(|c| partitions_cache(model, c))
+        .collect::<Result<_, _>>()?;
+    // The policies sharing states kept by position, then one group per policy with a store
+    // of its own; each group's states are dropped before the next group's are made.
+    let shared: Vec<usize> = (0..policies.len()).filter(|&p| !own[p]).collect();
+    let groups: Vec<Vec<usize>> = std::iter::once(shared)
+        .filter(|g| !g.is_empty())
+        .chain((0..policies.len()).filter(|&p| own[p]).map(|p| vec![p]))
+        .collect();
+    let fill_choice = a.kv.attn.choice_for(&a.fill_attn)?;
+    let mut samples = vec![(Vec::with_capacity(a.repetitions), 0); policies.len()];
+    let progress = depth >= 8192;
+    let mut ws = Workspace::default();
+    let mut warmed = false;
+    for rep in 0..a.repetitions {
+        for group in &groups {
+            let holder = own[group[0]].then(|| &policies[group[0]]);
+            let (mut states, fill_with) = match holder {
+                None => (
+                    shared_states(model, a, policies, n_ctx, n_seq)?,
+                    fill_choice.clone(),
+                ),
+                Some(choice) => (
+                    (0..n_seq)
+                        .map(|_| model.new_sequence(n_ctx, a.kv.options(), choice))
+                        .collect::<Result<Vec<State>, _>>()
+                        .map_err(|e| e.to_string())?,
+                    with_prefill(choice, &fill_choice)?,
+                ),
+            };
+            if !warmed {
+                // One untimed warm-up pass pages the weights in and spins up the threads.
+                fill(
+                    model,
+                    &mut states[0],
+                    &tokens(n_prompt.clamp(1, 16), vocab, 7),
+                    a.batch_size,
+                )?;
+                warmed = true;
+            }
+            for (i, state) in states.iter_mut().enumerate() {
+                state.set_attention(fill_with.build(&model.config)?);
+                state.reset();
+                if progress {
+                    let whose = holder.map_or(String::new(), |c| format!(", for {}", c.label()));
+                    eprintln!(
+                        "bench: filling {depth} tokens of context (repetition {}, sequence {}{whose})",
+                        rep + 1,
+                        i + 1
+                    );
+                }
+                fill(
+                    model,
+                    state,
+                    &tokens(depth, vocab, 11 + i as u64),
+                    a.batch_size,
+                )?;
+            }
+            for &p in group {
+                let sample = time_policy(
+                    model,
+                    a,
+                    &policies[p],
+                    &mut states,
+                    &mut ws,
+                    (n_prompt, n_gen, depth),
+                    rep,
+                )?;
+                samples[p].0.push(sample);
+                let kv = states[0].kv();
+                samples[p].1 = (0..kv.n_layer()).filter(|&l| kv.keeps_bins(l, 0)).count();
+            }
+        }
+    }
+    Ok(samples)
+}
+
+/// Whether `choice`'s policy partitions the cache (Saap's buckets): a store made for it
+/// keeps those layers' rows in its bins, which the policy reads as runs.
+fn partitions_cache(model: &Model, choice: &AttentionChoice) -> Result<bool, String> {
+    let policy = choice.build(&model.config)?;
+    Ok((0..model.config.n_layer).any(|l| policy.partition(l).is_some()))
+}
+
+/// `choice` with the fill's prefill policy, so a fill into its own store runs the fill's
+/// prefill while `choice`'s decode policy places the sealed rows in its bins.
+fn with_prefill(
+    choice: &AttentionChoice,
+    fill: &AttentionChoice,
+) -> Result<AttentionChoice, String> {
+    let mut c = choice.clone();
+    c.decode = Some(choice.phase_names()?.1);
+    c.prefill = Some(fill.phase_names()?.0);
+    Ok(c)
+}
+
+/// `n_seq` states kept by position for the policies that share them; under a RAM budget the
+/// store leaves room for the hungriest one's summaries.
+fn shared_states(
+    model: &Model,
+    a: &BenchArgs,
+    policies: &[AttentionChoice],
+    n_ctx: usize,
+    n_seq: usize,
+) -> Result<Vec<State>, String> {
     let mut kv = a.kv.options();
     if kv.cold.is_some() {
         for choice in policies {
@@ -198,78 +312,61 @@ fn run_test(
                 .max(p.summary_bytes(n_ctx, model.config.kv_dim()));
         }
     }
-    let mut states = (0..n_seq)
+    (0..n_seq)
         .map(|_| model.new_state(n_ctx, kv.clone()))
         .collect::<Result<Vec<State>, _>>()
-        .map_err(|e| e.to_string())?;
-    let mut ws = Workspace::default();
-    // One untimed warm-up pass pages the weights in and spins up the threads.
-    fill(
-        model,
-        &mut states[0],
-        &tokens(n_prompt.clamp(1, 16), vocab, 7),
-        a.batch_size,
-    )?;
-    let fill_choice = a.kv.attn.choice_for(&a.fill_attn)?;
-    let mut samples = vec![Vec::with_capacity(a.repetitions); policies.len()];
-    let progress = depth >= 8192;
-    for rep in 0..a.repetitions {
-        for (i, state) in states.iter_mut().enumerate() {
-            state.set_attention(fill_choice.build(&model.config)?);
-            state.reset();
-            if progress {
-                eprintln!(
-                    "bench: filling {depth} tokens of context (repetition {}, sequence {})",
-                    rep + 1,
-                    i + 1
-                );
-            }
-            fill(
-                model,
-                state,
-                &tokens(depth, vocab, 11 + i as u64),
-                a.batch_size,
-            )?;
+        .map_err(|e| e.to_string())
+}
+
+/// One timed run of `choice` on the filled `states`: `n_prompt` prompt tokens then `n_gen`
+/// generated ones per sequence (`shape` is those and the filled depth, which the states are
+/// rewound to afterwards); returns nanoseconds.
+fn time_policy(
+    model: &Model,
+    a: &BenchArgs,
+    choice: &AttentionChoice,
+    states: &mut [State],
+    ws: &mut Workspace,
+    (n_prompt, n_gen, depth): (usize, usize, usize),
+    rep: usize,
+) -> Result<u64, String> {
+    let (vocab, n_seq) = (model.config.vocab_size, states.len());
+    for state in states.iter_mut() {
+        state.set_attention(choice.build(&model.config)?);
+        // Untimed: one decode step seals the context's blocks for this policy.
+        if depth > 0 {
+            model
+                .forward(state, &tokens(1, vocab, 5), Logits::Last)
+                .map_err(|e| e.to_string())?;
+            rewind(state, depth)?;
         }
-        for (p, choice) in policies.iter().enumerate() {
-            for state in states.iter_mut() {
-                state.set_attention(choice.build(&model.config)?);
-                // Untimed: one decode step seals the context's blocks for this policy.
-                if depth > 0 {
-                    model
-                        .forward(state, &tokens(1, vocab, 5), Logits::Last)
-                        .map_err(|e| e.to_string())?;
-                    rewind(state, depth)?;
-                }
-                if a.kv_cold_start {
-                    state.kv().drop_cold_pages()?;
-                }
-            }
-            let prompts: Vec<Vec<u32>> = (0..n_seq)
-                .map(|i| tokens(n_prompt, vocab, 100 + (rep * n_seq + i) as u64))
-                .collect();
-            let gens: Vec<Vec<u32>> = (0..n_seq)
-                .map(|i| tokens(n_gen, vocab, 200 + (rep * n_seq + i) as u64))
-                .collect();
-            for state in states.iter_mut() {
-                state.expect_prompt_end(depth + n_prompt);
-            }
-            let batch = a.batch_size.max(1);
-            let start = Instant::now();
-            for c in (0..n_prompt).step_by(batch) {
-                let end = (c + batch).min(n_prompt);
-                pass(model, &mut ws, &mut states, |i| &prompts[i][c..end])?;
-            }
-            for t in 0..n_gen {
-                pass(model, &mut ws, &mut states, |i| &gens[i][t..t + 1])?;
-            }
-            samples[p].push(start.elapsed().as_nanos() as u64);
-            for state in states.iter_mut() {
-                rewind(state, depth)?;
-            }
+        if a.kv_cold_start {
+            state.kv().drop_cold_pages()?;
         }
     }
-    Ok(samples)
+    let prompts: Vec<Vec<u32>> = (0..n_seq)
+        .map(|i| tokens(n_prompt, vocab, 100 + (rep * n_seq + i) as u64))
+        .collect();
+    let gens: Vec<Vec<u32>> = (0..n_seq)
+        .map(|i| tokens(n_gen, vocab, 200 + (rep * n_seq + i) as u64))
+        .collect();
+    for state in states.iter_mut() {
+        state.expect_prompt_end(depth + n_prompt);
+    }
+    let batch = a.batch_size.max(1);
+    let start = Instant::now();
+    for c in (0..n_prompt).step_by(batch) {
+        let end = (c + batch).min(n_prompt);
+        pass(model, ws, states, |i| &prompts[i][c..end])?;
+    }
+    for t in 0..n_gen {
+        pass(model, ws, states, |i| &gens[i][t..t + 1])?;
+    }
+    let elapsed = start.elapsed().as_nanos() as u64;
+    for state in states.iter_mut() {
+        rewind(state, depth)?;
+    }
+    Ok(elapsed)
 }
 
 /// Rewind to the filled depth for the next measurement.
@@ -345,7 +442,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
             .map_err(|e| format!("cannot start {t} threads: {e}"))?;
         for &(p, g, d, s) in &tests {
             let per_policy = pool.install(|| run_test(&model, &a, &policies, p, g, d, s))?;
-            for (choice, samples) in policies.iter().zip(per_policy) {
+            for (choice, (samples, kv_layers_in_bins)) in policies.iter().zip(per_policy) {
                 let n = ((p + g) * s) as f64;
                 let ts: Vec<f64> = samples.iter().map(|&ns| n / (ns as f64 * 1e-9)).collect();
                 let ns: Vec<f64> = samples.iter().map(|&s| s as f64).collect();
@@ -367,6 +464,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
                     build_simd: simd.clone(),
                     repack: model.is_repacked(),
                     row_groups: model.has_row_groups(),
+                    kv_layers_in_bins,
                     avg_ns: avg_ns as u64,
                     stddev_ns: stddev_ns as u64,
                     avg_ts,

@@ -201,6 +201,52 @@ fn collect_train_run_and_refusals() {
         &cache,
     ));
 
+    // `bench` runs Saap on the store a run makes for it, its layers kept in bucket order
+    // (the fill's blocks placed as they seal, with a streaming fill too), and every other
+    // policy on one kept by position.
+    for fill in ["full", "streaming"] {
+        let out = ok(&sparrow(
+            &[
+                "bench",
+                "-m",
+                m,
+                "-p",
+                "0",
+                "-n",
+                "3",
+                "-d",
+                "300",
+                "-r",
+                "2",
+                "-t",
+                "1",
+                "--attn",
+                "quest,saap,full",
+                "--fill-attn",
+                fill,
+                "--json",
+            ],
+            &cache,
+        ));
+        let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let rows = rows.as_array().unwrap();
+        let binned = |attn: &str| {
+            let row = rows
+                .iter()
+                .find(|r| r["attention"].as_str().unwrap().starts_with(attn))
+                .unwrap_or_else(|| panic!("no {attn} row in {out}"));
+            assert_eq!(row["samples_ns"].as_array().unwrap().len(), 2, "{row}");
+            row["kv_layers_in_bins"].as_u64().unwrap()
+        };
+        let sparse_layers = sparrow::synthetic::synthetic_config(&SyntheticSpec::default())
+            .unwrap()
+            .n_layer as u64
+            - 1;
+        assert_eq!(binned("saap"), sparse_layers, "fill {fill}: {out}");
+        assert_eq!(binned("quest"), 0, "{out}");
+        assert_eq!(binned("full"), 0, "{out}");
+    }
+
     // Another model's index, a truncated one, a record passed as an index.
     let refused = |model: &str, index: &Path| {
         let args = [
