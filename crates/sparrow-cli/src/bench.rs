@@ -182,7 +182,8 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
 /// the same cache, with its block summaries built by an untimed warm-up step, so rows at
 /// depth differ only in attention. A policy that partitions the cache (Saap) reads its own
 /// store, kept in its bins as a run with it would be ([`partitions_cache`]): it gets states
-/// of its own, filled with the same tokens, its placements made as the fill seals blocks.
+/// of its own, filled with the same tokens, its placements made as the fill seals blocks,
+/// and the policy that filled them is the one timed.
 /// The fill runs `--fill-attn` (default exact) for prefill. Also returns, per policy, how
 /// many layers its store kept in bins.
 fn run_test(
@@ -220,12 +221,21 @@ fn run_test(
                     shared_states(model, a, policies, n_ctx, n_seq)?,
                     fill_choice.clone(),
                 ),
+                // The policy that fills its own store stays for the timed run: a new one
+                // would seal every block again, taking each sorted segment back out of its
+                // bins (and, under a RAM budget, out of the cold file) to sort it anew. So a
+                // test with a prompt fills with the policy itself; a decode-only one with the
+                // fill's prefill paired with its decode.
                 Some(choice) => (
                     (0..n_seq)
                         .map(|_| model.new_sequence(n_ctx, a.kv.options(), choice))
                         .collect::<Result<Vec<State>, _>>()
                         .map_err(|e| e.to_string())?,
-                    with_prefill(choice, &fill_choice)?,
+                    if n_prompt > 0 {
+                        choice.clone()
+                    } else {
+                        with_prefill(choice, &fill_choice)?
+                    },
                 ),
             };
             if !warmed {
@@ -260,7 +270,7 @@ fn run_test(
                 let sample = time_policy(
                     model,
                     a,
-                    &policies[p],
+                    holder.is_none().then_some(&policies[p]),
                     &mut states,
                     &mut ws,
                     (n_prompt, n_gen, depth),
@@ -318,13 +328,14 @@ fn shared_states(
         .map_err(|e| e.to_string())
 }
 
-/// One timed run of `choice` on the filled `states`: `n_prompt` prompt tokens then `n_gen`
-/// generated ones per sequence (`shape` is those and the filled depth, which the states are
-/// rewound to afterwards); returns nanoseconds.
+/// One timed run on the filled `states`, of `choice` if given, else of the policy that
+/// filled them: `n_prompt` prompt tokens then `n_gen` generated ones per sequence (`shape`
+/// is those and the filled depth, which the states are rewound to afterwards); returns
+/// nanoseconds.
 fn time_policy(
     model: &Model,
     a: &BenchArgs,
-    choice: &AttentionChoice,
+    choice: Option<&AttentionChoice>,
     states: &mut [State],
     ws: &mut Workspace,
     (n_prompt, n_gen, depth): (usize, usize, usize),
@@ -332,7 +343,9 @@ fn time_policy(
 ) -> Result<u64, String> {
     let (vocab, n_seq) = (model.config.vocab_size, states.len());
     for state in states.iter_mut() {
-        state.set_attention(choice.build(&model.config)?);
+        if let Some(choice) = choice {
+            state.set_attention(choice.build(&model.config)?);
+        }
         // Untimed: one decode step seals the context's blocks for this policy.
         if depth > 0 {
             model
