@@ -24,7 +24,7 @@ pub use quest::{
     add_softmax, center_radius, group_block_mass, group_query, group_row_mass, group_upper_bounds,
     key_bounds, softmax_sum_over_heads, upper_bound_score,
 };
-pub use ranking::{log_add_exp, log_masses, rank_key, rank_keys};
+pub use ranking::{log_masses, rank_key, rank_keys};
 
 use crate::error::{AttnError, Result};
 use crate::kernel::{AttnShape, KvSource};

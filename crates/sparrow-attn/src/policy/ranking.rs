@@ -19,7 +19,7 @@ use crate::kernel::Level;
 /// polynomial of the fraction, `ln(1 + t) = 2 atanh(t / (2 + t))` from its odd series
 /// (`t / (2 + t) ≤ 1/3`).
 #[inline(always)]
-pub fn log_add_exp(a: f32, b: f32) -> f32 {
+fn log_add_exp(a: f32, b: f32) -> f32 {
     // 1.5 · 2²³: adding it rounds to an integer, which lands in the low mantissa bits.
     const ROUND: f32 = 12_582_912.0;
     let hi = a.max(b);
@@ -100,7 +100,7 @@ pub fn rank_keys(level: Level, scores: &[f32], sizes: &[u32], keys: &mut Vec<u64
         u32::try_from(scores.len()).is_ok(),
         "more summaries than ids"
     );
-    keys.clear();
+    // Every key is written below: only a longer list needs new (zeroed) room.
     keys.resize(scores.len(), 0);
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && level.usable() {

@@ -261,7 +261,7 @@ impl CellStats {
         ranks: &mut Vec<u64>,
     ) -> usize {
         let cells = self.segments().min(end.div_ceil(self.segment)) * self.clusters;
-        dots.clear();
+        // Both halves are written whole below: only a longer scratch needs new room.
         dots.resize(2 * cells, 0.0);
         // The query in 8 bits as the rows are, so their products are exact integer sums.
         let mut q8 = vec![0i8; self.dim];
